@@ -51,6 +51,30 @@ def test_search_below_lo_and_other_errors():
         probe.find_max_micro_batch(broken)
 
 
+def test_a_size_that_ran_once_at_the_ceiling_is_measured_again_and_stepped_down_from():
+    """The CPU twin's flake (issue 19): the search ended on 8, which ran once, then failed each
+    time after (the edge moved by ~1 MiB). The answer must be a size that runs again."""
+    ran = []
+
+    def edge(b):  # 8 runs once, later only 7 and below
+        if b > 8 or (b == 8 and 8 in ran):
+            raise RuntimeError(CPU_OOM)
+        ran.append(b)
+
+    out = probe.search_with_proof(edge, 1, 16)
+    assert (out["max_micro_batch"], out["reruns"], out["stepped_down"]) == (7, True, 1)
+    assert "DefaultCPUAllocator" in out["double_error"]  # 14, twice the answer
+
+    def never_again(b):  # after the search nothing runs: the evidence says so, no wrong answer
+        ran.append(b)
+        if b > 8 or 16 in ran:
+            raise RuntimeError(CPU_OOM)
+
+    ran.clear()
+    out = probe.search_with_proof(never_again, 1, 16, step_downs=2)
+    assert (out["reruns"], out["stepped_down"]) == (False, 2)
+
+
 def test_cpu_peak_is_measured_from_allocator_events():
     def fn():
         a = torch.empty(4_000_000)       # 16 MB

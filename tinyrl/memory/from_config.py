@@ -322,7 +322,7 @@ def cpu_probe(cfg: Config, limit_bytes: int, phase: str = "actor_update") -> dic
     return {"device": "cpu", "simulated": False, "model": cfg.model.name, "phase": phase,
             "dtype": dtype, "memory_limit_bytes": limit_bytes, "seq_len": _seq(cfg),
             "max_micro_batch": b, "token_budget": b * _seq(cfg), "searched_up_to": cap,
-            "reruns": out["reruns"], "double_error": out["double_error"],
+            "reruns": out["reruns"], "stepped_down": out["stepped_down"], "double_error": out["double_error"],
             "search_seconds": out["seconds"], "total_seconds": time.perf_counter() - t0,
             "child_baseline_vm_bytes": out["rlimit_as_bytes"] - limit_bytes}
 

@@ -245,24 +245,46 @@ def real_try_step(spec: dict, step, device: str = "cpu") -> Callable[[int], None
     return try_step
 
 
-def search_with_proof(try_step: Callable[[int], None], lo: int = 1, hi: int = 256) -> dict:
+def search_with_proof(try_step: Callable[[int], None], lo: int = 1, hi: int = 256, step_downs: int = 3) -> dict:
     """find_max_micro_batch, then evidence: whether B runs again afterwards, and the error 2B
-    really raised (None when 2B ran or B < lo). Meant for run_under_memory_limit."""
+    really raised (None when 2B ran or B < lo). Meant for run_under_memory_limit.
+
+    The search ends on a size that ran once, right at the ceiling, and the address space left
+    outside a try drifts: each failed try leaves ~1 MiB of heap behind (torch 2.13, glibc, under
+    RLIMIT_AS). So the size the search found can fail the next time (seen with countdown-tiny
+    under 64 MiB: 8 ran once at +4 MiB, then failed six times in a row at +5 MiB). A size that
+    runs only now and then is no answer for a plan, so it is measured again, and on a failure
+    the answer steps down one size (at most `step_downs` times) until one runs again.
+    `stepped_down` says how often that happened.
+    """
     best = find_max_micro_batch(try_step, lo, hi)
-    result = {"max_micro_batch": best, "reruns": False, "double_error": None}
+    result = {"max_micro_batch": best, "reruns": False, "double_error": None, "stepped_down": 0}
     if best < lo:
         return result
-    for size in (best, 2 * best):
+
+    def runs(size: int) -> BaseException | None:
+        """None if try_step(size) ran, else its out-of-memory error."""
         try:
             try_step(size)
-            result["reruns"] |= size == best
+            return None
         except (RuntimeError, MemoryError) as exc:
             if not is_oom(exc):
                 raise
-            if size != best:
-                result["double_error"] = f"{type(exc).__name__}: {exc}"
+            return exc
         finally:
             free_memory()
+
+    while runs(best) is not None:
+        if result["stepped_down"] == step_downs or best == lo:
+            break
+        best -= 1
+        result["stepped_down"] += 1
+    else:
+        result["reruns"] = True
+    result["max_micro_batch"] = best
+    error = runs(2 * best)
+    if error is not None:
+        result["double_error"] = f"{type(error).__name__}: {error}"
     return result
 
 

@@ -80,7 +80,10 @@ def render_cpu_probe(result: dict) -> list:
                 style="bold green" if b else "bold red")
     text.append(f"  [searched 1..{r['searched_up_to']}, the sequences one optimizer step can use]\n")
     if b:
-        text.append(f"evidence: {b} ran again after the search: {'yes' if r['reruns'] else 'NO'}; ")
+        down = r.get("stepped_down", 0)
+        text.append(f"evidence: {b} ran again after the search: {'yes' if r['reruns'] else 'NO'}"
+                    + (f" (the search found {b + down}, which then failed: stepped down {down})" if down else "")
+                    + "; ")
         text.append(f"{2 * b} failed in the allocator: {r['double_error'].splitlines()[0][:160]}"
                     if r["double_error"] else f"{2 * b} ran too: the limit is above what one step can use")
     else:
