@@ -93,7 +93,12 @@ class Tmux:
 @pytest.fixture
 def tmux_run(tmp_path):
     if shutil.which("tmux") is None:
-        pytest.fail("tmux is not installed: apt-get install -y tmux")  # a missing tool must not pass silently
+        # CI (.ci/run) installs tmux, so there a missing tmux is a broken CI, never a pass; a
+        # developer's machine (a GPU box, say) may lack it and still run the rest of the suite.
+        message = "tmux is not installed (apt-get install -y tmux): the dashboard's real-terminal test needs it"
+        if os.environ.get("CI"):
+            pytest.fail(message + "; CI is set, and .ci/run installs it")
+        pytest.skip(message)
     started = []
 
     def start(command: str) -> Tmux:
@@ -148,7 +153,8 @@ def test_same_feed_through_a_pipe_prints_plain_lines(tmp_path):
 def test_train_in_tmux_shows_panels(tmp_path, tmux_run):
     run_dir = tmp_path / "run"
     pane = tmux_run(f"{sys.executable} -m tinyrl.cli train --preset countdown-tiny --max-steps 2 --out {run_dir} "
-                    f"--set data.train_path={tmp_path}/data/train.parquet --set data.generate_train_size=256")
+                    f"--set data.train_path={tmp_path}/data/train.parquet --set data.generate_train_size=256 "
+                    "--set trainer.device=cpu")
     status = pane.wait_exit(limit_s=1500)
     text = pane.capture()
     assert status == 0, text

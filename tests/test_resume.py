@@ -22,7 +22,8 @@ STEPS = 6
 def command(tmp: Path, out: Path, *extra: str) -> list[str]:
     sets = [f"data.train_path={tmp}/data/train.parquet", "data.generate_train_size=256",
             "trainer.train_batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.max_response_length=24",
-            "trainer.save_every=2", "trainer.test_every=3", "data.max_test_prompts=8"]
+            "trainer.save_every=2", "trainer.test_every=3", "data.max_test_prompts=8",
+            "trainer.device=cpu"]  # the CPU path, on a CUDA machine too
     args = [sys.executable, "-m", "tinyrl.cli", "train", "--preset", "countdown-tiny", "--out", str(out),
             "--max-steps", str(STEPS), "--no-dashboard", *extra]
     for item in sets:

@@ -16,7 +16,8 @@ from tinyrl.trainer import Trainer
 def tiny_config(tmp_path, *extra: str):
     overrides = [f"data.train_path={tmp_path}/data/train.parquet", "data.generate_train_size=256",
                  "trainer.train_batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.max_response_length=24",
-                 "trainer.test_every=0", "trainer.save_every=0", "trainer.max_steps=2", *extra]
+                 "trainer.test_every=0", "trainer.save_every=0", "trainer.max_steps=2",
+                 "trainer.device=cpu", *extra]  # the CPU path, on a CUDA machine too
     return load_config("countdown-tiny", overrides)
 
 

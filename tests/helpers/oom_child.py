@@ -23,6 +23,14 @@ def vm(field: str) -> int:
     raise RuntimeError(field)
 
 
+def child_overrides(run_dir: Path, model_path: str, budget: int) -> list[str]:
+    # trainer.device=cpu: RLIMIT_AS caps the CPU allocator; on a CUDA machine too.
+    return [f"model.name={model_path}", f"data.train_path={run_dir}/data/train.parquet", "data.generate_train_size=64",
+            "trainer.train_batch_size=16", "actor.ppo_mini_batch_size=16", "trainer.test_every=0",
+            "actor.ppo_epochs=1", f"actor.micro_batch_tokens={budget}", "model.logprob_chunk=100000",
+            "rollout.engine=hf", "trainer.device=cpu"]
+
+
 def main() -> None:
     run_dir, model_path, budget = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     headroom = int(sys.argv[4]) if len(sys.argv) > 4 else None
@@ -30,12 +38,7 @@ def main() -> None:
     from tinyrl.models import make_batch
     from tinyrl.trainer import Trainer
 
-    cfg = load_config("countdown-tiny", [
-        f"model.name={model_path}", f"data.train_path={run_dir}/data/train.parquet", "data.generate_train_size=64",
-        "trainer.train_batch_size=16", "actor.ppo_mini_batch_size=16", "trainer.test_every=0",
-        "actor.ppo_epochs=1", f"actor.micro_batch_tokens={budget}", "model.logprob_chunk=100000",
-        "rollout.engine=hf"])
-    trainer = Trainer(cfg, run_dir / "run")
+    trainer = Trainer(load_config("countdown-tiny", child_overrides(run_dir, model_path, budget)), run_dir / "run")
     g = torch.Generator().manual_seed(0)
     n, p_len, r_len = 16, 200, 600
     batch = make_batch([torch.randint(3, 700, (p_len,), generator=g).tolist() for _ in range(n)],
