@@ -146,6 +146,11 @@ def test_cpu_twin_finds_a_micro_batch_with_real_allocator_evidence(monkeypatch, 
     (["--preset", "countdown-4090", "--device", "cpu", "--memory-limit", "3GiB"], "--simulate"),
 ])
 def test_bad_input_is_one_screen_and_exit_2(monkeypatch, capsys, args, words):
+    # Bad input on a machine without a card: on a CUDA machine `--gpu auto` and `--device cuda`
+    # are good input, so the card is hidden here.
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     code, stdout, stderr = cli(monkeypatch, capsys, "probe-memory", *args)
     assert code == 2
     assert words in " ".join(stderr.split())
