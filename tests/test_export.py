@@ -44,5 +44,5 @@ def test_export_merges_the_actor(tmp_path, tiny_model_dir):
 
 def test_export_of_a_directory_without_a_run_exits_2(tmp_path):
     done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "export", str(tmp_path), "--out", str(tmp_path / "x")],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "300"})  # hang guard
     assert done.returncode == 2 and "not a run directory" in done.stderr
