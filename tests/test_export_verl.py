@@ -99,6 +99,7 @@ def test_every_override_is_a_key_of_verls_config(preset, variant, tmp_path, verl
         default = lookup(verl_yaml, key)
         assert default is not KeyError, f"{key} is not in verl {VERL_VERSION}'s config"
         assert same_kind(default, value, key), f"{key}={value} does not fit verl's default {default!r}"
+    assert "not known to this exporter" not in (out / "run_verl.sh").read_text()  # every key handled
     keys = dict(a.split("=", 1) for a in args)
     assert keys["trainer.n_gpus_per_node"] == "8" and keys["trainer.nnodes"] == "2"
     assert keys["algorithm.adv_estimator"] in ("gae", "grpo")

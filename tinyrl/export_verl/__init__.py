@@ -63,7 +63,7 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
     ctx = Context(model_path=path, train_files=files.HERE + "data/train.parquet",
                   val_files=files.HERE + "data/test.parquet", reward_path=files.HERE + "reward_fn.py",
                   steps_per_epoch=steps, gpus=gpus, nodes=nodes,
-                  critic_model_path=cfg.model.name if actor is not None else "")
+                  critic_model_path=model_path(cfg, None)[0])  # the value head is not in an export
     mapping = map_config(cfg, ctx)
     header = [f"verl {VERL_VERSION} recipe exported by `tinyrl export-verl` from {source or cfg.preset}",
               f"{gpus} GPU(s) per node x {nodes} node(s); keys are verl {VERL_VERSION}'s "

@@ -79,6 +79,8 @@ def map_config(cfg: Config, ctx: Context) -> Mapping:
         part(cfg, ctx, m, o)
     for dotted in ("reward.fn", "reward.format_score", "reward.strict"):
         m.get(cfg, dotted, None)  # baked into reward_fn.py
+    # verl 0.9.1 moved the top-level custom_reward_function.* (still accepted, migrated in
+    # experimental/reward_loop/reward_loop.py) to reward.custom_reward_function.*: use the new home.
     o["reward.custom_reward_function.path"] = ctx.reward_path
     o["reward.custom_reward_function.name"] = "compute_score"
     for dotted in ("preset", "description"):
@@ -100,6 +102,9 @@ def _model(cfg, ctx, m, o):
     o[f"{AR}.model.custom_chat_template"] = RAW_CHAT_TEMPLATE
     o[f"{AR}.model.enable_gradient_checkpointing"] = g("model.gradient_checkpointing")
     lora = g("model.finetune") == "lora"
+    if not lora:  # tinyrl ignores the LoRA settings of a full fine-tune, and so does verl at rank 0
+        for dotted in ("model.lora_rank", "model.lora_alpha", "model.lora_targets", "model.lora_dropout"):
+            g(dotted)
     prefixes = (f"{AR}.model", "critic.model") if _has_critic(cfg) else (f"{AR}.model",)
     for prefix in prefixes:
         o[f"{prefix}.lora_rank"] = g("model.lora_rank") if lora else 0
