@@ -79,3 +79,15 @@ def test_a_ppo_run_leaves_a_trained_critic_adapter_in_its_checkpoint(tmp_path, c
     assert lora_b and len(lora_a) == len(lora_b)
     zero = sorted(k for k, v in lora_b.items() if not v.abs().sum() > 0)
     assert not zero, f"{len(zero)} of {len(lora_b)} critic lora_B matrices are still zero: {zero[:3]}"
+
+
+def test_an_nf4_base_makes_vllm_quantize_the_same_checkpoint(tmp_path):
+    # The plan counts vLLM's weights 4-bit and the trainer's base is NF4: a bf16 engine would
+    # neither fit the plan nor sample from the trainer's base.
+    from types import SimpleNamespace
+
+    cfg = load_config("countdown-4090", ["model.quantize=nf4"])
+    kwargs = Trainer._vllm_settings(SimpleNamespace(cfg=cfg, device=torch.device("cuda")))
+    assert kwargs["quantization"] == "bitsandbytes"
+    plain = Trainer._vllm_settings(SimpleNamespace(cfg=load_config("countdown-4090"), device=torch.device("cuda")))
+    assert "quantization" not in plain
