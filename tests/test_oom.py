@@ -18,7 +18,12 @@ WHOLE, HALF = 16 * SEQ, 8 * SEQ
 
 
 def run_child(tmp: Path, model_dir: Path, budget: int, headroom: int | None = None) -> dict:
-    env = dict(os.environ, MALLOC_ARENA_MAX="2")  # fewer malloc arenas: less address-space noise
+    # glibc as the CPU probe sets it (probe._steady_malloc): one arena, and every block over 128 KiB
+    # mmapped and unmapped at free. With glibc's defaults (a moving mmap threshold, 2 arenas) the
+    # update's address-space growth varied by ~±100 MB from run to run (whole 384-626 MB, half
+    # 198-543 MB), so the cap between them was luck; with these it is exact and repeatable:
+    # whole 396 MB, half 198 MB in every run, so the cap (297 MB) sits ~100 MB from either side.
+    env = dict(os.environ, MALLOC_ARENA_MAX="1", MALLOC_MMAP_THRESHOLD_=str(128 * 1024))
     args = [sys.executable, str(CHILD), str(tmp), str(model_dir), str(budget)]
     if headroom:
         args.append(str(headroom))
