@@ -113,11 +113,12 @@ def test_cpu_twin_finds_a_micro_batch_with_real_allocator_evidence(monkeypatch, 
     """countdown-tiny's actor update, real passes in a child that may grow by 64 MiB: the
     largest micro-batch runs again, and twice it fails in torch's CPU allocator.
 
-    Margin (torch 2.13, 10 runs): the search ends on 6 to 8 of the 16 sequences searched, ~7 MiB
-    per sequence; the size it ends on sits at the ceiling, and in ~1 run of 2 it then failed
-    again (what earlier failed tries leave behind moves the edge by ~1 MiB). The probe now
+    Margin (torch 2.13, 4 searches under 64 MiB, 2 under 52 MiB): the search ends on 7 or 8 (6
+    under 52 MiB) of the 16 sequences searched. The size it ends on sits right at the ceiling,
+    and in 1 of the 4 it then failed on every rerun (8 ran once with the address space 4 MiB above
+    the baseline, then failed six times at +5 MiB: failed tries leave heap behind). The probe now
     measures that size again and steps down until one reruns (search_with_proof), so `reruns`
-    holds every time; 2B needs ~50 MiB more than B and always fails."""
+    holds every time; 2B failed in every search."""
     from tinyrl.memory import from_config as mp
 
     r = probe_json(monkeypatch, capsys, "--preset", "countdown-tiny", "--device", "cpu", "--memory-limit", "64MiB")
