@@ -32,7 +32,7 @@ def test_headline_3b_lora_ppo_fits_a_4090_in_every_phase():
     plan = build_plan(spec, gpu=get_gpu("rtx4090"), prompt_len=256, response_len=1024,
                       prompts_per_step=256, mini_batch_prompts=64, lora_rank=64, micro_batch=16)
     assert plan.fits and plan.simulated
-    assert set(plan.phases) == {"rollout", "ref_and_values", "actor_update", "critic_update"}
+    assert set(plan.phases) == {"rollout", "forward", "actor_update", "critic_update"}
     for name, phase in plan.phases.items():
         assert phase.peak <= 0.9 * 24 * GiB, name
         assert phase.peak == sum(phase.parts.values())
@@ -61,7 +61,7 @@ def test_chosen_micro_batches_are_the_largest_that_fit():
                       critic=False, budget_bytes=budget)
     assert plan.fits and plan.budget_bytes == budget
     common = dict(response_len=128, lora_rank=16, logprob_chunk=128)
-    for name, phase in (("actor_update", "actor_update"), ("ref_and_values", "ref_logprobs")):
+    for name, phase in (("actor_update", "actor_update"), ("forward", "forward")):
         b = plan.phases[name].micro_batch
         assert 1 <= b < 32, name  # chosen by the budget, not by the cap
         assert plan.phases[name].token_budget == b * 256
@@ -76,7 +76,7 @@ def test_plan_round_trips_through_json():
     again = MemoryPlan.from_json(plan.to_json())
     assert again == plan
     assert again.phases["actor_update"].micro_batch == 2
-    assert [r[0] for r in plan.rows()] == ["rollout", "ref_and_values", "actor_update", "critic_update"]
+    assert [r[0] for r in plan.rows()] == ["rollout", "forward", "actor_update", "critic_update"]
 
 
 def test_what_does_not_fit_says_so():

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("fresh_cache")
 
 
 def test_resident_parts_match_the_formulas():
-    r = sim.simulate_phase(SMALL, "ref_logprobs", 2, 256, **KW)
+    r = sim.simulate_phase(SMALL, "forward", 2, 256, **KW)
     lora = fm.lora_param_count(SMALL, 16)
     trainable = 2 * lora + fm.value_head_params(SMALL)        # adapters "actor" and "critic"
     assert r["adapters"] == 4 * trainable                     # peft keeps adapters in fp32
@@ -55,7 +55,7 @@ def test_checkpointing_and_chunking_lower_the_peak():
     assert big_chunk["peak"] > on["peak"]
     # The traced chunk agrees with the closed form (bf16: 20 bytes per logit with backward).
     assert on["logprob_chunk"] == pytest.approx(fm.logprob_chunk_bytes(256, 32000, backward=True), rel=0.01)
-    ref = sim.simulate_phase(SMALL, "ref_logprobs", 8, 512, **KW)
+    ref = sim.simulate_phase(SMALL, "forward", 8, 512, **KW)
     assert ref["logprob_chunk"] == pytest.approx(fm.logprob_chunk_bytes(256, 32000), rel=0.01)
 
 

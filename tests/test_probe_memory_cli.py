@@ -52,10 +52,10 @@ def check_consistent(result: dict) -> None:
 def test_3b_lora_ppo_fits_a_4090_in_every_phase(monkeypatch, capsys):
     r = probe_json(monkeypatch, capsys, "--preset", "countdown-4090", "--gpu", "rtx4090", "--simulate")
     assert r["fits"] is True and r["simulated"] is True and r["gpu"] == "rtx4090"
-    assert set(r["phases"]) == {"rollout", "ref_and_values", "actor_update", "critic_update"}
+    assert set(r["phases"]) == {"rollout", "forward", "actor_update", "critic_update"}
     for name, ph in r["phases"].items():
         assert ph["peak_bytes"] <= 0.9 * CARD_4090, name
-    for name in ("ref_and_values", "actor_update", "critic_update"):
+    for name in ("forward", "actor_update", "critic_update"):
         ph = r["phases"][name]
         assert ph["micro_batch"] >= 1
         assert ph["token_budget"] == ph["micro_batch"] * (256 + 1024)
@@ -155,7 +155,7 @@ def test_cuda_probe_puts_measured_micro_batches_into_the_plan(monkeypatch):
     class Props:
         total_memory = GPUS["rtx4090"].memory_bytes
 
-    fractions, limits = [], {"ref_logprobs": 40, "actor_update": 5, "critic_update": 0}
+    fractions, limits = [], {"forward": 40, "actor_update": 5, "critic_update": 0}
 
     def fake_try_step(spec, step, device):
         assert device == "cuda" and step.dtype == "bf16"
@@ -176,7 +176,7 @@ def test_cuda_probe_puts_measured_micro_batches_into_the_plan(monkeypatch):
     planned = mp.plan_for_config(cfg, GPUS["rtx4090"])
     plan = mp.cuda_probe(cfg, GPUS["rtx4090"], planned)
     assert not plan.simulated and not plan.fits
-    ref, actor, critic = (plan.phases[n] for n in ("ref_and_values", "actor_update", "critic_update"))
+    ref, actor, critic = (plan.phases[n] for n in ("forward", "actor_update", "critic_update"))
     assert (ref.micro_batch, actor.micro_batch, critic.micro_batch) == (32, 5, 0)  # ref capped at 32 prompts
     assert actor.token_budget == 5 * 304 and actor.fits
     assert actor.parts["trainer_measured"] == 3 * GiB and actor.peak == sum(actor.parts.values())

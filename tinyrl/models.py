@@ -107,6 +107,27 @@ class PolicyModels:
                               hint="check model.name (an HF id, a local directory, or tinyrl/tiny-qwen2)") from exc
         if cfg.quantize != "nf4":
             base.to(device)
+        critic = reference = None
+        if cfg.finetune != "lora":
+            critic = AutoModelForCausalLM.from_pretrained(model_path, **load_kwargs).to(device)
+            reference = AutoModelForCausalLM.from_pretrained(model_path, **load_kwargs).to(device)
+        self._setup(base, critic, reference)
+
+    @classmethod
+    def from_modules(cls, cfg: ModelConfig, base: nn.Module, device: torch.device,
+                     critic: nn.Module | None = None, reference: nn.Module | None = None) -> "PolicyModels":
+        """Wrap causal LMs that are already built (nothing loaded from disk): the memory
+        simulation builds them on the meta device and traces THIS class's forward passes.
+        LoRA: `base` only; full: `critic` and `reference` too (separate copies)."""
+        self = cls.__new__(cls)
+        self.cfg, self.device = cfg, torch.device(device)
+        self.dtype = next(base.parameters()).dtype
+        self._setup(base, critic, reference)
+        return self
+
+    def _setup(self, base: nn.Module, critic: nn.Module | None, reference: nn.Module | None) -> None:
+        cfg, device = self.cfg, self.device
+        self._held: str | None = None  # the role held by role(), if any
         hidden = base.config.hidden_size
         self.lora = cfg.finetune == "lora"
         if self.lora:
@@ -115,8 +136,8 @@ class PolicyModels:
             self.reference = None
         else:
             self.actor = base
-            self.critic_backbone = AutoModelForCausalLM.from_pretrained(model_path, **load_kwargs).to(device)
-            self.reference = AutoModelForCausalLM.from_pretrained(model_path, **load_kwargs).to(device)
+            self.critic_backbone = critic
+            self.reference = reference
             self.reference.requires_grad_(False).eval()
         self.value_head = ValueHead(hidden).to(device)
         if cfg.gradient_checkpointing:
@@ -152,6 +173,20 @@ class PolicyModels:
         if self.lora and role in ("actor", "critic"):
             self.actor.set_adapter(role)
 
+    @contextlib.contextmanager
+    def role(self, name: str):
+        """Hold `name`'s adapter active for a forward AND its backward (LoRA): peft's
+        set_adapter marks the inactive adapter requires_grad=False, so autograd drops its
+        gradients, and checkpointed layers recompute with whichever adapter is active during
+        backward. Restores the actor's adapter on exit."""
+        prev, self._held = self._held, name
+        self.use(name)
+        try:
+            yield self
+        finally:
+            self._held = prev
+            self.use(prev or "actor")
+
     # ----------------------------------------------------------------- forward passes
 
     def _causal_lm(self, model: nn.Module) -> nn.Module:
@@ -171,7 +206,8 @@ class PolicyModels:
         if role == "reference":
             model, ctx = (self.actor, self.actor.disable_adapter()) if self.lora else (self.reference, contextlib.nullcontext())
         else:
-            self.use("actor")
+            if self._held is None:
+                self.use("actor")
             model, ctx = self.actor, contextlib.nullcontext()
         with ctx:
             hidden = self._hidden(model, batch)
@@ -185,11 +221,14 @@ class PolicyModels:
 
     def values(self, batch: Batch) -> torch.Tensor:
         """V(s) before each response token: [B, R] (verl: values[:, -R-1:-1])."""
-        self.use("critic")
+        held = self._held is not None  # inside role("critic"): the caller switches adapters
+        if not held:
+            self.use("critic")
         hidden = self._hidden(self.critic_backbone, batch)
         R = batch.response_len
         values = self.value_head(hidden[:, -R - 1:-1, :])
-        self.use("actor")
+        if not held:
+            self.use("actor")
         return values
 
     def train(self, mode: bool = True) -> None:
