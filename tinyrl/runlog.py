@@ -4,7 +4,7 @@
     RUN_DIR/metrics.jsonl    one JSON object per step (appended, flushed: survives a kill)
     RUN_DIR/metrics.parquet  the same, rewritten at each checkpoint and at the end
     RUN_DIR/samples.jsonl    sample completions with their rewards
-    RUN_DIR/timeline.jsonl   each phase transition with the memory in use at that moment
+    RUN_DIR/timeline.jsonl   one record per phase: when it began, memory in use then, and its peak
     RUN_DIR/checkpoints/     see tinyrl.checkpoint
 """
 
@@ -32,6 +32,15 @@ def memory_reading(device: torch.device) -> dict:
             "memory/total_bytes": psutil.virtual_memory().total}
 
 
+def phase_peaks(device: torch.device) -> dict:
+    """Peaks since the last reset: the card's allocator on CUDA, the process's peak RSS on CPU."""
+    if device.type == "cuda":
+        return {"peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
+                "peak_reserved_bytes": torch.cuda.max_memory_reserved(device)}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return {"peak_allocated_bytes": rss, "peak_reserved_bytes": rss}
+
+
 class RunLog:
     def __init__(self, run_dir: Path, device: torch.device):
         self.dir = run_dir
@@ -53,9 +62,29 @@ class RunLog:
         self._append("samples.jsonl", record)
 
     def phase(self, step: int, phase: str) -> dict:
+        """A phase starts: closes the previous one with its PEAK, then resets the peak counter.
+
+        The record of a phase says what it used: `peak_allocated_bytes` (CUDA: the allocator's
+        max_memory_allocated since the phase began, reset at each phase start; CPU: the process's
+        peak RSS so far, ru_maxrss -- Linux cannot reset it, so on CPU it is the high-water mark
+        of the run up to the end of that phase, not the phase's own) and `peak_reserved_bytes`
+        (CUDA: max_memory_reserved; CPU: the same RSS figure). `memory_bytes` stays what was in
+        use when the phase began."""
+        self.close_phase()
         mem = memory_reading(self.device)
         record = {"t": round(time.monotonic() - self.t0, 4), "step": step, "phase": phase,
                   "memory_bytes": mem["memory/used_bytes"], "memory_kind": mem["memory/kind"]}
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._open = record
+        return record
+
+    def close_phase(self) -> dict | None:
+        """Write the open phase's record with its peaks (called by the next phase, and at the end)."""
+        record, self._open = getattr(self, "_open", None), None
+        if record is None:
+            return None
+        record.update(phase_peaks(self.device))
         self._append("timeline.jsonl", record)
         return record
 
@@ -71,6 +100,8 @@ class RunLog:
 
     def write_parquet(self) -> None:
         import pandas as pd
+
+        self.close_phase()  # called at a checkpoint, the last thing a step (or the run) does
 
         path = self.dir / "metrics.jsonl"
         if path.exists() and path.stat().st_size:

@@ -117,6 +117,9 @@ class Trainer:
         return min(total, max_steps) if max_steps else total
 
     def _phase(self, name: str) -> None:
+        closed = self.run.close_phase()  # the previous phase's peak (tinyrl.runlog)
+        if closed is not None and closed["step"] == self.step + 1:
+            self._phase_memory[f"memory/phase/{closed['phase']}_peak_bytes"] = closed["peak_allocated_bytes"]
         record = self.run.phase(self.step + 1, name)
         self._phase_memory[f"memory/phase/{name}_bytes"] = record["memory_bytes"]
         if self.dash is not None:
