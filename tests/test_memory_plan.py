@@ -41,21 +41,24 @@ def test_headline_3b_lora_ppo_fits_a_4090_in_every_phase():
     _kv_holds_every_running_sequence(plan, spec, 1280)
 
 
-def test_headline_05b_full_ppo_fits_in_12_gib():
+def test_headline_05b_full_ppo_needs_more_than_12_gib():
     """Qwen2.5-0.5B as the verl run had it (full actor, full critic, reference copy), 32 prompts
-    of 256 + 256 tokens: every phase <= 12 GiB, vLLM serving the whole step at once."""
+    of 256 + 256 tokens. The trainer's AdamW keeps fp32 moments for bf16 weights: 7.4 GiB of
+    state for actor + critic, so 12 GiB cannot hold an update (the H100 run of issue 20 reached
+    14.42 GiB); the preset plans into 18 GiB."""
     spec = load_spec("Qwen/Qwen2.5-0.5B")
-    plan = build_plan(spec, gpu=get_gpu("rtx4090"), prompt_len=256, response_len=256,
-                      prompts_per_step=32, mini_batch_prompts=16, finetune="full",
-                      budget_bytes=12 * GiB, micro_batch=8)
+    kw = dict(gpu=get_gpu("rtx4090"), prompt_len=256, response_len=256, prompts_per_step=32,
+              mini_batch_prompts=16, finetune="full", micro_batch=8)
+    assert not build_plan(spec, budget_bytes=12 * GiB, **kw).fits
+    plan = build_plan(spec, budget_bytes=18 * GiB, **kw)
     assert plan.fits
-    assert all(p.peak <= 12 * GiB for p in plan.phases.values())
+    assert all(p.peak <= 18 * GiB for p in plan.phases.values())
     assert plan.vllm_max_num_seqs == 32
     _kv_holds_every_running_sequence(plan, spec, 512)
 
 
 def test_chosen_micro_batches_are_the_largest_that_fit():
-    budget = fm.CUDA_CONTEXT_BYTES + 130 * 2**20
+    budget = fm.CUDA_CONTEXT_BYTES + 150 * 2**20
     plan = build_plan(SMALL, gpu=get_gpu("rtx4090"), prompt_len=128, response_len=128,
                       prompts_per_step=32, lora_rank=16, logprob_chunk=128, engine="hf",
                       critic=False, budget_bytes=budget)

@@ -31,19 +31,20 @@ def test_resident_parts_match_the_formulas():
     assert parts == r["peak"]
 
 
-def test_full_finetune_holds_three_models_and_bf16_adam():
+def test_full_finetune_holds_three_models_and_fp32_adam():
     r = sim.simulate_phase(SMALL, "actor_update", 2, 256, finetune="full", **KW)
     w = fm.weight_bytes(SMALL)
     assert r["base_weights"] == pytest.approx(w, rel=0.001)    # the frozen reference
     assert r["adapters"] == pytest.approx(2 * w, rel=0.001)    # actor + critic (+ value head)
-    assert r["optimizer"] >= 2 * 2 * w                         # two Adams, state in bf16
+    assert r["optimizer"] >= 2 * 4 * w                         # two Adams, fp32 moments (tinyrl.optim)
 
 
 def test_extrapolation_from_two_layers_matches_a_full_depth_trace():
     for phase in sim.PHASES:
         step = sim.Step(phase, 2, 256, 128, lora_rank=16, logprob_chunk=256)
         full = max(r["total"] for r in sim.trace_step(SMALL, step, 6)["regions"].values())
-        extrapolated = sim.simulate_phase(SMALL, phase, 2, 256, **KW)["peak"]
+        parts = sim.simulate_phase(SMALL, phase, 2, 256, **KW)
+        extrapolated = parts["peak"] - parts["allocator"]  # the headroom is not a traced tensor
         assert extrapolated == pytest.approx(full, rel=0.02), phase
 
 
