@@ -19,8 +19,8 @@ from tinyrl import checkpoint as ckpt
 STEPS = 6
 
 
-def command(tmp: Path, out: Path, *extra: str) -> list[str]:
-    sets = [f"data.train_path={tmp}/data/train.parquet", "data.generate_train_size=256",
+def command(data: Path, out: Path, *extra: str) -> list[str]:
+    sets = [f"data.train_path={data}",
             "trainer.train_batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.max_response_length=24",
             "trainer.save_every=2", "trainer.test_every=3", "data.max_test_prompts=8"]
     args = [sys.executable, "-m", "tinyrl.cli", "train", "--preset", "countdown-tiny", "--out", str(out),
@@ -35,12 +35,13 @@ def metrics(run: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_model_dir):
+def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_model_dir, countdown_train):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    done = subprocess.run(command(tmp_path, straight), capture_output=True, text=True, timeout=900)
+    data = countdown_train(256)
+    done = subprocess.run(command(data, straight), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
 
-    proc = subprocess.Popen(command(tmp_path, killed), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(command(data, killed), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     target = killed / "checkpoints" / "step_0000004" / "state.pt"
     deadline = time.monotonic() + 600
     while not target.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -50,7 +51,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_model_d
     proc.wait()
     assert len(metrics(killed)) < STEPS
 
-    resumed = subprocess.run(command(tmp_path, killed, "--resume"), capture_output=True, text=True, timeout=900)
+    resumed = subprocess.run(command(data, killed, "--resume"), capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step 4" in resumed.stdout
 
