@@ -89,7 +89,7 @@ def _wrap(fn: Callable, label: str, timeout_s: float) -> RewardFn:
         sample = lambda: describe_sample(completion, example)  # noqa: E731
         what = lambda: f"reward function {label} on {sample()}"  # noqa: E731
         try:
-            with limits.time_limit(timeout_s, what) as elapsed:
+            with limits.time_limit(timeout_s) as elapsed:
                 value = fn(completion, example)
             if elapsed() > timeout_s:  # it swallowed the alarm (a bare except) and returned late
                 raise limits.RewardTimeout()
