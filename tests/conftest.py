@@ -25,8 +25,11 @@ def vllm_engine(tiny_model_dir):
     Tests that sync weights into it must not assume what an earlier test left served."""
     from transformers import AutoTokenizer
 
+    import torch
+
     from tinyrl.rollout.factory import make_engine
 
+    threads = torch.get_num_threads()
     engine = make_engine(
         "vllm",
         model=None,
@@ -41,6 +44,7 @@ def vllm_engine(tiny_model_dir):
         kv_cache_memory_bytes=64 * 2**20,
         gpu_memory_utilization=0.05,
     )
+    engine.threads_before_build = threads  # for the test that construction leaves it alone
     yield engine
     engine.close()
 

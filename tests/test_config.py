@@ -59,14 +59,15 @@ def test_all_problems_are_reported_at_once():
     message = _problems(
         "countdown-4090",
         "actor.lrr=1",                           # unknown key
-        "trainer.train_batch_size=100",          # 64 does not divide 100
+        "trainer.train_batch_size=100",          # 64 does not divide 100 (actor's and critic's mini-batch)
         "algorithm.adv_estimator=grpoo",         # unknown estimator (+ near match)
         "rollout.max_response_length=40000",     # over Qwen2.5-3B's 32,768 positions
         "algorithm.use_kl_loss=true",            # KL twice (in reward and as a loss)
         "actor.clip_ratio_c=1.0",                # dual clip needs > 1
     )
-    assert "6 problem(s)" in message
-    for fragment in ("actor.lrr", "does not divide", "did you mean 'grpo'", "32768", "counted twice",
+    assert "7 problem(s)" in message
+    for fragment in ("actor.lrr", "actor.ppo_mini_batch_size = 64 does not divide",
+                     "critic.ppo_mini_batch_size = 64 does not divide", "did you mean 'grpo'", "32768", "counted twice",
                      "clip_ratio_c"):
         assert fragment in message
 

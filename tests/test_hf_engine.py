@@ -150,7 +150,7 @@ def test_peft_actor_adapter_is_sampled_and_sync_is_free(model, tok, prompts):
         engine.generate(prompts[:1], SamplingSettings(n=1, max_new_tokens=4))
 
 
-def test_factory_builds_hf_and_auto_falls_back_to_hf_without_cuda(model, tok, monkeypatch):
+def test_factory_builds_hf_and_auto_is_hf_without_cuda(model, tok, monkeypatch):
     from tinyrl.errors import TinyRLError
     from tinyrl.rollout.factory import make_engine
 
@@ -160,3 +160,15 @@ def test_factory_builds_hf_and_auto_falls_back_to_hf_without_cuda(model, tok, mo
     with pytest.raises(TinyRLError) as err:
         make_engine("vlm", model=model, tokenizer=tok)
     assert "hf, vllm, auto" in err.value.hint
+
+
+def test_auto_on_cuda_without_vllm_is_an_error_not_a_silent_fallback(model, tok, monkeypatch):
+    # The memory plan gave vLLM its share of the card: quietly sampling with transformers
+    # instead would run another plan than the one printed.
+    from tinyrl.errors import TinyRLError
+    from tinyrl.rollout import factory
+
+    monkeypatch.setattr(factory, "_vllm_unusable_reason", lambda: "vLLM does not import (no module named vllm)")
+    with pytest.raises(TinyRLError) as err:
+        factory.make_engine("auto", model=model, tokenizer=tok, model_path="unused", device="cuda")
+    assert "rollout.engine=hf" in err.value.hint and "vLLM does not import" in str(err.value)

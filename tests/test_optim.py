@@ -40,3 +40,36 @@ def test_fp32_parameters_match_torch_adamw():
             p.grad = torch.sin(p.detach() * 3)
             o.step()
     torch.testing.assert_close(a, b)
+
+
+def test_resume_keeps_fp32_moments_of_bf16_weights_and_matches_an_uninterrupted_run():
+    # torch's load_state_dict casts state to the parameter's dtype: bf16 moments after resume
+    # would make a resumed bf16 run drift from the uninterrupted one.
+    import copy
+
+    def grad(step: int, w: torch.Tensor) -> torch.Tensor:
+        return torch.sin(torch.arange(w.numel(), dtype=torch.float32) * 0.37 + step).to(w.dtype) * 1e-3
+
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(512).to(torch.bfloat16))
+    opt = AdamW([w], lr=1e-3, weight_decay=0.01)
+    for t in range(3):
+        w.grad = grad(t, w)
+        opt.step()
+    saved_w, saved_opt = w.detach().clone(), copy.deepcopy(opt.state_dict())
+    saved_rng = torch.get_rng_state()
+    for t in range(3, 6):
+        w.grad = grad(t, w)
+        opt.step()
+
+    resumed = torch.nn.Parameter(saved_w.clone())
+    opt2 = AdamW([resumed], lr=1e-3, weight_decay=0.01)
+    opt2.load_state_dict(saved_opt)
+    assert opt2.state[resumed]["exp_avg"].dtype == torch.float32
+    torch.testing.assert_close(opt2.state[resumed]["exp_avg_sq"], saved_opt["state"][0]["exp_avg_sq"], rtol=0, atol=0)
+    torch.set_rng_state(saved_rng)  # the checkpoint restores the RNG too (stochastic rounding draws from it)
+    for t in range(3, 6):
+        resumed.grad = grad(t, resumed)
+        opt2.step()
+    assert torch.equal(resumed.detach(), w.detach())
+    assert torch.equal(opt2.state[resumed]["exp_avg"], opt.state[w]["exp_avg"])

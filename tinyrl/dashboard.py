@@ -27,12 +27,13 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-# Shown in this order; the trainer's phases of one step (DESIGN.md section 2).
-PHASES = ("rollout", "reward", "ref_old_logprobs", "values", "advantages",
-          "actor_update", "critic_update", "sync", "validate", "checkpoint")
+from tinyrl.config import ADV_ESTIMATORS
+from tinyrl.phases import Phase
+from tinyrl.rl.advantages import needs_critic
+
+# Shown in this order: the trainer's phases of one step, then the ones between steps.
+PHASES = tuple(str(p) for p in Phase)
 MODES = ("auto", "live", "plain", "off")
-# Advantage estimators that train no value model: their runs never report critic/* keys.
-CRITIC_FREE = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
 DASH = "–"
 GIB = 1024**3
 _SPARK = "▁▂▃▄▅▆▇█"
@@ -153,7 +154,8 @@ class Dashboard:
             mode = "live" if terminal else "plain"
         self.mode = mode
         algo = str(self.info.get("algorithm", "")).lower()
-        self._critic_expected = algo not in CRITIC_FREE
+        # Estimators that train no value model never report critic/* keys.
+        self._critic_expected = needs_critic(algo) if algo in ADV_ESTIMATORS else True
         self._lock = threading.Lock()
         self._start = _clock()
         self._metrics: dict = {}

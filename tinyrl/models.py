@@ -94,31 +94,53 @@ class PolicyModels:
     def __init__(self, cfg: ModelConfig, model_path: str, device: torch.device):
         from transformers import AutoModelForCausalLM
 
-        self.cfg = cfg
-        self.device = device
-        self.dtype = pick_dtype(cfg.dtype, device)
-        load_kwargs = {"dtype": self.dtype}
+        dtype = pick_dtype(cfg.dtype, device)
+        load_kwargs = {"dtype": dtype}
         if cfg.quantize == "nf4":
             load_kwargs["quantization_config"] = _nf4_config(device)
-        try:
-            base = AutoModelForCausalLM.from_pretrained(model_path, **load_kwargs)
-        except OSError as exc:
-            raise TinyRLError(f"could not load model {model_path!r}: {exc}",
-                              hint="check model.name (an HF id, a local directory, or tinyrl/tiny-qwen2)") from exc
-        if cfg.quantize != "nf4":
-            base.to(device)
-        hidden = base.config.hidden_size
+
+        def load() -> nn.Module:
+            try:
+                model = AutoModelForCausalLM.from_pretrained(model_path, **load_kwargs)
+            except OSError as exc:
+                raise TinyRLError(f"could not load model {model_path!r}: {exc}",
+                                  hint="check model.name (an HF id, a local directory, or tinyrl/tiny-qwen2)") from exc
+            return model if cfg.quantize == "nf4" else model.to(device)
+
+        full = cfg.finetune != "lora"
+        self._setup(cfg, device, dtype, load(), load() if full else None, load() if full else None)
+
+    @classmethod
+    def from_modules(cls, cfg: ModelConfig, base: nn.Module, device: torch.device,
+                     critic_base: nn.Module | None = None, reference: nn.Module | None = None) -> "PolicyModels":
+        """The same roles around causal LMs that are already built (the memory simulation builds
+        them on fake tensors): LoRA needs only `base`; full fine-tuning needs all three."""
+        self = cls.__new__(cls)
+        self._setup(cfg, device, next(base.parameters()).dtype, base, critic_base, reference)
+        return self
+
+    def _setup(self, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, base: nn.Module,
+               critic_base: nn.Module | None, reference: nn.Module | None) -> None:
+        self.cfg = cfg
+        self.device = device
+        self.dtype = dtype
         self.lora = cfg.finetune == "lora"
+        self._role = "actor"
         if self.lora:
             self.actor = self._with_adapters(base)
             self.critic_backbone = self.actor
             self.reference = None
         else:
             self.actor = base
-            self.critic_backbone = AutoModelForCausalLM.from_pretrained(model_path, **load_kwargs).to(device)
-            self.reference = AutoModelForCausalLM.from_pretrained(model_path, **load_kwargs).to(device)
+            self.critic_backbone = critic_base
+            self.reference = reference
             self.reference.requires_grad_(False).eval()
-        self.value_head = ValueHead(hidden).to(device)
+            # The critic reads hidden states only: an untied LM head of its copy gets no
+            # gradient, so it is not a critic parameter (and allocates no gradient).
+            head = self._causal_lm(critic_base).lm_head.weight
+            if head is not self._causal_lm(critic_base).model.get_input_embeddings().weight:
+                head.requires_grad_(False)
+        self.value_head = ValueHead(base.config.hidden_size).to(device)
         if cfg.gradient_checkpointing:
             for m in {id(self.actor): self.actor, id(self.critic_backbone): self.critic_backbone}.values():
                 m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -145,12 +167,36 @@ class PolicyModels:
         head = list(self.value_head.parameters())
         if self.lora:
             return [p for n, p in self.actor.named_parameters() if ".critic." in n and "lora_" in n] + head
-        return list(self.critic_backbone.parameters()) + head
+        body = self._causal_lm(self.critic_backbone).model
+        return [p for p in body.parameters() if p.requires_grad] + head
 
-    def use(self, role: str) -> None:
-        """Switch the shared base to a role's adapter (LoRA) before a forward pass."""
-        if self.lora and role in ("actor", "critic"):
-            self.actor.set_adapter(role)
+    @contextlib.contextmanager
+    def role(self, name: str):
+        """Make `name` ("actor" or "critic") the active role for everything inside: forward AND
+        backward. With shared-base LoRA this matters twice: peft's set_adapter marks inactive
+        adapters requires_grad=False (peft 0.21 tuners_utils.BaseTunerLayer.set_adapter), so
+        switching away before backward drops that adapter's gradients; and activation
+        checkpointing recomputes the forward during backward with whichever adapter is active
+        then. So a role's micro-batch loop runs entirely inside one `with models.role(...)`.
+        The actor is restored on exit (the engine and the reference expect it)."""
+        if name not in ("actor", "critic"):
+            raise ValueError(f"unknown role {name!r}")
+        previous = self._role
+        self._switch(name)
+        try:
+            yield self
+        finally:
+            self._switch(previous)
+
+    def _switch(self, name: str) -> None:
+        if self.lora and self.actor.active_adapter != name:
+            self.actor.set_adapter(name)
+        self._role = name
+
+    def _require_role(self, name: str) -> None:
+        if self._role != name:
+            raise RuntimeError(f"{name} pass while the {self._role} role is active: wrap it in "
+                               f"`with models.role({name!r})` (forward and backward)")
 
     # ----------------------------------------------------------------- forward passes
 
@@ -171,7 +217,7 @@ class PolicyModels:
         if role == "reference":
             model, ctx = (self.actor, self.actor.disable_adapter()) if self.lora else (self.reference, contextlib.nullcontext())
         else:
-            self.use("actor")
+            self._require_role("actor")
             model, ctx = self.actor, contextlib.nullcontext()
         with ctx:
             hidden = self._hidden(model, batch)
@@ -184,13 +230,12 @@ class PolicyModels:
                                           temperature=temperature, with_entropy=with_entropy)
 
     def values(self, batch: Batch) -> torch.Tensor:
-        """V(s) before each response token: [B, R] (verl: values[:, -R-1:-1])."""
-        self.use("critic")
+        """V(s) before each response token: [B, R] (verl: values[:, -R-1:-1]).
+        Call it inside `with models.role("critic")`, together with its backward."""
+        self._require_role("critic")
         hidden = self._hidden(self.critic_backbone, batch)
         R = batch.response_len
-        values = self.value_head(hidden[:, -R - 1:-1, :])
-        self.use("actor")
-        return values
+        return self.value_head(hidden[:, -R - 1:-1, :])
 
     def train(self, mode: bool = True) -> None:
         for m in (self.actor, self.critic_backbone, self.value_head):
@@ -221,7 +266,7 @@ class PolicyModels:
 
             for name in ("actor", "critic"):
                 set_peft_model_state_dict(self.actor, state[name], adapter_name=name)
-            self.actor.set_adapter("actor")
+            self.actor.set_adapter(self._role)
         else:
             self.actor.load_state_dict(state["actor"])
             self.critic_backbone.load_state_dict(state["critic"])

@@ -46,6 +46,22 @@ class AdamW(torch.optim.AdamW):
             self._bf16_step(group, p)
         return loss
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's load_state_dict casts floating-point state to its parameter's dtype (torch 2.13
+        optim/optimizer.py, `_process_value_according_to_param_policy`, called by class name so
+        it cannot be overridden): a bf16 parameter's fp32 moments would come back as bf16 and
+        a resumed run would differ from an uninterrupted one. Put the saved fp32 moments back."""
+        saved = state_dict["state"]
+        ids = [i for group in state_dict["param_groups"] for i in group["params"]]
+        super().load_state_dict(state_dict)
+        params = [p for group in self.param_groups for p in group["params"]]
+        for i, p in zip(ids, params):
+            if p.dtype != torch.bfloat16 or i not in saved:
+                continue
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in saved[i]:
+                    self.state[p][key] = saved[i][key].to(device=p.device, dtype=torch.float32)
+
     def _bf16_step(self, group: dict, p: torch.Tensor) -> None:
         beta1, beta2 = group["betas"]
         state = self.state[p]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tinyrl.config import Config, resolve_path
 from tinyrl.errors import TinyRLError
-from tinyrl.hardware import GPU, check_arch_supported, detect_gpu
+from tinyrl.hardware import GPU, check_arch_supported, detect_gpu, nvidia_driver_version, why_no_cuda
 from tinyrl.memory import formulas as fm
 from tinyrl.memory import from_config as mp
 
@@ -38,6 +38,8 @@ def preflight(cfg: Config, run_dir: Path) -> list[str]:
     gpu = _card(cfg)
     notes = check_disk(cfg, run_dir, cuda=gpu is not None)
     if gpu is None:
+        if cfg.trainer.device == "auto" and nvidia_driver_version():
+            notes.append(f"WARNING: this machine has an NVIDIA driver but the run is on the CPU: {why_no_cuda()}")
         notes.append("memory planning applies to CUDA cards; this CPU run uses the preset's micro-batch "
                      f"budgets (actor {cfg.actor.micro_batch_tokens or 'default'}, critic "
                      f"{cfg.critic.micro_batch_tokens or 'default'} tokens)")
@@ -53,8 +55,8 @@ def _card(cfg: Config) -> GPU | None:
         return None
     gpu = detect_gpu()
     if gpu is None:
-        raise TinyRLError("trainer.device = cuda but torch sees no CUDA card",
-                          hint="set trainer.device=cpu (slow for real models), or install a CUDA build of torch")
+        raise TinyRLError(f"trainer.device = cuda but torch sees no CUDA card: {why_no_cuda()}",
+                          hint="fix the install as said above, or set trainer.device=cpu (slow for real models)")
     problem = check_arch_supported(gpu)
     if problem:
         raise TinyRLError(problem, hint="install a torch build for this card (see pytorch.org's install "

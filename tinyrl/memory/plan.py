@@ -130,7 +130,9 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
     notes += rollout_notes
     if quantize == "nf4":
         notes.append("NF4 base: weights from the formula; activations traced for a bf16 base plus "
-                     "one dequantised linear")
+                     "one dequantised linear. vLLM's weights are counted 4-bit too: the engine loads "
+                     "the checkpoint with quantization='bitsandbytes' (quantized in flight), so it "
+                     "samples from a 4-bit base like the trainer's")
     if not simulate:
         notes.append("not simulated: activations from a rule of thumb; rerun with simulation")
     return MemoryPlan(model, gpu.name, gpu.memory_bytes, budget, phases, util, max_seqs, share,

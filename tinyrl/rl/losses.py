@@ -66,11 +66,14 @@ def policy_loss(
     clip_ratio_c: float = 3.0,
     agg_mode: str = "token-mean",
     max_len: int | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate with dual clip. All inputs [B, T]. -> (scalar loss, stats)
 
     L = max(-A*r, -A*clip(r, 1-eps_low, 1+eps_high)); for A < 0 also min(L, -A*c), which bounds
     the loss when a bad action's ratio explodes (Ye et al. 2020, dual-clip PPO).
+    `is_weights` (detached, [B, T]): the rollout importance-sampling correction
+    (tinyrl.rl.rollout_is), multiplied into each token's loss before aggregation.
     """
     if not clip_ratio_c > 1.0:
         raise TinyRLError(f"dual-clip constant must be > 1, got {clip_ratio_c}", "set actor.clip_ratio_c = 3.0")
@@ -83,6 +86,8 @@ def policy_loss(
     loss3 = -advantages * clip_ratio_c
     dual = torch.minimum(clipped, loss3)
     per_token = torch.where(advantages < 0, dual, clipped)              # [B, T]
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach().to(per_token.dtype)
     loss = agg_loss(per_token, m, agg_mode, max_len)
     with torch.no_grad():
         stats = {
@@ -151,6 +156,41 @@ def actor_loss(
     if kl is not None:
         loss = loss + kl_coef * kl
     return loss
+
+
+def actor_objective(
+    logprob: torch.Tensor,
+    entropy: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    ref_logprob: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    agg_mode: str = "token-mean",
+    max_len: int | None = None,
+    entropy_coef: float = 0.0,
+    kl_coef: float = 0.0,
+    kl_type: str = "k3",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The actor's whole loss, exactly as the trainer back-propagates it. [B, T] inputs -> scalar.
+
+    policy_loss (with the rollout IS weights) - entropy_coef * agg(entropy)
+    + kl_coef * kl_loss(logprob, ref_logprob) when ref_logprob is given (KL as a loss).
+    """
+    pg, stats = policy_loss(logprob, old_logprob, advantages, mask, eps_low=eps_low, eps_high=eps_high,
+                            clip_ratio_c=clip_ratio_c, agg_mode=agg_mode, max_len=max_len,
+                            is_weights=is_weights)
+    ent = agg_loss(entropy, mask.to(entropy.dtype), agg_mode, max_len)
+    kl = None if ref_logprob is None else kl_loss(logprob, ref_logprob, mask, kl_type, agg_mode, max_len)
+    loss = actor_loss(pg, ent if entropy_coef else None, entropy_coef, kl, kl_coef)
+    stats = {"pg_loss": pg.detach(), "entropy": ent.detach(), **stats}
+    if kl is not None:
+        stats["kl_loss"] = kl.detach()
+    return loss, stats
 
 
 @torch.no_grad()

@@ -67,20 +67,24 @@ def _vllm(*, model, tokenizer, model_path, device, **vllm_kwargs):
 
 
 def _auto(*, model, tokenizer, model_path, device, **vllm_kwargs):
+    """vLLM on CUDA, hf elsewhere. On CUDA a vLLM that does not import is an error, not a
+    silent fallback: the memory plan gave vLLM its share of the card and sized the trainer's
+    micro-batches around it, and the hf engine is several times slower at rollouts."""
+    if torch.device(device).type != "cuda":
+        log.info("rollout engine: hf (no CUDA device)")
+        return _hf(model=model, tokenizer=tokenizer, model_path=model_path, device=device)
     reason = _vllm_unusable_reason()
-    if reason is None:
-        log.info("rollout engine: vllm (CUDA and vLLM available)")
-        return _vllm(model=model, tokenizer=tokenizer, model_path=model_path, device=device,
-                     **vllm_kwargs)
-    log.info("rollout engine: hf (%s)", reason)
-    return _hf(model=model, tokenizer=tokenizer, model_path=model_path, device=device)
+    if reason is not None:
+        raise TinyRLError(f"rollout.engine = auto picks vLLM on CUDA, but {reason}",
+                          hint="pip install -e '.[cuda]' for vLLM, or set rollout.engine=hf to roll out with "
+                          "transformers (slower; re-run `tinyrl probe-memory` for that engine)")
+    log.info("rollout engine: vllm (CUDA and vLLM available)")
+    return _vllm(model=model, tokenizer=tokenizer, model_path=model_path, device=device, **vllm_kwargs)
 
 
 def _vllm_unusable_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA device"
     try:
         importlib.import_module("vllm")
     except (ImportError, RuntimeError, OSError) as e:  # missing, or a build that fails to load
-        return f"vLLM does not import: {e}"
+        return f"vLLM does not import ({e})"
     return None

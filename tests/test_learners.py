@@ -1,0 +1,214 @@
+"""Each trainable role trains exactly its own tensors — the invariant whose absence let the
+critic's LoRA adapter sit at zero for a whole release while only its value head learned.
+
+For actor and critic x LoRA / full fine-tuning x gradient checkpointing on / off (and bf16):
+a few real learner updates (tinyrl.learners, the code the trainer runs) give every trainable
+tensor of the role a non-zero gradient and change it, and change nothing else. With
+checkpointing on, gradients equal those with it off (the recomputed forward must use the
+role's adapter). And the learner's loss is tinyrl.rl.losses' actor_objective / value_loss fed
+from the config, term by term: one code path for the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tinyrl.config import load_config
+from tinyrl.learners import actor_loss_fn, make_learners
+from tinyrl.microbatch import BudgetKeeper
+from tinyrl.models import PolicyModels, make_batch
+from tinyrl.phases import Phase
+from tinyrl.rl import losses
+from tinyrl.trajectory import Trajectory
+
+ROLES = ("actor", "critic")
+
+
+def _config(finetune: str, checkpointing: bool, dtype: str = "fp32", **extra):
+    overrides = [f"model.finetune={finetune}", f"model.gradient_checkpointing={str(checkpointing).lower()}",
+                 f"model.dtype={dtype}", "actor.lr=1e-2", "critic.lr=1e-2", "actor.ppo_mini_batch_size=0",
+                 "critic.ppo_mini_batch_size=0", "actor.ppo_epochs=1", "critic.ppo_epochs=1",
+                 "actor.entropy_coeff=0.01", "trainer.train_batch_size=4", "rollout.n=1",
+                 "algorithm.kl_in_reward=false", "algorithm.use_kl_loss=true", "algorithm.kl_loss_coef=0.1",
+                 *[f"{k}={v}" for k, v in extra.items()]]
+    return load_config("countdown-tiny", overrides, check=False)
+
+
+def _models(cfg, tiny_model_dir) -> PolicyModels:
+    torch.manual_seed(0)
+    return PolicyModels(cfg.model, str(tiny_model_dir), torch.device("cpu"))
+
+
+def _trajectory(models: PolicyModels, seed: int = 0) -> Trajectory:
+    """Four ragged rollouts with random advantages/returns, and old/ref log-probs and values
+    read from the models (as the FORWARD phase does) plus noise."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 200, (int(n),), generator=g).tolist() for n in (5, 9, 7, 6)]
+    responses = [torch.randint(3, 200, (int(n),), generator=g).tolist() for n in (4, 11, 2, 8)]
+    batch = make_batch(prompts, responses, pad_id=0)
+    B, R = batch.response_mask.shape
+    with torch.no_grad():
+        with models.role("actor"):
+            old = models.token_logprobs("actor", batch).float() - 0.05 * torch.rand(B, R, generator=g)
+        with models.role("critic"):
+            values = models.values(batch).float() + 0.1 * torch.randn(B, R, generator=g)
+        ref = models.token_logprobs("reference", batch).float()
+    return Trajectory(batch=batch, group_ids=torch.arange(B), old_lp=old, ref_lp=ref, values=values,
+                      advantages=torch.randn(B, R, generator=g), returns=torch.randn(B, R, generator=g))
+
+
+def _all_tensors(models: PolicyModels) -> dict[str, torch.Tensor]:
+    out = {}
+    for prefix, module in (("actor", models.actor), ("critic", models.critic_backbone),
+                           ("reference", models.reference), ("value_head", models.value_head)):
+        if module is None or (prefix == "critic" and module is models.actor):
+            continue
+        for name, p in module.named_parameters():
+            out[f"{prefix}:{name}"] = p
+    return out
+
+
+def _names(models: PolicyModels, params) -> set[str]:
+    ids = {id(p) for p in params}
+    return {n for n, p in _all_tensors(models).items() if id(p) in ids}
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["no-ckpt", "ckpt"])
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+@pytest.mark.parametrize("role", ROLES)
+def test_a_role_trains_every_tensor_of_its_own_and_nothing_else(tiny_model_dir, role, finetune, checkpointing):
+    cfg = _config(finetune, checkpointing)
+    models = _models(cfg, tiny_model_dir)
+    learners = make_learners(cfg, models, BudgetKeeper({p: 10**6 for p in Phase}), True, lambda m: None)
+    learner = learners[role]
+    traj = _trajectory(models)
+    own = _names(models, learner.params)
+    assert own, "the role has trainable tensors"
+    before = {n: p.detach().clone() for n, p in _all_tensors(models).items()}
+    # LoRA's B and the value head start at zero, so the first updates reach some tensors only
+    # through others (A's gradient is 0 while B is 0): three updates reach every one.
+    for _ in range(3):
+        learner.update(traj, samples_per_prompt=1, generator=torch.Generator().manual_seed(0))
+    with models.role(role):
+        learner.opt.zero_grad(set_to_none=True)
+        learner.accumulate_gradients(traj, [slice(0, 2), slice(2, 4)])
+    named = _all_tensors(models)
+    no_grad = sorted(n for n in own if named[n].grad is None or not named[n].grad.abs().sum() > 0)
+    assert not no_grad, f"{role} tensors without a gradient: {no_grad[:5]} ({len(no_grad)} of {len(own)})"
+    unchanged = sorted(n for n in own if torch.equal(before[n], named[n].detach()))
+    assert not unchanged, f"{role} tensors that never changed: {unchanged[:5]} ({len(unchanged)} of {len(own)})"
+    moved_elsewhere = sorted(n for n in named if n not in own and not torch.equal(before[n], named[n].detach()))
+    assert not moved_elsewhere, f"{role}'s update changed other tensors: {moved_elsewhere[:5]}"
+    assert models.actor.active_adapter == "actor" if models.lora else True  # the actor is restored
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_bf16_lora_role_trains_every_tensor(tiny_model_dir, role):
+    # The CUDA default dtype; issue 20 saw the critic's lora_B stay exactly 0 there too.
+    cfg = _config("lora", True, dtype="bf16")
+    models = _models(cfg, tiny_model_dir)
+    learner = make_learners(cfg, models, BudgetKeeper({p: 10**6 for p in Phase}), True, lambda m: None)[role]
+    traj = _trajectory(models)
+    before = [p.detach().clone() for p in learner.params]
+    for _ in range(3):
+        learner.update(traj, samples_per_prompt=1, generator=torch.Generator().manual_seed(0))
+    unchanged = [i for i, (b, p) in enumerate(zip(before, learner.params)) if torch.equal(b, p.detach())]
+    assert not unchanged and learner.skipped_steps == 0
+
+
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+@pytest.mark.parametrize("role", ROLES)
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir, role, finetune):
+    grads = {}
+    state = None
+    for checkpointing in (False, True):
+        cfg = _config(finetune, checkpointing)
+        models = _models(cfg, tiny_model_dir)
+        learners = make_learners(cfg, models, BudgetKeeper({p: 10**6 for p in Phase}), True, lambda m: None)
+        if state is None:  # move every adapter and the head off zero, then share the weights
+            for learner in learners.values():
+                for _ in range(2):
+                    learner.update(_trajectory(models), samples_per_prompt=1, generator=torch.Generator().manual_seed(0))
+            state = models.trainable_state()
+        else:
+            models.load_trainable_state(state)
+        models.train(True)
+        traj = _trajectory(models, seed=1)
+        learner = learners[role]
+        with models.role(role):
+            learner.opt.zero_grad(set_to_none=True)
+            learner.accumulate_gradients(traj, [slice(0, 4)])
+        grads[checkpointing] = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in learner.params]
+    assert all(g.abs().sum() > 0 for g in grads[False])
+    for off, on in zip(grads[False], grads[True]):
+        torch.testing.assert_close(on, off, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("role", ROLES)
+def test_one_micro_batch_and_four_give_the_same_gradient(tiny_model_dir, role, agg):
+    cfg = _config("lora", False, **{f"{role}.loss_agg_mode": f'"{agg}"'})
+    models = _models(cfg, tiny_model_dir)
+    learner = make_learners(cfg, models, BudgetKeeper({p: 10**6 for p in Phase}), True, lambda m: None)[role]
+    for _ in range(2):  # off zero, so every tensor has a gradient to compare
+        learner.update(_trajectory(models), samples_per_prompt=1, generator=torch.Generator().manual_seed(0))
+    traj = _trajectory(models, seed=2)
+
+    def grads(slices):
+        with models.role(role):
+            learner.opt.zero_grad(set_to_none=True)
+            learner.accumulate_gradients(traj, slices)
+        return [p.grad.clone() for p in learner.params]
+
+    one = grads([slice(0, 4)])
+    four = grads([slice(i, i + 1) for i in range(4)])
+    assert all(g.abs().sum() > 0 for g in one)
+    for a, b in zip(one, four):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_the_actor_learner_back_propagates_actor_objective_with_the_config_coefficients(tiny_model_dir):
+    # Every coefficient distinct, so swapping two of them in the wiring changes the loss.
+    cfg = _config("lora", False, **{"actor.clip_ratio_low": 0.1, "actor.clip_ratio_high": 0.3,
+                                    "actor.entropy_coeff": 0.05, "algorithm.kl_loss_coef": 0.7,
+                                    "algorithm.kl_loss_type": '"k2"', "actor.loss_agg_mode": '"seq-mean-token-mean"',
+                                    "rollout.temperature": 0.9})
+    models = _models(cfg, tiny_model_dir)
+    traj = _trajectory(models)
+    traj.ref_lp = traj.ref_lp - 0.3  # a visible KL term
+    traj.is_weights = torch.rand_like(traj.old_lp) * traj.mask
+    with models.role("actor"):
+        loss, stats = actor_loss_fn(cfg)(models, traj)
+        lp, ent = models.token_logprobs("actor", traj.batch, 0.9, with_entropy=True)
+    pg, _ = losses.policy_loss(lp, traj.old_lp, traj.advantages, traj.mask, eps_low=0.1, eps_high=0.3,
+                               agg_mode="seq-mean-token-mean", max_len=cfg.rollout.max_response_length,
+                               is_weights=traj.is_weights)
+    entropy = losses.agg_loss(ent, traj.mask, "seq-mean-token-mean")
+    kl = losses.kl_loss(lp, traj.ref_lp, traj.mask, "k2", "seq-mean-token-mean")
+    torch.testing.assert_close(loss, pg - 0.05 * entropy + 0.7 * kl)
+    assert float(stats["kl_loss"]) == pytest.approx(float(kl)) and float(kl) > 0.01
+    cfg.algorithm.use_kl_loss = False  # KL in the reward instead: no KL term in the loss
+    with models.role("actor"):
+        loss_no_kl, _ = actor_loss_fn(cfg)(models, traj)
+    torch.testing.assert_close(loss_no_kl, pg - 0.05 * entropy)
+
+
+def test_the_critic_borrows_nothing_from_the_actor_section():
+    from tinyrl.config import ActorConfig, CriticConfig, LearnerConfig
+
+    shared = {f.name for f in dataclasses.fields(LearnerConfig)}
+    assert {"weight_decay", "warmup_steps", "ppo_mini_batch_size", "ppo_epochs", "loss_agg_mode"} <= shared
+    assert shared <= {f.name for f in dataclasses.fields(CriticConfig)}
+    assert shared <= {f.name for f in dataclasses.fields(ActorConfig)}
+
+
+def test_a_pass_outside_its_role_is_refused(tiny_model_dir):
+    models = _models(_config("lora", False), tiny_model_dir)
+    batch = make_batch([[1, 2, 3]], [[4, 5]], pad_id=0)
+    with pytest.raises(RuntimeError, match="models.role"):
+        models.values(batch)
+    with models.role("critic"), pytest.raises(RuntimeError, match="models.role"):
+        models.token_logprobs("actor", batch)

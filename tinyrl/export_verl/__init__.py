@@ -1,0 +1,99 @@
+"""`tinyrl export-verl`: hand a preset or a run to verl (multi-GPU) with the same settings.
+
+Writes OUT/run_verl.sh (`python3 -m verl.trainer.main_ppo key=value ...`, the settings verl cannot
+take listed at its top), OUT/data/{train,test}.parquet, OUT/reward_fn.py (tinyrl's reward behind
+verl's compute_score signature) and OUT/tinyrl_config.json (the resolved tinyrl config).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tinyrl.config import Config
+from tinyrl.errors import TinyRLError
+from tinyrl.export_verl import files
+from tinyrl.export_verl.mapping import VERL_VERSION, Context, map_config
+
+
+def check_out_dir(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise TinyRLError(f"--out {out} is a file; nothing was changed", hint="give a directory path")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise TinyRLError(f"--out {out} is not empty; nothing was changed",
+                          hint="choose a new directory, or add --overwrite to replace the exported files there")
+
+
+def model_path(cfg: Config, actor: Path | None) -> tuple[str, list[str]]:
+    """What verl loads as the actor (and reference): the base model, or a `tinyrl export` of a run."""
+    from tinyrl.tiny_model import TINY_MODEL_NAME, TinyRecipe, _build_dir_name, default_cache_root
+
+    if actor is not None:
+        if not (actor / "config.json").is_file():
+            raise TinyRLError(f"--actor {actor} is not a Hugging Face model directory (no config.json)",
+                              hint="write one with `tinyrl export RUN_DIR --out DIR` and pass that DIR")
+        return str(actor.resolve()), [
+            f"verl starts from the exported actor {actor.resolve()}: it is also verl's KL reference "
+            f"(tinyrl's reference was the base {cfg.model.name}), and the critic starts afresh from the base"]
+    if cfg.model.name == TINY_MODEL_NAME:
+        path = default_cache_root() / _build_dir_name(TinyRecipe())
+        return str(path), [f"model.name = {TINY_MODEL_NAME!r} is built locally by tinyrl (at {path}); "
+                           "run `tinyrl train --preset countdown-tiny` once to build it, copy it where verl runs"]
+    local = Path(cfg.model.name).expanduser()
+    if local.exists():
+        return str(local.resolve()), [f"model.name is a local directory: copy {local.resolve()} where verl runs"]
+    return cfg.model.name, []
+
+
+def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite: bool = False,
+                actor: Path | None = None, source: str = "") -> Path:
+    if gpus < 1 or nodes < 1:
+        raise TinyRLError(f"--gpus {gpus} --nodes {nodes}: both must be at least 1", hint="e.g. --gpus 8 --nodes 1")
+    check_out_dir(out, overwrite)
+    path, model_notes = model_path(cfg, actor)
+    out.mkdir(parents=True, exist_ok=True)
+    spec, whole_row = files.reward_spec(cfg, out)
+    train, _ = files.write_data(cfg, out / "data", with_row=whole_row)
+    steps = files.row_count(train) // cfg.trainer.train_batch_size
+    if steps < 1:
+        raise TinyRLError(f"{cfg.data.train_path} has fewer rows than one batch "
+                          f"(trainer.train_batch_size = {cfg.trainer.train_batch_size})",
+                          hint="lower trainer.train_batch_size or use more data")
+    files.write_reward_fn(cfg, out, spec, whole_row, VERL_VERSION)
+    ctx = Context(model_path=path, train_files=files.HERE + "data/train.parquet",
+                  val_files=files.HERE + "data/test.parquet", reward_path=files.HERE + "reward_fn.py",
+                  steps_per_epoch=steps, gpus=gpus, nodes=nodes,
+                  critic_model_path=model_path(cfg, None)[0])  # the value head is not in an export
+    mapping = map_config(cfg, ctx)
+    header = [f"verl {VERL_VERSION} recipe exported by `tinyrl export-verl` from {source or cfg.preset}",
+              f"{gpus} GPU(s) per node x {nodes} node(s); keys are verl {VERL_VERSION}'s "
+              "(verl/trainer/config/_generated_ppo_trainer.yaml); other verl versions may rename some.",
+              f"Needs: pip install verl=={VERL_VERSION} (with its dependencies) and tinyrl (reward_fn.py imports it).",
+              "Extra arguments are passed to verl: ./run_verl.sh trainer.total_epochs=3",
+              f"Data: data/ ({steps} steps per epoch at this batch size); reward: reward_fn.py ({cfg.reward.fn})."]
+    if whole_row:
+        header.append("The reward reads whole rows: they ride along as JSON in extra_info.tinyrl_row.")
+    if ":" in spec and not spec.startswith("user_reward/"):
+        header.append(f"reward.fn = {spec}: that module must be importable where verl runs.")
+    files.write_script(out, mapping.overrides, header, model_notes + mapping.notes, cfg.trainer.wandb)
+    (out / "tinyrl_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    return out
+
+
+def config_of_run(run_dir: Path, overrides: list[str] | None) -> Config:
+    """A run's saved config.json, with --set overrides applied and checked like a preset."""
+    from tinyrl.config import _apply_override, config_from_dict, problems_of
+
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise TinyRLError(f"{run_dir} is not a run directory (no config.json)",
+                          hint="pass the --out directory of a `tinyrl train` run")
+    try:
+        cfg = config_from_dict(json.loads(path.read_text()))
+    except json.JSONDecodeError as e:
+        raise TinyRLError(f"{path} is not valid JSON: {e}", hint="the run's config.json is damaged") from e
+    problems = [p for item in overrides or [] for p in _apply_override(cfg, item)] + problems_of(cfg)
+    if problems:
+        raise TinyRLError(f"the run's config has {len(problems)} problem(s):\n"
+                          + "\n".join(f"  - {p}" for p in problems), hint="fix them with --set key.sub=value")
+    return cfg

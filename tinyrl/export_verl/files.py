@@ -1,0 +1,187 @@
+"""The files of a verl export: the data as verl reads it, reward_fn.py, and run_verl.sh.
+
+Data: tinyrl's parquet already has verl's schema (`data_source`, `prompt`, `reward_model`,
+`extra_info`), so the files are copied as they are, except that rewards which need the whole row
+(TinyZero-strict reads the prompt; a user's function gets the row) carry it as JSON in
+`extra_info.tinyrl_row`: verl hands compute_score only data_source, the decoded response,
+ground_truth and extra_info (verl 0.9.1 experimental/reward_loop/reward_manager/naive.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tinyrl.config import REPO_ROOT, Config, resolve_path
+from tinyrl.errors import TinyRLError
+
+HERE = "$HERE/"  # values starting with this are paths relative to run_verl.sh
+_SIMPLE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
+_SAFE = re.compile(r"[^'\"$`\\\n]*")  # safe inside bash "..." and Hydra '...'
+
+
+def _plain(x: Any) -> Any:
+    """Parquet's numpy arrays and scalars as JSON-able Python values."""
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return [_plain(v) for v in x]
+    return x.item() if isinstance(x, np.generic) else x
+
+
+def write_data(cfg: Config, data_dir: Path, with_row: bool) -> tuple[Path, Path]:
+    """train.parquet (copied, or generated exactly as `tinyrl train` would) and test.parquet (the
+    first data.max_test_prompts rows: the ones tinyrl validates on)."""
+    from tinyrl.data.io import load_prompts
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    train, test = data_dir / "train.parquet", data_dir / "test.parquet"
+    source = resolve_path(cfg.data.train_path)
+    if source.exists():
+        shutil.copyfile(source, train)
+    else:  # what tinyrl.setup.ensure_train_data makes on first use: same sizes, seed, template
+        from tinyrl.data.countdown import generate_countdown
+
+        generate_countdown(data_dir, cfg.data.generate_train_size, 1024, seed=cfg.data.generate_seed,
+                           template=cfg.data.template, progress=False)
+    test_source = resolve_path(cfg.data.test_path)
+    if not test_source.exists():
+        raise TinyRLError(f"data.test_path = {cfg.data.test_path} does not exist",
+                          hint="verl needs validation files; set data.test_path to a parquet file")
+    load_prompts(test_source, max_rows=1)  # the same checks (and errors) as training
+    pq.write_table(pq.read_table(test_source).slice(0, cfg.data.max_test_prompts), test)
+    if with_row:
+        for path in (train, test):
+            _add_rows(path)
+    return train, test
+
+
+def _add_rows(path: Path) -> None:
+    frame = pq.read_table(path).to_pandas()
+    rows = [_plain(r) for r in frame.to_dict("records")]
+    extra = frame["extra_info"] if "extra_info" in frame else [None] * len(frame)
+    frame["extra_info"] = [{**(_plain(e) or {}), "tinyrl_row": json.dumps(r)} for e, r in zip(extra, rows)]
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path)
+
+
+def row_count(path: Path) -> int:
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def reward_spec(cfg: Config, out: Path) -> tuple[str, bool]:
+    """The reward spec reward_fn.py loads, and whether it needs the whole row. A user's
+    `file.py:func` is copied beside reward_fn.py (so the export directory is all verl needs)."""
+    from tinyrl.rewards.registry import BUILTIN_REWARDS
+
+    spec = cfg.reward.fn
+    if spec in BUILTIN_REWARDS:
+        return spec, cfg.reward.strict
+    target, _, func = spec.rpartition(":")
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        source = Path(target).expanduser()
+        if not source.is_file():
+            raise TinyRLError(f"reward file not found: {source}", hint="give reward.fn=path/to/file.py:func")
+        (out / "user_reward").mkdir(exist_ok=True)
+        shutil.copyfile(source, out / "user_reward" / source.name)
+        return f"user_reward/{source.name}:{func}", True
+    return spec, True  # module:func, imported by name where verl runs
+
+
+REWARD_FN = '''"""verl reward for a tinyrl export: verl's compute_score signature, tinyrl's own reward code,
+so verl scores every completion exactly as `tinyrl train` does.
+Written by `tinyrl export-verl` for verl {verl}. Needs tinyrl importable where verl runs
+(`pip install` it, or keep TINYRL_SRC pointing at a checkout)."""
+
+import json
+import sys
+from pathlib import Path
+
+SPEC = {spec!r}  # tinyrl's reward.fn (a copied file is relative to this one)
+FORMAT_SCORE = {format_score!r}
+STRICT = {strict!r}
+WHOLE_ROW = {whole_row!r}  # the reward reads the row (prompt, columns): kept in extra_info.tinyrl_row
+TINYRL_SRC = {src!r}
+
+try:
+    import tinyrl  # noqa: F401
+except ImportError:
+    sys.path.insert(0, TINYRL_SRC)
+from tinyrl.rewards.registry import load_reward_fn
+
+_HERE = Path(__file__).resolve().parent
+_reward = None
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    global _reward
+    if _reward is None:
+        spec = str(_HERE / SPEC) if SPEC.startswith("user_reward/") else SPEC
+        _reward = load_reward_fn(spec, format_score=FORMAT_SCORE, strict=STRICT)
+    if WHOLE_ROW:
+        row = json.loads((extra_info or {{}})["tinyrl_row"])
+    else:
+        row = {{"data_source": data_source, "reward_model": {{"ground_truth": ground_truth}},
+               "extra_info": extra_info}}
+    return _reward(solution_str, row)
+'''
+
+
+def write_reward_fn(cfg: Config, out: Path, spec: str, whole_row: bool, verl: str) -> Path:
+    path = out / "reward_fn.py"
+    path.write_text(REWARD_FN.format(verl=verl, spec=spec, format_score=cfg.reward.format_score,
+                                     strict=cfg.reward.strict, whole_row=whole_row, src=str(REPO_ROOT)))
+    return path
+
+
+def hydra_arg(key: str, value: Any) -> str:
+    """One `key=value` argument as bash text: Hydra's override grammar inside bash quoting."""
+    text = _hydra_value(key, value)
+    return f'"{key}={text}"' if not _SIMPLE.fullmatch(text) and not _number(text) else f"{key}={text}"
+
+
+def _number(text: str) -> bool:
+    return re.fullmatch(r"-?\d+(\.\d+)?(e-?\d+)?", text) is not None
+
+
+def _hydra_value(key: str, value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ",".join(_hydra_value(key, v) for v in value) + "]"
+    value = str(value)
+    if _SIMPLE.fullmatch(value) and value.lower() not in ("true", "false", "null", "nan", "inf"):
+        return value
+    body = value[len(HERE):] if value.startswith(HERE) else value
+    if not _SAFE.fullmatch(body):
+        raise TinyRLError(f"{key} = {value!r} has a quote, $, backtick, backslash or newline that the "
+                          "exported script cannot pass to verl safely",
+                          hint="rename or move it (e.g. a model directory) to a plain path and export again")
+    return f"'{value}'"
+
+
+def write_script(out: Path, overrides: dict[str, Any], header: list[str], notes: list[str],
+                 wandb: bool) -> Path:
+    lines = ["#!/usr/bin/env bash"] + [f"# {h}" if h else "#" for h in header]
+    lines += ["#", "# tinyrl settings verl cannot take as they are (every other setting is mapped below):"]
+    lines += [f"#   - {n}" for n in notes] or ["#   (none)"]
+    lines += ["", "set -euo pipefail", 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"']
+    if wandb:  # tinyrl logs to wandb in offline mode
+        lines.append('export WANDB_MODE="${WANDB_MODE:-offline}"')
+    lines += ["", "python3 -m verl.trainer.main_ppo \\"]
+    lines += [f"    {hydra_arg(k, v)} \\" for k, v in overrides.items()]
+    lines.append('    "$@"')
+    path = out / "run_verl.sh"
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o755)
+    return path

@@ -1,0 +1,55 @@
+"""The data a step passes from phase to phase: one typed object, sliced by rows in one place.
+
+Filled in phase order: the rollout gives the batch, the engine's log-probs and the group ids;
+FORWARD adds old/reference log-probs and values; REWARD the scores; ADVANTAGES the
+advantages, returns and rollout IS weights. Everything is [B, R] (response-aligned) unless said.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from tinyrl.models import Batch
+
+
+@dataclass
+class Trajectory:
+    batch: Batch                              # prompt + response ids, masks
+    group_ids: torch.Tensor                   # [B] which prompt each sample answers
+    rollout_lp: torch.Tensor | None = None    # the engine's log-prob of each sampled token
+    old_lp: torch.Tensor | None = None        # the actor's, before this step's update (no grad)
+    ref_lp: torch.Tensor | None = None        # the reference's (adapters off); only when a KL needs it
+    values: torch.Tensor | None = None        # the critic's V(s) (PPO with a critic only)
+    scores: torch.Tensor | None = None        # [B] sequence rewards (+ shaping)
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None    # rollout IS weights; None = no correction
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.batch.response_mask       # [B, R] 1 = real response token
+
+    def __len__(self) -> int:
+        return self.batch.input_ids.shape[0]
+
+    def rows(self, index: torch.Tensor | slice) -> "Trajectory":
+        """The same trajectory restricted to some rows (a mini- or micro-batch)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.rows(index) if isinstance(value, Batch) else None if value is None else value[index]
+        return Trajectory(**out)
+
+
+def engine_logprobs(completions, like: torch.Tensor) -> torch.Tensor | None:
+    """The engine's per-token log-probs as a [B, R] tensor shaped like `like` (0 on padding);
+    None when the engine gave none."""
+    if any(c.logprobs is None for c in completions):
+        return None
+    out = torch.zeros_like(like, dtype=torch.float32)
+    for i, c in enumerate(completions):
+        out[i, :len(c.logprobs)] = torch.tensor(c.logprobs, dtype=torch.float32)
+    return out
