@@ -25,9 +25,11 @@ import signal
 import threading
 from typing import Iterator
 
+from tinyrl.phases import Phase
+
 # Phases before any weight changes: a signal there abandons the step. Any other phase
 # (updates, and names this list does not know) finishes it: the safe default.
-ABANDONABLE_PHASES = {"sync", "rollout", "reward", "forward", "ref_old_logprobs", "values", "advantages"}
+ABANDONABLE_PHASES = {str(p) for p in (Phase.SYNC, Phase.ROLLOUT, Phase.FORWARD, Phase.REWARD, Phase.ADVANTAGES)}
 SIGNAL_NAMES = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}
 
 

@@ -114,6 +114,8 @@ class RunLog:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self._open = record
+        for observer in self.on_phase:
+            observer(str(phase))
         return record
 
     def close_phase(self) -> dict | None:
@@ -123,8 +125,6 @@ class RunLog:
             return None
         record.update(phase_peaks(self.device))
         self._append("timeline.jsonl", record)
-        for observer in self.on_phase:
-            observer(str(phase))
         return record
 
     def truncate_after(self, step: int) -> None:
