@@ -12,8 +12,8 @@ from tinyrl.config import load_config
 from tinyrl.models import pick_dtype
 from tinyrl.setup import pick_device
 
+import test_faults
 import test_learning
-import test_resume
 import test_trainer
 from helpers.oom_child import child_overrides
 
@@ -26,8 +26,8 @@ def sets_of(args: list[str]) -> list[str]:
 CPU_PATH = {
     "test_learning[ppo]": lambda tmp: test_learning.COMMON + test_learning.ALGOS["ppo"],
     "test_learning[grpo]": lambda tmp: test_learning.COMMON + test_learning.ALGOS["grpo"],
-    "test_resume": lambda tmp: sets_of(test_resume.command(tmp, tmp / "run")),
-    "test_oom (oom_child)": lambda tmp: child_overrides(tmp, "tinyrl/tiny-qwen2", 4096),
+    "test_faults": lambda tmp: sets_of(test_faults.command(tmp / "train.parquet", tmp / "run")),
+    "test_oom (oom_child)": lambda tmp: child_overrides(tmp / "train.parquet", "tinyrl/tiny-qwen2", 4096),
     "test_trainer, test_export": None,  # tiny_config() below
 }
 

@@ -2,7 +2,8 @@
 the device, the model path (the tiny model is built on first use), the tokenizer, the training
 and test prompts tokenized and length-checked, and the reward function.
 
-Countdown training data is generated on first use when data.train_path is missing.
+Countdown training data is generated on first use only at the preset's own data.train_path
+(a path tinyrl owns); a path the user set must exist.
 """
 
 from __future__ import annotations
@@ -42,18 +43,79 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def ensure_train_data(cfg: Config) -> Path:
+def generated_paths() -> set[str]:
+    """The data.train_path values tinyrl owns: the built-in default and the shipped presets'.
+    Only these are generated on first use; any other path is the user's and must exist."""
+    import tomllib
+
+    from tinyrl.config import DataConfig, list_presets
+
+    paths = {DataConfig().train_path}
+    for preset in list_presets().values():
+        try:
+            paths.add(tomllib.loads(preset.read_text())["data"]["train_path"])
+        except (KeyError, OSError, tomllib.TOMLDecodeError):
+            continue
+    return paths
+
+
+def check_train_path(cfg: Config) -> Path:
+    """data.train_path resolved; a missing file is an error unless tinyrl generates it."""
     path = resolve_path(cfg.data.train_path)
+    if path.is_dir():
+        raise TinyRLError(f"data.train_path = {cfg.data.train_path} is a directory, not a parquet file",
+                          hint=f"point it at the file, e.g. {path / 'train.parquet'}")
+    if path.exists() or cfg.data.train_path in generated_paths():
+        return path
+    import difflib
+
+    siblings = [p.name for p in path.parent.glob("*.parquet")] if path.parent.is_dir() else []
+    near = difflib.get_close_matches(path.name, siblings, n=1)
+    raise TinyRLError(
+        f"data.train_path = {cfg.data.train_path}: file not found ({path.absolute()}); nothing was "
+        "generated or written",
+        hint=(f"did you mean {path.parent / near[0]}? " if near else "")
+        + "check the path (relative paths start at the working directory), make Countdown data with "
+        "`tinyrl data countdown --out DIR`, or leave data.train_path unset to use the preset's own "
+        "(generated on first use)")
+
+
+def ensure_train_data(cfg: Config) -> Path:
+    """The training file; the preset's own Countdown file is generated on first use, into a
+    fresh temporary directory, then linked into place without replacing any existing file."""
+    path = check_train_path(cfg)
     if path.exists():
         return path
+    import shutil
+    import tempfile
+
     from tinyrl.data.countdown import generate_countdown
 
-    log.warning("generating %d Countdown tasks into %s (first use)", cfg.data.generate_train_size, path.parent)
-    train, _ = generate_countdown(path.parent, cfg.data.generate_train_size, 1024,
-                                  seed=cfg.data.generate_seed, template=cfg.data.template)
-    if train != path:  # the generator always names it train.parquet
-        train.rename(path)
+    log.warning("generating %d Countdown tasks into %s (first use)", cfg.data.generate_train_size, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=".tinyrl-generate-", dir=path.parent))
+    try:
+        train, test = generate_countdown(fresh, cfg.data.generate_train_size, 1024,
+                                         seed=cfg.data.generate_seed, template=cfg.data.template)
+        _place(train, path)
+        _place(test, path.parent / "test.parquet")  # its held-out tasks, if that name is free
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
     return path
+
+
+def _place(src: Path, dst: Path) -> None:
+    """Move src to dst unless dst exists (then leave dst alone). os.link fails instead of
+    replacing, so even a file that appears meanwhile is never overwritten."""
+    import os
+
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        return
+    except OSError:  # a filesystem without hard links: check, then rename
+        if not dst.exists():
+            os.replace(src, dst)
 
 
 def load_tokenizer(model_path: str):
@@ -75,7 +137,12 @@ def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = No
 
     frame = load_prompts(path, max_rows=max_rows)
     rows = frame.to_dict("records")
-    texts = [prompt_text(r) for r in rows]
+    texts = []
+    for i, row in enumerate(rows):
+        try:
+            texts.append(prompt_text(row))
+        except TinyRLError as exc:  # say where: a 327,680-row file has one bad row
+            raise TinyRLError(f"{path} row {i} (counting from 0): {exc.message}", hint=exc.hint) from exc
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     too_long = [(i, len(x)) for i, x in enumerate(ids) if len(x) > max_len]
     if too_long:
@@ -93,7 +160,8 @@ def prepare_inputs(cfg: Config) -> RunInputs:
     from tinyrl.tiny_model import resolve_model_path
 
     device = pick_device(cfg.trainer.device)
-    reward_fn = load_reward_fn(cfg.reward.fn, format_score=cfg.reward.format_score, strict=cfg.reward.strict)
+    reward_fn = load_reward_fn(cfg.reward.fn, format_score=cfg.reward.format_score, strict=cfg.reward.strict,
+                               timeout_s=cfg.reward.timeout_s)
     train_path = ensure_train_data(cfg)
     model_path = resolve_model_path(cfg.model.name)
     tok = load_tokenizer(model_path)

@@ -23,9 +23,9 @@ def vm(field: str) -> int:
     raise RuntimeError(field)
 
 
-def child_overrides(run_dir: Path, model_path: str, budget: int) -> list[str]:
+def child_overrides(train_path: Path, model_path: str, budget: int) -> list[str]:
     # trainer.device=cpu: RLIMIT_AS caps the CPU allocator; on a CUDA machine too.
-    return [f"model.name={model_path}", f"data.train_path={run_dir}/data/train.parquet", "data.generate_train_size=64",
+    return [f"model.name={model_path}", f"data.train_path={train_path}",
             "trainer.train_batch_size=16", "actor.ppo_mini_batch_size=16", "trainer.test_every=0",
             "actor.ppo_epochs=1", f"actor.micro_batch_tokens={budget}", "model.logprob_chunk=100000",
             "rollout.engine=hf", "trainer.device=cpu"]
@@ -39,7 +39,10 @@ def main() -> None:
     from tinyrl.trainer import Trainer
     from tinyrl.trajectory import Trajectory
 
-    trainer = Trainer(load_config("countdown-tiny", child_overrides(run_dir, model_path, budget)), run_dir / "run")
+    from tinyrl.data.countdown import generate_countdown
+
+    train, _ = generate_countdown(run_dir / "data", 64, 16, progress=False)  # a set path must exist
+    trainer = Trainer(load_config("countdown-tiny", child_overrides(train, model_path, budget)), run_dir / "run")
     g = torch.Generator().manual_seed(0)
     n, p_len, r_len = 16, 200, 600
     batch = make_batch([torch.randint(3, 700, (p_len,), generator=g).tolist() for _ in range(n)],
