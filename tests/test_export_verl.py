@@ -163,9 +163,9 @@ def test_reward_fn_scores_exactly_like_tinyrl(reward, tmp_path):
     data = tmp_path / "data"
     generate_countdown(data, 8, 8, seed=3, progress=False)
     overrides = [f"data.train_path={data / 'train.parquet'}", f"data.test_path={data / 'test.parquet'}",
-                 "trainer.train_batch_size=4", "actor.ppo_mini_batch_size=4", "reward.format_score=0.25"]
+                 "trainer.train_batch_size=4", "actor.ppo_mini_batch_size=4", "task.format_score=0.25"]
     if reward == "countdown-strict":
-        overrides.append("reward.strict=true")
+        overrides.append("task.strict=true")
     if reward == "user-file":
         (tmp_path / "mine.py").write_text(USER_REWARD)
         overrides.append(f"reward.fn={tmp_path / 'mine.py'}:score")
@@ -175,7 +175,8 @@ def test_reward_fn_scores_exactly_like_tinyrl(reward, tmp_path):
                                                   out / "reward_fn.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    ours = load_reward_fn(cfg.reward.fn, format_score=0.25, strict=cfg.reward.strict)
+    spec = "countdown" if cfg.reward.fn == "task" else cfg.reward.fn  # the [task] options moved in issue 13
+    ours = load_reward_fn(spec, format_score=0.25, strict=cfg.task.strict)
     original = load_prompts(data / "train.parquet").to_dict("records")  # what tinyrl train hands the reward
     exported = pq.read_table(out / "data" / "train.parquet").to_pylist()  # what verl's dataset holds
     scores = set()

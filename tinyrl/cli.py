@@ -33,7 +33,7 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 presets_app = typer.Typer(help="List presets, or show one fully resolved.", invoke_without_command=True)
-data_app = typer.Typer(help="Make training data.", no_args_is_help=True)
+data_app = typer.Typer(help="Make or convert training data for a task (`tinyrl tasks`).", no_args_is_help=True)
 app.add_typer(presets_app, name="presets")
 app.add_typer(data_app, name="data")
 
@@ -94,21 +94,31 @@ def _print_sections(tree: dict, prefix: str = "") -> None:
             _print_sections(value, f"{prefix}.{key}" if prefix else key)
 
 
-@data_app.command("countdown")
-def data_countdown(
-    out_dir: Path = typer.Option(..., "--out", help="Directory for train.parquet and test.parquet."),
-    train_size: int = typer.Option(327_680, help="Training tasks (TinyZero: 327,680)."),
-    test_size: int = typer.Option(1_024, help="Test tasks (TinyZero: 1,024)."),
-    seed: int = typer.Option(0, help="Random seed; the same seed gives the same files."),
-    template: str = typer.Option("base", help="Prompt template: base | qwen-instruct."),
-) -> None:
-    """Write Countdown tasks in TinyZero's parquet schema (every task solvable)."""
-    from tinyrl.data.countdown import generate_countdown
+def _register_data_commands() -> None:
+    """`tinyrl data TASK ...`: each task brings its own command (tinyrl/tasks/)."""
+    from tinyrl.tasks import all_tasks
 
-    if train_size < 1 or test_size < 1:
-        raise TinyRLError("--train-size and --test-size must be at least 1", hint="e.g. --train-size 1000")
-    train, test = generate_countdown(out_dir, train_size, test_size, seed=seed, template=template)
-    out.print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
+    for name, task in all_tasks().items():
+        data_app.command(name)(task.data_command)
+
+
+_register_data_commands()
+
+
+@app.command("tasks")
+def tasks_list() -> None:
+    """List the tasks (task.name), their templates and how to make their data."""
+    from tinyrl.tasks import all_tasks
+
+    table = Table(title="tinyrl tasks")
+    table.add_column("task", style="bold cyan")
+    table.add_column("templates")
+    table.add_column("description")
+    table.add_column("data")
+    for name, task in all_tasks().items():
+        table.add_row(name, ", ".join(task.templates), task.description, task.data_hint)
+    out.print(table)
+    out.print("Use one: [bold]--set task.name=NAME[/] (presets set it)  ·  data: [bold]tinyrl data NAME --help[/]")
 
 
 @app.command()

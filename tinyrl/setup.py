@@ -2,7 +2,7 @@
 the device, the model path (the tiny model is built on first use), the tokenizer, the training
 and test prompts tokenized and length-checked, and the reward function.
 
-Countdown training data is generated on first use when data.train_path is missing.
+Training data is generated on first use when data.train_path is missing and the task can (Countdown).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -30,7 +30,7 @@ class RunInputs:
     train_rows: list[dict]           # the dataset rows, handed to the reward function
     test_prompts: list[list[int]]
     test_rows: list[dict]
-    reward_fn: Callable[[str, dict], float]
+    reward_fn: Any                   # tinyrl.tasks.rewards.RewardSet: callable (completion, row) -> float
 
 
 def pick_device(name: str) -> torch.device:
@@ -46,11 +46,15 @@ def ensure_train_data(cfg: Config) -> Path:
     path = resolve_path(cfg.data.train_path)
     if path.exists():
         return path
-    from tinyrl.data.countdown import generate_countdown
+    from tinyrl.tasks import get_task, template_of
 
-    log.warning("generating %d Countdown tasks into %s (first use)", cfg.data.generate_train_size, path.parent)
-    train, _ = generate_countdown(path.parent, cfg.data.generate_train_size, 1024,
-                                  seed=cfg.data.generate_seed, template=cfg.data.template)
+    task = get_task(cfg.task.name)
+    if task.generate is None or cfg.data.generate_train_size < 1:
+        raise TinyRLError(f"data.train_path = {cfg.data.train_path} does not exist and the {task.name} "
+                          "task does not generate it", hint=f"make it with {task.data_hint}")
+    log.warning("generating %d %s tasks into %s (first use)", cfg.data.generate_train_size, task.name, path.parent)
+    train, _ = task.generate(path.parent, cfg.data.generate_train_size, 1024,
+                             seed=cfg.data.generate_seed, template=template_of(cfg.task))
     if train != path:  # the generator always names it train.parquet
         train.rename(path)
     return path
@@ -70,12 +74,17 @@ def load_tokenizer(model_path: str):
     return tok
 
 
-def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = None) -> tuple[list[list[int]], list[dict]]:
+def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = None,
+                  chat: bool = False) -> tuple[list[list[int]], list[dict]]:
     from tinyrl.data.io import load_prompts, prompt_text
 
     frame = load_prompts(path, max_rows=max_rows)
     rows = frame.to_dict("records")
     texts = [prompt_text(r) for r in rows]
+    if chat:  # data.chat_template: the messages through the tokenizer's template (tinyrl.data.io)
+        from tinyrl.data.io import chat_text
+
+        texts = [chat_text(r, tokenizer) for r in rows]
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     too_long = [(i, len(x)) for i, x in enumerate(ids) if len(x) > max_len]
     if too_long:
@@ -89,18 +98,18 @@ def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = No
 
 
 def prepare_inputs(cfg: Config) -> RunInputs:
-    from tinyrl.rewards.registry import load_reward_fn
+    from tinyrl.tasks.rewards import build_rewards
     from tinyrl.tiny_model import resolve_model_path
 
     device = pick_device(cfg.trainer.device)
-    reward_fn = load_reward_fn(cfg.reward.fn, format_score=cfg.reward.format_score, strict=cfg.reward.strict)
+    reward_fn = build_rewards(cfg)
     train_path = ensure_train_data(cfg)
     model_path = resolve_model_path(cfg.model.name)
     tok = load_tokenizer(model_path)
-    train_prompts, train_rows = tokenize_rows(train_path, tok, cfg.data.max_prompt_length)
+    train_prompts, train_rows = tokenize_rows(train_path, tok, cfg.data.max_prompt_length, chat=cfg.data.chat_template)
     test_prompts, test_rows = [], []
     if cfg.trainer.test_every:
         test_prompts, test_rows = tokenize_rows(resolve_path(cfg.data.test_path), tok, cfg.data.max_prompt_length,
-                                                max_rows=cfg.data.max_test_prompts)
+                                                max_rows=cfg.data.max_test_prompts, chat=cfg.data.chat_template)
     return RunInputs(device, model_path, tok, tok.pad_token_id, train_prompts, train_rows,
                      test_prompts, test_rows, reward_fn)

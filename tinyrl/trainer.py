@@ -187,8 +187,8 @@ class Trainer:
         with timed(Phase.REWARD):
             texts = self.inputs.tokenizer.batch_decode([c.response_ids for c in comps], skip_special_tokens=True)
             examples = [self.inputs.train_rows[rows[c.prompt_index]] for c in comps]
-            scores = torch.tensor([self.inputs.reward_fn(t, ex) for t, ex in zip(texts, examples)],
-                                  dtype=torch.float32).to(self.device)
+            scored = self.inputs.reward_fn.score_batch(texts, examples)  # tinyrl.tasks.rewards
+            scores = torch.tensor(scored.total, dtype=torch.float32).to(self.device)
             if cfg.algorithm.overlong_buffer:
                 from tinyrl.rl.shaping import overlong_penalty
 
@@ -211,6 +211,7 @@ class Trainer:
         timings["step"] = time.perf_counter() - t_step
         self._keep_sample(step, comps, texts, scores)
         metrics = self._step_metrics(traj, comps, kl_metrics, learner_stats, timings, diff)
+        metrics.update(scored.metrics())  # reward/accuracy: the task's "solved" (tinyrl.tasks)
         # Which prompts this step consumed, compactly: a resumed run must show the same digests.
         metrics["data/rows_sha1"] = hashlib.sha1(json.dumps(rows).encode()).hexdigest()[:16]
         return metrics
@@ -327,7 +328,6 @@ class Trainer:
         n_tokens = sum(len(c.prompt_ids) + len(c.response_ids) for c in comps)
         m = {"step": self.step, "epoch": (self.step - 1) // self.steps_per_epoch,
              "reward/mean": float(scores.mean()), "reward/max": float(scores.max()), "reward/min": float(scores.min()),
-             "reward/accuracy": float((scores >= 1.0).float().mean()),
              "kl/coef": float(self.kl_ctrl.value),
              "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
              "response_length/clip_ratio": float(sum(not c.finished for c in comps) / len(comps)),
@@ -352,9 +352,9 @@ class Trainer:
             n=1, greedy=True, temperature=1.0, max_new_tokens=self.cfg.rollout.max_response_length))
         self.engine.sleep()
         texts = self.inputs.tokenizer.batch_decode([c.response_ids for c in res.completions], skip_special_tokens=True)
-        scores = [self.inputs.reward_fn(t, rows[c.prompt_index]) for t, c in zip(texts, res.completions)]
-        return {"val/score": sum(s >= 1.0 for s in scores) / len(scores),
-                "val/reward_mean": sum(scores) / len(scores)}
+        scored = self.inputs.reward_fn.score_batch(texts, [rows[c.prompt_index] for c in res.completions])
+        return {"val/score": scored.metrics()["reward/accuracy"],
+                "val/reward_mean": sum(scored.total) / len(scored.total)}
 
     # ------------------------------------------------------------------ checkpoints
 
