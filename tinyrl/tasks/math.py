@@ -36,6 +36,7 @@ TEMPLATES = {
 }
 DATA_SOURCE = {"dapo": "math_dapo", "boxed": "lighteval/MATH"}  # verl's default_compute_score keys
 _ANSWER_LINE = re.compile(r"answer\s*:[ \t]*([^\n]*)", re.I)
+_ANSWER_WORD = re.compile(r"answer\s*:", re.I)
 _DAPO_PROBLEM = re.compile(r"answer to the problem\.\n\n(.+?)\n\nRemember", re.S)
 _BOX = ("\\boxed", "\\fbox")
 
@@ -44,20 +45,26 @@ _BOX = ("\\boxed", "\\fbox")
 
 def last_boxed(text: str) -> tuple[int, str] | None:
     """(position, content) of the last \\boxed{...} (balanced braces), or None. Linear time."""
-    pos = max(text.rfind(b) for b in _BOX)
+    # An unclosed box leaves every later prefix with more "{" than "}", so an earlier box can
+    # only close before it: each scan stops where the previous (later) one started.
+    limit = len(text)
+    found = {b: text.rfind(b) for b in _BOX}  # each marker's last place before `limit`
+    pos = max(found.values())
     while pos != -1:
-        start = text.find("{", pos)
+        start = text.find("{", pos, limit)
         head = text[pos:start] if start != -1 else ""
         if start != -1 and head in _BOX:
             depth = 0
-            for i in range(start, len(text)):
+            for i in range(start, limit):
                 depth += {"{": 1, "}": -1}.get(text[i], 0)
                 if depth == 0:
                     return pos, text[start + 1:i]
         elif text.startswith("\\boxed ", pos):  # "\boxed 5": up to the next space or "$"
-            rest = text[pos + len("\\boxed "):]
+            rest = text[pos + len("\\boxed "):limit]
             return pos, re.split(r"[\s$]", rest, maxsplit=1)[0]
-        pos = max(text.rfind(b, 0, pos) for b in _BOX)  # unclosed: try the one before
+        limit = pos  # unclosed: try the one before (only the marker found here moves back)
+        found = {b: text.rfind(b, 0, pos) if at == pos else at for b, at in found.items()}
+        pos = max(found.values())
     return None
 
 
@@ -68,7 +75,7 @@ def last_answer_line(text: str) -> tuple[int, str] | None:
         found = m
     if found is None:
         return None
-    content = found.group(1).strip()
+    content = _ANSWER_WORD.split(found.group(1))[-1].strip()  # "Answer: Answer: 5": after the last
     boxed = last_boxed(content)  # "Answer: \boxed{5}"
     return found.start(), (boxed[1] if boxed else content).strip().rstrip(".").strip()
 
