@@ -192,10 +192,10 @@ def test_convert_gsm8k_and_aime_style_columns(tmp_path):
     assert ground_truth(load_prompts(path).to_dict("records")[0]) == "\\frac{1}{3}"
 
 
-def test_convert_refuses_verl_files_and_unknown_columns(tmp_path):
+def test_convert_keeps_verl_files_and_asks_for_unknown_columns(tmp_path):
     train, _ = mt.generate(tmp_path / "g", 4, 4)
-    with pytest.raises(TinyRLError, match="already has verl's schema"):
-        mt.convert(str(train), tmp_path, "dapo")
+    path, n = mt.convert(str(train), tmp_path / "copy", "boxed")  # verl's schema: kept as it is
+    assert n == 4 and pd.read_parquet(path).equals(pd.read_parquet(train))
     odd = tmp_path / "odd.csv"
     pd.DataFrame({"q": ["x"], "a": ["1"]}).to_csv(odd, index=False)
     with pytest.raises(TinyRLError, match="--problem-key"):

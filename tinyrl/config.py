@@ -43,7 +43,8 @@ class DataConfig:
     test_path: str = "data/countdown/test.parquet"
     # More validation files: `name=path` each, logged as val/<name>/... (e.g. aime=..., math500=...)
     val_files: list[str] = field(default_factory=list)
-    generate_train_size: int = 327_680    # rows generated on first use when train_path is missing; 0 = never
+    generate: bool = True                 # generate train_path on first use when missing (if the task can)
+    generate_train_size: int = 327_680    # rows generated; before the file exists, estimate-cost's epoch
     generate_seed: int = 0
     max_prompt_length: int = 256          # tokens; longer prompts are an error, not silently cut
     # Render `prompt` messages with the tokenizer's chat template (verl does; DAPO-Math-17k as

@@ -49,7 +49,7 @@ def ensure_train_data(cfg: Config) -> Path:
     from tinyrl.tasks import get_task, template_of
 
     task = get_task(cfg.task.name)
-    if task.generate is None or cfg.data.generate_train_size < 1:
+    if task.generate is None or not cfg.data.generate or cfg.data.generate_train_size < 1:
         raise TinyRLError(f"data.train_path = {cfg.data.train_path} does not exist and the {task.name} "
                           "task does not generate it", hint=f"make it with {task.data_hint}")
     log.warning("generating %d %s tasks into %s (first use)", cfg.data.generate_train_size, task.name, path.parent)

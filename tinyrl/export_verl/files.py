@@ -51,7 +51,7 @@ def write_data(cfg: Config, data_dir: Path, with_row: bool) -> tuple[Path, Path]
         from tinyrl.tasks import get_task, template_of
 
         task = get_task(cfg.task.name)
-        if task.generate is None or cfg.data.generate_train_size < 1:
+    if task.generate is None or not cfg.data.generate or cfg.data.generate_train_size < 1:
             raise TinyRLError(f"data.train_path = {cfg.data.train_path} does not exist",
                               hint=f"make it with {task.data_hint}")
         task.generate(data_dir, cfg.data.generate_train_size, 1024, seed=cfg.data.generate_seed,

@@ -140,7 +140,7 @@ def _data(cfg, ctx, m, o):
     o["data.train_files"], o["data.val_files"] = ctx.train_files, ctx.val_files
     o["data.max_prompt_length"] = g("data.max_prompt_length")
     o["data.truncation"] = "error"  # tinyrl: a longer prompt is an error, never cut
-    for dotted in ("data.generate_train_size", "data.generate_seed"):
+    for dotted in ("data.generate", "data.generate_train_size", "data.generate_seed"):
         g(dotted)  # the copied files already hold the rows these made
     if g("data.val_files", []):
         m.note(cfg, "data.val_files", "tinyrl's extra validation files are not copied; add them to "

@@ -238,9 +238,13 @@ def convert(source: str, out_dir: Path, template: str, name: str | None = None,
     prompt_of("", template)
     frame, default_name = read_table(source)
     cols = list(frame.columns)
-    if "prompt" in cols and "reward_model" in cols:
-        raise TinyRLError(f"{source} already has verl's schema (prompt, reward_model)",
-                          hint="use it as it is: --set data.train_path=... (or data.val_files)")
+    if "prompt" in cols and "reward_model" in cols:  # verl's schema already (DAPO-Math-17k): kept as it is
+        path = Path(out_dir).expanduser() / f"{name or default_name}.parquet"
+        if path.exists():
+            raise TinyRLError(f"{path} already exists; nothing was written", hint="choose another --out or --name")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        frame.to_parquet(path, index=False)
+        return path, len(frame)
     pkey = problem_key or next((k for k in _PROBLEM_KEYS if k in cols), None)
     akey = answer_key or next((k for k in _ANSWER_KEYS if k in cols), None)
     if pkey not in cols or akey not in cols:

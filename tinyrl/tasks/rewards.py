@@ -22,10 +22,19 @@ class Scores:
     solved: list[bool] = field(default_factory=list)              # first function >= solved_at
     parts: dict[str, list[float]] = field(default_factory=dict)   # each function's raw score
 
+    def append(self, other: "Scores", i: int) -> None:
+        """Add sample i of `other` (dynamic sampling keeps some samples of each round)."""
+        if self.parts is None:
+            self.parts = {name: [] for name in other.parts}
+        self.total.append(other.total[i])
+        self.solved.append(other.solved[i])
+        for name, values in other.parts.items():
+            self.parts[name].append(values[i])
+
     def metrics(self, prefix: str = "reward") -> dict[str, float]:
         n = max(len(self.total), 1)
         out = {f"{prefix}/accuracy": sum(self.solved) / n}
-        if len(self.parts) > 1:
+        if self.parts and len(self.parts) > 1:
             out.update({f"{prefix}/fn/{name}": sum(v) / n for name, v in self.parts.items()})
         return out
 
