@@ -27,6 +27,7 @@ class Filled:
     scored: Scores       # the kept completions' rewards, in the order of `comps`
     rounds: int          # generation rounds used
     groups_seen: int     # groups generated in all rounds
+    groups_kept: int = 0  # groups with a spread of rewards among `rows` (0: the unfiltered fallback)
 
 
 def fill_batch(rows: list[int], more_rows: Callable[[int], list[int]], generate: Callable[[list[int]], list],
@@ -56,6 +57,7 @@ def fill_batch(rows: list[int], more_rows: Callable[[int], list[int]], generate:
             out.scored.append(scored, i)
         if len(out.rows) == batch_size:
             break
+    out.groups_kept = len(out.rows)
     if not out.rows:  # every group of every round was flat: train on the last round as it is
         out.comps, out.rows, out.scored = comps, list(rows), scored  # (zero GRPO advantage: a no-op step)
     return out

@@ -297,7 +297,7 @@ class Trainer:
         filled = fill_batch(rows, more_rows, generate_round, score, len(rows), cfg.algorithm.max_gen_rounds)
         with timed(Phase.ROLLOUT):
             self.engine.sleep()
-        self._batch_stats = {"batch/groups_kept": len(filled.rows), "batch/gen_rounds": filled.rounds,
+        self._batch_stats = {"batch/groups_kept": filled.groups_kept, "batch/gen_rounds": filled.rounds,
                              "batch/groups_seen": filled.groups_seen}
         return filled.comps, filled.rows, filled.scored
 
