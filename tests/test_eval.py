@@ -78,12 +78,15 @@ def math_run(tmp_path_factory, tiny_model_dir):
     run = tmp / "run"
     args = [sys.executable, "-m", "tinyrl.cli", "train", "--preset", "math-tiny", "--max-steps", "1", "--out", str(run),
             "--no-dashboard", "--set", f"data.train_path={tmp}/data/train.parquet", "--set", "data.generate_train_size=64",
-            "--set", "trainer.test_every=0", "--set", "rollout.n=2", "--set", "trainer.train_batch_size=4",
-            "--set", "actor.ppo_mini_batch_size=4"]
+            "--set", "rollout.n=2", "--set", "trainer.train_batch_size=4", "--set", "actor.ppo_mini_batch_size=4",
+            # train-time validation on extra files: val/<name>/pass@k (tinyrl.eval.score_prompts)
+            "--set", "trainer.test_every=1", "--set", "data.max_test_prompts=4", "--set", "trainer.val_n=2",
+            "--set", 'data.val_files=["mini=data/math-tiny/test.parquet"]']
     done = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
-    assert {"batch/groups_kept", "batch/gen_rounds", "reward/accuracy"} <= set(metrics)
+    assert {"batch/groups_kept", "batch/gen_rounds", "reward/accuracy", "val/score",
+            "val/mini/pass@1", "val/mini/pass@2", "val/mini/greedy_acc"} <= set(metrics)
     return run, tmp
 
 

@@ -162,6 +162,7 @@ class TrainerConfig:
     device: str = "auto"                  # auto | cpu | cuda
     memory_budget_gib: float = 0.0        # cap for every phase on the card; 0 = 90% of the card
     test_every: int = 0                   # 0 = no validation
+    val_n: int = 0                        # data.val_files: samples per problem besides greedy (pass@k, k = 1 and val_n)
     save_every: int = 0                   # 0 = only at the end
     keep_last: int = 2
     out_dir: str = "runs"

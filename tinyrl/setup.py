@@ -8,7 +8,7 @@ Training data is generated on first use when data.train_path is missing and the 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ class RunInputs:
     test_prompts: list[list[int]]
     test_rows: list[dict]
     reward_fn: Any                   # tinyrl.tasks.rewards.RewardSet: callable (completion, row) -> float
+    val_sets: list = field(default_factory=list)  # data.val_files: (name, prompts, rows)
 
 
 def pick_device(name: str) -> torch.device:
@@ -111,5 +112,12 @@ def prepare_inputs(cfg: Config) -> RunInputs:
     if cfg.trainer.test_every:
         test_prompts, test_rows = tokenize_rows(resolve_path(cfg.data.test_path), tok, cfg.data.max_prompt_length,
                                                 max_rows=cfg.data.max_test_prompts, chat=cfg.data.chat_template)
+    val_sets = []
+    if cfg.trainer.test_every:
+        from tinyrl.eval import parse_data_args
+
+        for name, path in parse_data_args(cfg.data.val_files):
+            val_sets.append((name, *tokenize_rows(resolve_path(str(path)), tok, cfg.data.max_prompt_length,
+                                                  max_rows=cfg.data.max_test_prompts, chat=cfg.data.chat_template)))
     return RunInputs(device, model_path, tok, tok.pad_token_id, train_prompts, train_rows,
-                     test_prompts, test_rows, reward_fn)
+                     test_prompts, test_rows, reward_fn, val_sets)

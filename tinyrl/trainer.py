@@ -395,8 +395,29 @@ class Trainer:
         self.engine.sleep()
         texts = self.inputs.tokenizer.batch_decode([c.response_ids for c in res.completions], skip_special_tokens=True)
         scored = self.inputs.reward_fn.score_batch(texts, [rows[c.prompt_index] for c in res.completions])
-        return {"val/score": scored.metrics()["reward/accuracy"],
-                "val/reward_mean": sum(scored.total) / len(scored.total)}
+        out = {"val/score": scored.metrics()["reward/accuracy"],
+               "val/reward_mean": sum(scored.total) / len(scored.total)}
+        if self.inputs.val_sets:  # data.val_files: the task's judgement, as `tinyrl eval` (tinyrl/eval.py)
+            out.update(self._validate_files())
+        return out
+
+    def _validate_files(self) -> dict:
+        from tinyrl.eval import score_prompts
+        from tinyrl.tasks import get_task
+
+        cfg, out = self.cfg, {}
+        n = cfg.trainer.val_n
+        self.engine.wake(self.models.actor)
+        for name, prompts, rows in self.inputs.val_sets:
+            res = score_prompts(self.engine, self.inputs.tokenizer, prompts, rows, get_task(cfg.task.name), cfg.task,
+                                n=n, ks=[1, n] if n else [], temperature=cfg.rollout.temperature,
+                                top_p=cfg.rollout.top_p, greedy=True, max_new_tokens=cfg.rollout.max_response_length,
+                                seed=cfg.trainer.seed + self.step, name=name)
+            m = res.metrics
+            out[f"val/{name}/pass@1"] = m["pass@1"] if n else m["greedy_acc"]
+            out.update({f"val/{name}/{k}": v for k, v in m.items() if k != "tokens_per_s"})
+        self.engine.sleep()
+        return out
 
     # ------------------------------------------------------------------ checkpoints
 

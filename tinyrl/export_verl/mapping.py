@@ -291,6 +291,9 @@ def _trainer(cfg, ctx, m, o):
     m.note(cfg, "trainer.memory_budget_gib", "tinyrl's per-card memory plan; verl sizes by "
            "gpu_memory_utilization and the token budgets")
     o["trainer.test_freq"] = g("trainer.test_every") or -1
+    if g("trainer.val_n", 0):
+        m.note(cfg, "trainer.val_n", "tinyrl samples val_n completions per validation problem for pass@k; "
+               "verl validates with actor_rollout_ref.rollout.val_kwargs.n (set it by hand)")
     o["trainer.val_before_train"] = False  # tinyrl validates after steps test_every, 2*test_every, ...
     # tinyrl 0 = save at the end only; verl saves nothing unless save_freq > 0 (then also at the end)
     o["trainer.save_freq"] = g("trainer.save_every") or max(1, total)
