@@ -38,7 +38,7 @@ SIZES = {
                                     head_dim=64, tie_word_embeddings=False),
 }
 STEPS = [Step("actor_update", 2, 512, 256, "lora", 16, logprob_chunk=256),
-         Step("ref_logprobs", 2, 512, 256, "lora", 16, logprob_chunk=256),
+         Step("forward", 2, 512, 256, "lora", 16, logprob_chunk=256),
          Step("critic_update", 2, 512, 256, "full", logprob_chunk=256)]
 
 
@@ -70,7 +70,7 @@ def probe_vs_sim(headroom: int = 64 * MiB) -> None:
     models = sim.build_models(spec, step, device="cpu")
     opts = sim.make_optimizers(models)
     sim.warm_start(models, opts, step.phase)
-    resident = live_tensor_bytes(*models.modules(), *opts.values())
+    resident = live_tensor_bytes(*sim.all_modules(models), *opts.values())
     simulated = sim.fit_max_micro_batch(spec, "actor_update", resident + headroom, 128,
                                         max_micro_batch=512, response_len=64, lora_rank=8,
                                         logprob_chunk=128, dtype="fp32")

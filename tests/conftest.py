@@ -87,3 +87,19 @@ def tiny_fp32_model(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def countdown_train(tmp_path_factory):
+    """countdown_train(n) -> a generated Countdown train.parquet of n rows, made once per n.
+    A data.train_path set by the user must exist: tinyrl generates only its presets' own paths."""
+    made: dict[int, Path] = {}
+
+    def make(n: int = 256) -> Path:
+        if n not in made:
+            from tinyrl.data.countdown import generate_countdown
+
+            # 1024 test rows, as first-use generation: the same train rows as before
+            made[n] = generate_countdown(tmp_path_factory.mktemp(f"countdown-{n}"), n, 1024, progress=False)[0]
+        return made[n]
+    return make

@@ -81,9 +81,9 @@ def test_existing_run_is_not_overwritten(tmp_path):
     assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
 
 
-def test_prompts_longer_than_the_limit_are_exit_2(tmp_path):
+def test_prompts_longer_than_the_limit_are_exit_2(tmp_path, countdown_train):
     done = tinyrl("train", "--preset", "countdown-tiny", "--out", str(tmp_path / "run"), "--no-dashboard",
-                  "--set", f"data.train_path={tmp_path}/data/train.parquet", "--set", "data.generate_train_size=64",
+                  "--set", f"data.train_path={countdown_train(64)}",
                   "--set", "data.max_prompt_length=50")
     assert done.returncode == 2
     assert "longer than data.max_prompt_length = 50" in " ".join(done.stderr.split())

@@ -48,7 +48,7 @@ def test_verl_4090_run_gives_10240_steps_26_6_hours_58_cny(monkeypatch, capsys, 
     assert est["total_price"] == pytest.approx(est["price_per_epoch"])
     assert est["gpu"]["name"] == "rtx4090"
     # The roofline is computed alongside, for comparison, with the full-fine-tune PPO phases.
-    assert set(est["roofline"]["phases"]) == {"rollout", "ref_old_logprobs", "values", "actor_update",
+    assert set(est["roofline"]["phases"]) == {"rollout", "forward", "actor_update",
                                               "critic_update", "overhead"}
     assert 0 < est["roofline"]["sec_per_step"] < 9.35 * 10
 
@@ -110,7 +110,7 @@ def test_roofline_full_ppo_matches_hand_arithmetic():
     assert r.details["decode_concurrency"] == 16 and r.details["decode_bound"] == "bandwidth"
     assert r.details["prefill_s"] == pytest.approx(0.64)
     assert r.details["decode_s"] == pytest.approx(2.24)
-    assert r.phases == pytest.approx({"rollout": 2.88, "ref_old_logprobs": 2.56, "values": 1.152,
+    assert r.phases == pytest.approx({"rollout": 2.88, "forward": 2.56 + 1.152,
                                       "actor_update": 5.12, "critic_update": 4.608, "overhead": 1.0})
     assert r.sec_per_step == pytest.approx(17.32)
 
@@ -121,7 +121,7 @@ def test_roofline_grpo_lora_has_no_value_passes_and_cheaper_updates():
     r = estimate_step(SHAPE, CARD, grpo, PLAIN)
     # LoRA: 2 forward + 2 activation grads + 2 recompute = 6 per param-token, two ppo epochs:
     # 2 * 6 * 1e9 * 3200 / 5e12 = 7.68 s
-    assert set(r.phases) == {"rollout", "ref_old_logprobs", "actor_update", "overhead"}
+    assert set(r.phases) == {"rollout", "forward", "actor_update", "overhead"}
     assert r.phases["actor_update"] == pytest.approx(7.68)
     assert r.sec_per_step == pytest.approx(2.88 + 2.56 + 7.68 + 1.0)
 

@@ -145,10 +145,10 @@ def test_same_feed_through_a_pipe_prints_plain_lines(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_in_tmux_shows_panels(tmp_path, tmux_run):
+def test_train_in_tmux_shows_panels(tmp_path, tmux_run, countdown_train):
     run_dir = tmp_path / "run"
     pane = tmux_run(f"{sys.executable} -m tinyrl.cli train --preset countdown-tiny --max-steps 2 --out {run_dir} "
-                    f"--set data.train_path={tmp_path}/data/train.parquet --set data.generate_train_size=256")
+                    f"--set data.train_path={countdown_train(256)}")
     status = pane.wait_exit(limit_s=1500)
     text = pane.capture()
     assert status == 0, text

@@ -23,10 +23,10 @@ ALGOS = {
 }
 
 
-def train(tmp_path: Path, overrides: list[str]) -> list[dict]:
+def train(tmp_path: Path, overrides: list[str], data: Path) -> list[dict]:
     run = tmp_path / "run"
     args = [sys.executable, "-m", "tinyrl.cli", "train", "--preset", "countdown-tiny", "--out", str(run),
-            "--no-dashboard", "--set", f"data.train_path={tmp_path}/data/train.parquet"]
+            "--no-dashboard", "--set", f"data.train_path={data}"]
     for item in COMMON + overrides:
         args += ["--set", item]
     done = subprocess.run(args, capture_output=True, text=True, timeout=1200)
@@ -37,8 +37,8 @@ def train(tmp_path: Path, overrides: list[str]) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
-def test_rl_raises_the_toy_reward(tmp_path, tiny_model_dir, algo):
-    history = train(tmp_path, ALGOS[algo])
+def test_rl_raises_the_toy_reward(tmp_path, tiny_model_dir, algo, countdown_train):
+    history = train(tmp_path, ALGOS[algo], countdown_train(2048))
     rewards = [m["reward/mean"] for m in history]
     assert len(rewards) == 20
     assert rewards[0] < 0.3, rewards

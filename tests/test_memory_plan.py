@@ -32,7 +32,7 @@ def test_headline_3b_lora_ppo_fits_a_4090_in_every_phase():
     plan = build_plan(spec, gpu=get_gpu("rtx4090"), prompt_len=256, response_len=1024,
                       prompts_per_step=256, mini_batch_prompts=64, lora_rank=64, micro_batch=16)
     assert plan.fits and plan.simulated
-    assert set(plan.phases) == {"rollout", "ref_and_values", "actor_update", "critic_update"}
+    assert set(plan.phases) == {"rollout", "forward", "actor_update", "critic_update"}
     for name, phase in plan.phases.items():
         assert phase.peak <= 0.9 * 24 * GiB, name
         assert phase.peak == sum(phase.parts.values())
@@ -41,27 +41,30 @@ def test_headline_3b_lora_ppo_fits_a_4090_in_every_phase():
     _kv_holds_every_running_sequence(plan, spec, 1280)
 
 
-def test_headline_05b_full_ppo_fits_in_12_gib():
+def test_headline_05b_full_ppo_needs_more_than_12_gib():
     """Qwen2.5-0.5B as the verl run had it (full actor, full critic, reference copy), 32 prompts
-    of 256 + 256 tokens: every phase <= 12 GiB, vLLM serving the whole step at once."""
+    of 256 + 256 tokens. The trainer's AdamW keeps fp32 moments for bf16 weights: 7.4 GiB of
+    state for actor + critic, so 12 GiB cannot hold an update (the H100 run of issue 20 reached
+    14.42 GiB); the preset plans into 18 GiB."""
     spec = load_spec("Qwen/Qwen2.5-0.5B")
-    plan = build_plan(spec, gpu=get_gpu("rtx4090"), prompt_len=256, response_len=256,
-                      prompts_per_step=32, mini_batch_prompts=16, finetune="full",
-                      budget_bytes=12 * GiB, micro_batch=8)
+    kw = dict(gpu=get_gpu("rtx4090"), prompt_len=256, response_len=256, prompts_per_step=32,
+              mini_batch_prompts=16, finetune="full", micro_batch=8)
+    assert not build_plan(spec, budget_bytes=12 * GiB, **kw).fits
+    plan = build_plan(spec, budget_bytes=18 * GiB, **kw)
     assert plan.fits
-    assert all(p.peak <= 12 * GiB for p in plan.phases.values())
+    assert all(p.peak <= 18 * GiB for p in plan.phases.values())
     assert plan.vllm_max_num_seqs == 32
     _kv_holds_every_running_sequence(plan, spec, 512)
 
 
 def test_chosen_micro_batches_are_the_largest_that_fit():
-    budget = fm.CUDA_CONTEXT_BYTES + 130 * 2**20
+    budget = fm.CUDA_CONTEXT_BYTES + 150 * 2**20
     plan = build_plan(SMALL, gpu=get_gpu("rtx4090"), prompt_len=128, response_len=128,
                       prompts_per_step=32, lora_rank=16, logprob_chunk=128, engine="hf",
                       critic=False, budget_bytes=budget)
     assert plan.fits and plan.budget_bytes == budget
     common = dict(response_len=128, lora_rank=16, logprob_chunk=128)
-    for name, phase in (("actor_update", "actor_update"), ("ref_and_values", "ref_logprobs")):
+    for name, phase in (("actor_update", "actor_update"), ("forward", "forward")):
         b = plan.phases[name].micro_batch
         assert 1 <= b < 32, name  # chosen by the budget, not by the cap
         assert plan.phases[name].token_budget == b * 256
@@ -76,7 +79,7 @@ def test_plan_round_trips_through_json():
     again = MemoryPlan.from_json(plan.to_json())
     assert again == plan
     assert again.phases["actor_update"].micro_batch == 2
-    assert [r[0] for r in plan.rows()] == ["rollout", "ref_and_values", "actor_update", "critic_update"]
+    assert [r[0] for r in plan.rows()] == ["rollout", "forward", "actor_update", "critic_update"]
 
 
 def test_what_does_not_fit_says_so():

@@ -27,7 +27,7 @@ CASES = {
     "tiny-lora-actor": (TINY, sim.Step("actor_update", 8, 256, 128, "lora", 16, logprob_chunk=256)),
     "tiny-full-critic": (TINY, sim.Step("critic_update", 8, 256, 128, "full", logprob_chunk=256)),
     "mid-lora-actor": (MID, sim.Step("actor_update", 2, 512, 256, "lora", 16, logprob_chunk=256)),
-    "mid-lora-ref": (MID, sim.Step("ref_logprobs", 2, 512, 256, "lora", 16, logprob_chunk=256)),
+    "mid-lora-ref": (MID, sim.Step("forward", 2, 512, 256, "lora", 16, logprob_chunk=256)),
 }
 
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("fresh_cache")
 
 
 def test_resident_parts_match_the_formulas():
-    r = sim.simulate_phase(SMALL, "ref_logprobs", 2, 256, **KW)
+    r = sim.simulate_phase(SMALL, "forward", 2, 256, **KW)
     lora = fm.lora_param_count(SMALL, 16)
     trainable = 2 * lora + fm.value_head_params(SMALL)        # adapters "actor" and "critic"
     assert r["adapters"] == 4 * trainable                     # peft keeps adapters in fp32
@@ -31,19 +31,20 @@ def test_resident_parts_match_the_formulas():
     assert parts == r["peak"]
 
 
-def test_full_finetune_holds_three_models_and_bf16_adam():
+def test_full_finetune_holds_three_models_and_fp32_adam():
     r = sim.simulate_phase(SMALL, "actor_update", 2, 256, finetune="full", **KW)
     w = fm.weight_bytes(SMALL)
     assert r["base_weights"] == pytest.approx(w, rel=0.001)    # the frozen reference
     assert r["adapters"] == pytest.approx(2 * w, rel=0.001)    # actor + critic (+ value head)
-    assert r["optimizer"] >= 2 * 2 * w                         # two Adams, state in bf16
+    assert r["optimizer"] >= 2 * 4 * w                         # two Adams, fp32 moments (tinyrl.optim)
 
 
 def test_extrapolation_from_two_layers_matches_a_full_depth_trace():
     for phase in sim.PHASES:
         step = sim.Step(phase, 2, 256, 128, lora_rank=16, logprob_chunk=256)
         full = max(r["total"] for r in sim.trace_step(SMALL, step, 6)["regions"].values())
-        extrapolated = sim.simulate_phase(SMALL, phase, 2, 256, **KW)["peak"]
+        parts = sim.simulate_phase(SMALL, phase, 2, 256, **KW)
+        extrapolated = parts["peak"] - parts["allocator"]  # the headroom is not a traced tensor
         assert extrapolated == pytest.approx(full, rel=0.02), phase
 
 
@@ -55,7 +56,7 @@ def test_checkpointing_and_chunking_lower_the_peak():
     assert big_chunk["peak"] > on["peak"]
     # The traced chunk agrees with the closed form (bf16: 20 bytes per logit with backward).
     assert on["logprob_chunk"] == pytest.approx(fm.logprob_chunk_bytes(256, 32000, backward=True), rel=0.01)
-    ref = sim.simulate_phase(SMALL, "ref_logprobs", 8, 512, **KW)
+    ref = sim.simulate_phase(SMALL, "forward", 8, 512, **KW)
     assert ref["logprob_chunk"] == pytest.approx(fm.logprob_chunk_bytes(256, 32000), rel=0.01)
 
 

@@ -50,8 +50,10 @@ def test_too_little_disk_stops_the_run_with_the_numbers(monkeypatch, tmp_path):
         pf.preflight(load_config("countdown-4090", ["trainer.device=cpu", HAVE_DATA]), tmp_path / "run")
     message = caught.value.message
     need = 2 * pf.checkpoint_bytes(load_config("countdown-4090"), cuda=False) + pf.RUN_LOGS_BYTES
-    assert f"needs {need / 2**30:.2f} GiB" in message and "0.01 GiB is free" in message
-    assert "2 checkpoints of 2.8" in message  # 3B, rank-64 adapters x2 + Adam for both
+    from tinyrl.checkpoint import human_bytes
+
+    assert f"needs {human_bytes(need)}" in message and "10.0 MiB is free" in message  # not "0.01 GiB"
+    assert "2 checkpoints of 2.8" in message and "64.0 MiB for logs" in message  # 3B, rank-64 adapters x2 + Adam
     assert "--out" in caught.value.hint
     assert not (tmp_path / "run").exists()
 

@@ -52,10 +52,10 @@ def check_consistent(result: dict) -> None:
 def test_3b_lora_ppo_fits_a_4090_in_every_phase(monkeypatch, capsys):
     r = probe_json(monkeypatch, capsys, "--preset", "countdown-4090", "--gpu", "rtx4090", "--simulate")
     assert r["fits"] is True and r["simulated"] is True and r["gpu"] == "rtx4090"
-    assert set(r["phases"]) == {"rollout", "ref_and_values", "actor_update", "critic_update"}
+    assert set(r["phases"]) == {"rollout", "forward", "actor_update", "critic_update"}
     for name, ph in r["phases"].items():
         assert ph["peak_bytes"] <= 0.9 * CARD_4090, name
-    for name in ("ref_and_values", "actor_update", "critic_update"):
+    for name in ("forward", "actor_update", "critic_update"):
         ph = r["phases"][name]
         assert ph["micro_batch"] >= 1
         assert ph["token_budget"] == ph["micro_batch"] * (256 + 1024)
@@ -66,14 +66,15 @@ def test_3b_lora_ppo_fits_a_4090_in_every_phase(monkeypatch, capsys):
     assert "actor.micro_batch_tokens = " + str(r["phases"]["actor_update"]["token_budget"]) in "\n".join(r["settings"])
 
 
-def test_05b_full_ppo_plan_and_a_12_gib_budget(monkeypatch, capsys):
+def test_05b_full_ppo_plan_and_an_18_gib_budget(monkeypatch, capsys):
     """The verl-run settings (0.5B, full actor + critic + reference): the preset caps every phase
-    at 12 GiB (trainer.memory_budget_gib; the verl run peaked at 23.2 GB). With the card's own
+    at 18 GiB (trainer.memory_budget_gib; fp32 Adam moments for two full models take 7.4 GiB;
+    the verl run peaked at 23.2 GB). With the card's own
     budget the planner takes micro-batches up to the mini-batch instead."""
     capped = probe_json(monkeypatch, capsys, "--preset", "countdown-0.5b-4090", "--gpu", "rtx4090", "--simulate")
-    assert capped["fits"] and capped["budget_bytes"] == 12 * GiB
+    assert capped["fits"] and capped["budget_bytes"] == 18 * GiB
     for name, ph in capped["phases"].items():
-        assert ph["peak_bytes"] <= 12 * GiB, name
+        assert ph["peak_bytes"] <= 18 * GiB, name
     assert capped["vllm"]["max_num_seqs"] == 32  # the whole step's sequences at once
     check_consistent(capped)
     whole = probe_json(monkeypatch, capsys, "--preset", "countdown-0.5b-4090", "--gpu", "rtx4090", "--simulate",
@@ -81,7 +82,7 @@ def test_05b_full_ppo_plan_and_a_12_gib_budget(monkeypatch, capsys):
     assert whole["fits"]
     assert all(ph["peak_bytes"] <= 0.9 * CARD_4090 for ph in whole["phases"].values())
     assert whole["phases"]["actor_update"]["micro_batch"] == 16  # capped by 16 prompts x n=1
-    assert whole["phases"]["actor_update"]["micro_batch"] > capped["phases"]["actor_update"]["micro_batch"]
+    assert whole["phases"]["actor_update"]["micro_batch"] >= capped["phases"]["actor_update"]["micro_batch"]
 
 
 def test_text_report_says_simulated_and_where_the_plan_is(monkeypatch, capsys, tmp_path):
@@ -155,7 +156,7 @@ def test_cuda_probe_puts_measured_micro_batches_into_the_plan(monkeypatch):
     class Props:
         total_memory = GPUS["rtx4090"].memory_bytes
 
-    fractions, limits = [], {"ref_logprobs": 40, "actor_update": 5, "critic_update": 0}
+    fractions, limits = [], {"forward": 40, "actor_update": 5, "critic_update": 0}
 
     def fake_try_step(spec, step, device):
         assert device == "cuda" and step.dtype == "bf16"
@@ -176,7 +177,7 @@ def test_cuda_probe_puts_measured_micro_batches_into_the_plan(monkeypatch):
     planned = mp.plan_for_config(cfg, GPUS["rtx4090"])
     plan = mp.cuda_probe(cfg, GPUS["rtx4090"], planned)
     assert not plan.simulated and not plan.fits
-    ref, actor, critic = (plan.phases[n] for n in ("ref_and_values", "actor_update", "critic_update"))
+    ref, actor, critic = (plan.phases[n] for n in ("forward", "actor_update", "critic_update"))
     assert (ref.micro_batch, actor.micro_batch, critic.micro_batch) == (32, 5, 0)  # ref capped at 32 prompts
     assert actor.token_budget == 5 * 304 and actor.fits
     assert actor.parts["trainer_measured"] == 3 * GiB and actor.peak == sum(actor.parts.values())

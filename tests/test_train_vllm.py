@@ -13,11 +13,11 @@ import pytest
 
 
 @pytest.mark.vllm
-def test_train_three_steps_with_vllm(tmp_path, tiny_model_dir):
+def test_train_three_steps_with_vllm(tmp_path, tiny_model_dir, countdown_train):
     run = tmp_path / "run"
     args = [sys.executable, "-m", "tinyrl.cli", "train", "--preset", "countdown-tiny", "--max-steps", "3",
             "--out", str(run), "--no-dashboard", "--set", "rollout.engine=vllm",
-            "--set", f"data.train_path={tmp_path}/data/train.parquet", "--set", "data.generate_train_size=256",
+            "--set", f"data.train_path={countdown_train(256)}",
             "--set", "trainer.test_every=0"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -14,7 +14,12 @@ from tinyrl.trainer import Trainer
 
 
 def tiny_config(tmp_path, *extra: str):
-    overrides = [f"data.train_path={tmp_path}/data/train.parquet", "data.generate_train_size=256",
+    from tinyrl.data.countdown import generate_countdown
+
+    train = tmp_path / "data" / "train.parquet"
+    if not train.exists():  # a path the user sets must exist (only presets' own paths are generated)
+        generate_countdown(train.parent, 256, 1024, progress=False)
+    overrides = [f"data.train_path={train}",
                  "trainer.train_batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.max_response_length=24",
                  "trainer.test_every=0", "trainer.save_every=0", "trainer.max_steps=2", *extra]
     return load_config("countdown-tiny", overrides)

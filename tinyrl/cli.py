@@ -135,16 +135,44 @@ def train(
     Writes RUN_DIR/config.json, metrics.jsonl (+ .parquet), samples.jsonl, timeline.jsonl and
     checkpoints/. Kill it any time; --resume continues at the same step with the same data.
     """
+    from tinyrl import interrupts
     from tinyrl.config import load_config
-    from tinyrl.dashboard import Dashboard
+    from tinyrl.setup import check_train_path
 
+    interrupts.install()  # from here on, Ctrl-C/SIGTERM end cleanly (see tinyrl.interrupts)
     cfg = load_config(preset, overrides)
     run_dir = out_dir or Path(cfg.trainer.out_dir) / cfg.preset
     if not resume and (run_dir / "metrics.jsonl").exists():
         raise TinyRLError(f"{run_dir} already holds a run (metrics.jsonl); nothing was changed",
-                          hint="add --resume to continue it, or choose another --out directory")
+                          hint="add --resume to continue it (from its last checkpoint, or from step 0 if it "
+                               "has none), or choose another --out directory")
     if max_steps is not None and max_steps < 1:
         raise TinyRLError(f"--max-steps {max_steps} must be at least 1", hint="e.g. --max-steps 3")
+    check_train_path(cfg)  # a mistyped data path fails here, before anything is loaded or written
+    resume_cmd = _resume_command(preset, overrides, run_dir, max_steps)
+    try:
+        _train(cfg, run_dir, resume, max_steps, no_dashboard, resume_cmd)
+    except interrupts.Interrupted as exc:
+        again = resume_cmd if (run_dir / "config.json").exists() else "the same command"
+        err.print(f"stopped by {interrupts.SIGNAL_NAMES.get(exc.signum, exc.signum)} before training began; "
+                  f"nothing to save. Start again with: {again}", highlight=False, soft_wrap=True)
+        sys.exit(interrupts.exit_code(exc.signum))
+
+
+def _resume_command(preset: str, overrides: Optional[list[str]], run_dir: Path, max_steps: Optional[int]) -> str:
+    import shlex
+
+    args = ["tinyrl", "train", "--preset", preset, "--out", str(run_dir), "--resume"]
+    args += ["--max-steps", str(max_steps)] if max_steps else []
+    for item in overrides or []:
+        args += ["--set", item]
+    return shlex.join(args)
+
+
+def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashboard: bool, resume_cmd: str) -> None:
+    from tinyrl import interrupts
+    from tinyrl.dashboard import Dashboard
+
     _log_to_stderr()
     # transformers' deprecation notices about its own internals are not the user's to act on.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.")
@@ -164,7 +192,14 @@ def train(
         for notice in notes + trainer.notices:
             dash.log(notice)
         trainer.train(max_steps)
-    out.print(f"run finished at step {trainer.step}: {run_dir}  (plots: tinyrl report {run_dir})")
+    message, code = interrupts.end_of_run(trainer, run_dir, trainer.total_steps(max_steps), resume_cmd)
+    if code == 0:
+        out.print(message, highlight=False, soft_wrap=True)
+        return
+    if trainer.stopped_by is None:  # the run went on to its end, but not everything is on disk
+        raise TinyRLError(message, hint=f"free disk space, then redo those steps with: {resume_cmd}", exit_code=code)
+    err.print(message, highlight=False, soft_wrap=True)
+    sys.exit(code)
 
 
 @app.command("probe-memory")
@@ -223,12 +258,13 @@ def probe_memory(
 @app.command()
 def export(
     run_dir: Path = typer.Argument(..., help="A run directory written by `tinyrl train`."),
-    out_dir: Path = typer.Option(..., "--out", help="Where to write the merged Hugging Face model."),
+    out_dir: Path = typer.Option(..., "--out", help="Where to write the merged Hugging Face model (a new or empty directory)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Write into a non-empty --out (never the run directory)."),
 ) -> None:
     """Write the run's latest actor as a merged Hugging Face model (base + actor adapter)."""
     from tinyrl.export import export_run
 
-    path = export_run(run_dir, out_dir)
+    path = export_run(run_dir, out_dir, overwrite=overwrite)
     out.print(f"wrote {path}: load it with AutoModelForCausalLM.from_pretrained({str(path)!r})")
 
 
@@ -361,6 +397,9 @@ def report(
 def main() -> None:
     try:
         app()
+    except KeyboardInterrupt:  # commands other than train: nothing half-written to report
+        err.print("interrupted")
+        sys.exit(130)
     except TinyRLError as exc:
         if os.environ.get("TINYRL_DEBUG"):
             traceback.print_exc()

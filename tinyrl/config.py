@@ -151,6 +151,7 @@ class RewardConfig:
     fn: str = "task"                      # task (the task's own reward), a task name, path/to/file.py:func, module:func
     extra_fns: list[str] = field(default_factory=list)  # more reward functions, summed (TRL's reward_funcs)
     weights: list[float] = field(default_factory=list)  # one per [fn, *extra_fns]; empty = all 1.0
+    timeout_s: float = 60.0               # a user reward function's time per call (tinyrl.rewards.limits)
 
 
 @dataclass
@@ -207,10 +208,7 @@ def list_presets() -> dict[str, Path]:
 def load_config(preset: str, overrides: list[str] | None = None, check: bool = True) -> Config:
     """Preset file (or a path to a .toml) + `key.sub=value` overrides, validated."""
     path = _preset_path(preset)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise TinyRLError(f"preset file {path} is not valid TOML: {exc}", hint="fix the file") from exc
+    raw = _read_preset(path)
     cfg = Config(preset=path.stem)
     problems = _apply_dict(cfg, raw, prefix="")
     for item in overrides or []:
@@ -253,18 +251,39 @@ def config_from_dict(raw: dict) -> Config:
 
 
 def _preset_path(preset: str) -> Path:
-    candidate = Path(preset)
-    if candidate.suffix == ".toml" and candidate.exists():
-        return candidate
+    candidate = Path(preset).expanduser()
+    looks_like_path = candidate.suffix == ".toml" or "/" in preset or "\\" in preset or candidate.exists()
     presets = list_presets()
     if preset in presets:
         return presets[preset]
+    if looks_like_path:
+        if candidate.is_dir():
+            raise TinyRLError(f"--preset {preset}: is a directory, not a .toml file",
+                              hint=f"give a preset file inside it, or a preset name: {', '.join(presets)}")
+        if not candidate.exists():
+            raise TinyRLError(f"--preset {preset}: file not found ({candidate.absolute()})",
+                              hint=f"check the path, or give a preset name: {', '.join(presets)}")
+        return candidate
     near = difflib.get_close_matches(preset, presets, n=1)
     raise TinyRLError(
         f"unknown preset {preset!r}",
         hint=(f"did you mean {near[0]!r}? " if near else "")
         + f"available: {', '.join(presets)} (or a path to a .toml file)",
     )
+
+
+def _read_preset(path: Path) -> dict:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TinyRLError(f"preset file {path} is not text (not UTF-8 at byte {exc.start}); is it a TOML file?",
+                          hint="give a .toml preset, e.g. a copy of presets/countdown-tiny.toml") from exc
+    except OSError as exc:
+        raise TinyRLError(f"cannot read preset file {path}: {exc.strerror or exc}", hint="check the path") from exc
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise TinyRLError(f"preset file {path} is not valid TOML: {exc}", hint="fix the file") from exc
 
 
 def _apply_dict(obj: Any, raw: dict, prefix: str) -> list[str]:
@@ -386,9 +405,11 @@ def problems_of(cfg: Config) -> list[str]:
     t, a, r = cfg.trainer, cfg.actor, cfg.rollout
     for dotted in ("algorithm.max_gen_rounds", "trainer.train_batch_size", "rollout.n", "rollout.max_response_length", "data.max_prompt_length", "actor.ppo_epochs",
                    "critic.ppo_epochs",
-                   "trainer.total_epochs", "model.lora_rank", "model.logprob_chunk", "trainer.keep_last"):
+                   "trainer.total_epochs", "model.lora_rank", "model.logprob_chunk", "trainer.keep_last",
+                   "data.max_test_prompts"):
         if get_setting(cfg, dotted) < 1:
             out.append(f"{dotted} = {get_setting(cfg, dotted)} must be at least 1")
+    out += _number_problems(cfg)
     for role in ("actor", "critic"):
         mini = get_setting(cfg, f"{role}.ppo_mini_batch_size")
         if mini < 0:
@@ -428,6 +449,29 @@ def problems_of(cfg: Config) -> list[str]:
     from tinyrl.tasks import task_problems  # local: the task modules import their own libraries lazily
 
     out += task_problems(cfg)
+    return out
+
+
+def _float_settings(obj: Any, prefix: str = "") -> dict[str, float]:
+    out = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if is_dataclass(value):
+            out.update(_float_settings(value, f"{prefix}{f.name}."))
+        elif isinstance(value, float):
+            out[prefix + f.name] = value
+    return out
+
+
+def _number_problems(cfg: Config) -> list[str]:
+    """nan/inf anywhere, and rates that must be positive: caught here, before a model loads."""
+    import math
+
+    out = [f"{k} = {v} is not a finite number" for k, v in _float_settings(cfg).items() if not math.isfinite(v)]
+    for dotted in ("actor.lr", "critic.lr", "reward.timeout_s"):
+        value = get_setting(cfg, dotted)
+        if math.isfinite(value) and value <= 0:
+            out.append(f"{dotted} = {value} must be > 0")
     return out
 
 

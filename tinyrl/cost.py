@@ -34,7 +34,7 @@ WARMUP_STEPS = 1          # per segment of metrics.jsonl (the start, and each re
 MIN_STEADY_STEPS = 2      # a median of one step is a guess, not a measurement
 DTYPE_BYTES = {"auto": 2.0, "bf16": 2.0, "fp16": 2.0, "fp32": 4.0}  # auto is bf16 on CUDA
 NF4_BYTES_PER_PARAM = 0.5  # 4-bit weights in vLLM; scales ignored
-PHASE_ORDER = ("rollout", "ref_old_logprobs", "values", "actor_update", "critic_update", "overhead")
+PHASE_ORDER = ("rollout", "forward", "actor_update", "critic_update", "overhead")  # tinyrl.phases names
 
 
 # --------------------------------------------------------------------------- a run's own timings

@@ -17,7 +17,23 @@ from tinyrl.config import config_from_dict
 from tinyrl.errors import TinyRLError
 
 
-def export_run(run_dir: Path, out_dir: Path) -> Path:
+def check_out_dir(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
+    """Never the run directory itself (its config.json would be replaced, and the run could no
+    longer be exported or resumed); a non-empty directory only with --overwrite."""
+    if out_dir.exists() and out_dir.resolve() == run_dir.resolve():
+        raise TinyRLError(f"--out {out_dir} is the run directory itself: the export would overwrite the "
+                          "run's config.json; nothing was written",
+                          hint=f"choose another directory, e.g. --out {run_dir / 'export'}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise TinyRLError(f"--out {out_dir} is a file, not a directory; nothing was written",
+                          hint="choose a new directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise TinyRLError(f"--out {out_dir} is not empty; nothing was written",
+                          hint="choose a new or empty directory, or add --overwrite to write the model "
+                               "files over what is there")
+
+
+def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False) -> Path:
     from transformers import AutoModelForCausalLM
 
     from tinyrl.setup import load_tokenizer
@@ -27,6 +43,7 @@ def export_run(run_dir: Path, out_dir: Path) -> Path:
     if not config_path.exists():
         raise TinyRLError(f"{run_dir} is not a run directory (no config.json)",
                           hint="pass the --out directory of a `tinyrl train` run")
+    check_out_dir(run_dir, out_dir, overwrite)
     cfg = config_from_dict(json.loads(config_path.read_text()))
     state = ckpt.load_latest(run_dir / "checkpoints")
     if state is None:

@@ -100,8 +100,10 @@ def checkpoint_bytes(cfg: Config, cuda: bool) -> int:
 
 
 def check_disk(cfg: Config, run_dir: Path, cuda: bool) -> list[str]:
+
     """Room for two checkpoints + logs in run_dir's filesystem, and for the training data where
     it will be generated; raises with the numbers when either is short."""
+    from tinyrl.checkpoint import human_bytes
     from tinyrl.model_specs import load_spec
 
     try:
@@ -118,11 +120,11 @@ def check_disk(cfg: Config, run_dir: Path, cuda: bool) -> list[str]:
         free = free_disk_bytes(where)
         if free < needed:
             raise TinyRLError(
-                f"not enough disk: this run needs {needed / GiB:.2f} GiB in {where} ({CHECKPOINTS_NEEDED} "
-                f"checkpoints of {checkpoint_bytes(cfg, cuda) / GiB:.2f} GiB, logs"
-                + (", training data" if not data.exists() else "") + f") and {free / GiB:.2f} GiB is free",
+                f"not enough disk: this run needs {human_bytes(needed)} in {where} ({CHECKPOINTS_NEEDED} "
+                f"checkpoints of {human_bytes(checkpoint_bytes(cfg, cuda))}, {human_bytes(RUN_LOGS_BYTES)} "
+                "for logs" + (", training data" if not data.exists() else "") + f") and {human_bytes(free)} is free",
                 hint="free disk space there, or write the run elsewhere with --out DIR; nothing was written")
-    return [f"disk: {sum(need.values()) / GiB:.2f} GiB needed for checkpoints, logs and data; enough free"]
+    return [f"disk: {human_bytes(sum(need.values()))} needed for checkpoints, logs and data; enough free"]
 
 
 # ------------------------------------------------------------------------------- memory

@@ -108,7 +108,7 @@ class Workload:
 
 @dataclass(frozen=True)
 class Roofline:
-    phases: dict[str, float]    # seconds: rollout, ref_old_logprobs, [values], actor_update, [critic_update], overhead
+    phases: dict[str, float]    # seconds: rollout, forward, actor_update, [critic_update], overhead (tinyrl.phases)
     details: dict[str, float | str]  # prefill_s, decode_s, decode_concurrency, decode_bound, ...
 
     @property
@@ -160,9 +160,10 @@ def estimate_step(shape: ModelShape, card: Card, work: Workload, a: Assumptions 
     critic_params = shape.matmul_params - shape.head_params
     forward = 2 * shape.matmul_params * tokens / train_rate
     update = update_flops_per_token(work.lora, work.checkpointing)
-    phases = {"rollout": prefill + decode, "ref_old_logprobs": 2 * forward}
-    if work.critic:  # no critic (GRPO and friends): no value passes at all
-        phases["values"] = 2 * critic_params * tokens / train_rate
+    # FORWARD: old and reference log-probs, and the critic's values when there is one
+    # (no critic, as in GRPO and friends: no value pass at all).
+    phases = {"rollout": prefill + decode,
+              "forward": 2 * forward + (2 * critic_params * tokens / train_rate if work.critic else 0.0)}
     phases["actor_update"] = work.ppo_epochs * update * shape.matmul_params * tokens / train_rate
     if work.critic:
         phases["critic_update"] = work.ppo_epochs * update * critic_params * tokens / train_rate

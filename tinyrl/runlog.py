@@ -1,23 +1,33 @@
 """The run directory: resolved config, metrics.jsonl (+ parquet copy), samples, phase timeline.
 
     RUN_DIR/config.json      the resolved config (Config.to_dict())
-    RUN_DIR/metrics.jsonl    one JSON object per step (appended, flushed: survives a kill)
+    RUN_DIR/metrics.jsonl    one JSON object per step (each line written whole: see tinyrl.jsonl)
     RUN_DIR/metrics.parquet  the same, rewritten at each checkpoint and at the end
     RUN_DIR/samples.jsonl    sample completions with their rewards
-    RUN_DIR/timeline.jsonl   each phase transition with the memory in use at that moment
+    RUN_DIR/timeline.jsonl   one record per phase: when it began, memory in use then, and its peak
     RUN_DIR/checkpoints/     see tinyrl.checkpoint
+
+A full disk does not stop training: a line that cannot be written is kept in memory and
+written before the next line of its file once there is room again; the first failure is
+reported loudly (through `warn`), later ones are counted (`unwritten()`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import resource
 import time
 from pathlib import Path
+from typing import Callable
 
 import psutil
 import torch
 
+from tinyrl import jsonl
+
+log = logging.getLogger(__name__)
+MAX_PENDING_LINES = 100_000  # per file; beyond this the oldest unwritten lines are dropped (counted)
 
 def memory_reading(device: torch.device) -> dict:
     """Memory in use now, peak so far and the total: the card on CUDA, process RAM on CPU."""
@@ -32,19 +42,55 @@ def memory_reading(device: torch.device) -> dict:
             "memory/total_bytes": psutil.virtual_memory().total}
 
 
+def phase_peaks(device: torch.device) -> dict:
+    """Peaks since the last reset: the card's allocator on CUDA, the process's peak RSS on CPU."""
+    if device.type == "cuda":
+        return {"peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
+                "peak_reserved_bytes": torch.cuda.max_memory_reserved(device)}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return {"peak_allocated_bytes": rss, "peak_reserved_bytes": rss}
+
+
 class RunLog:
-    def __init__(self, run_dir: Path, device: torch.device):
+    def __init__(self, run_dir: Path, device: torch.device, warn: Callable[[str], None] | None = None):
         self.dir = run_dir
         self.device = device
         self.dir.mkdir(parents=True, exist_ok=True)
         self.t0 = time.monotonic()
+        self.warn = warn or log.warning
+        self._pending: dict[str, list[str]] = {}   # file name -> lines not yet written
+        self._dropped: dict[str, int] = {}
+        self._warned = False
+        self.on_phase: list[Callable[[str], None]] = []  # observers of phase transitions (tinyrl.interrupts)
+        for name in ("metrics.jsonl", "samples.jsonl", "timeline.jsonl"):
+            if jsonl.repair_tail(self.dir / name):  # a line cut by a crash: appending after it would bury it
+                log.warning("%s: removed a cut-off last line left by a crash", name)
 
     def write_config(self, config: dict) -> None:
-        (self.dir / "config.json").write_text(json.dumps(config, indent=2))
+        jsonl.write_atomic(self.dir / "config.json", json.dumps(config, indent=2))
 
     def _append(self, name: str, record: dict) -> None:
-        with open(self.dir / name, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        pending = self._pending.setdefault(name, [])
+        pending.append(json.dumps(record))
+        try:
+            while pending:
+                jsonl.append_line(self.dir / name, pending[0])
+                pending.pop(0)
+        except OSError as exc:
+            if len(pending) > MAX_PENDING_LINES:
+                self._dropped[name] = self._dropped.get(name, 0) + len(pending) - MAX_PENDING_LINES
+                del pending[:len(pending) - MAX_PENDING_LINES]
+            if not self._warned:
+                self._warned = True
+                self.warn(f"DISK PROBLEM: cannot write {self.dir / name} ({exc}). Training goes on; "
+                          "log lines are kept in memory and written once there is room again. "
+                          "Free disk space now.")
+
+    def unwritten(self) -> dict[str, int]:
+        """Lines per file that are not on disk (still pending, or dropped)."""
+        names = set(self._pending) | set(self._dropped)
+        out = {n: len(self._pending.get(n, [])) + self._dropped.get(n, 0) for n in names}
+        return {n: k for n, k in out.items() if k}
 
     def metrics(self, record: dict) -> None:
         self._append("metrics.jsonl", record)
@@ -53,25 +99,56 @@ class RunLog:
         self._append("samples.jsonl", record)
 
     def phase(self, step: int, phase: str) -> dict:
+        """A phase starts: closes the previous one with its PEAK, then resets the peak counter.
+
+        The record of a phase says what it used: `peak_allocated_bytes` (CUDA: the allocator's
+        max_memory_allocated since the phase began, reset at each phase start; CPU: the process's
+        peak RSS so far, ru_maxrss -- Linux cannot reset it, so on CPU it is the high-water mark
+        of the run up to the end of that phase, not the phase's own) and `peak_reserved_bytes`
+        (CUDA: max_memory_reserved; CPU: the same RSS figure). `memory_bytes` stays what was in
+        use when the phase began."""
+        self.close_phase()
         mem = memory_reading(self.device)
         record = {"t": round(time.monotonic() - self.t0, 4), "step": step, "phase": phase,
                   "memory_bytes": mem["memory/used_bytes"], "memory_kind": mem["memory/kind"]}
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._open = record
+        for observer in self.on_phase:
+            observer(str(phase))
+        return record
+
+    def close_phase(self) -> dict | None:
+        """Write the open phase's record with its peaks (called by the next phase, and at the end)."""
+        record, self._open = getattr(self, "_open", None), None
+        if record is None:
+            return None
+        record.update(phase_peaks(self.device))
         self._append("timeline.jsonl", record)
         return record
 
     def truncate_after(self, step: int) -> None:
-        """On resume: drop records of steps after the checkpoint (they will be redone)."""
+        """On resume: drop records of steps after the checkpoint (they will be redone). Each file
+        is replaced whole (write_atomic), so a full disk here leaves it as it was."""
         for name in ("metrics.jsonl", "samples.jsonl", "timeline.jsonl"):
             path = self.dir / name
             if not path.exists():
                 continue
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= step]
-            path.write_text("".join(line + "\n" for line in kept))
+            kept = [json.dumps(r) for r in jsonl.read_records(path) if r.get("step", 0) <= step]
+            jsonl.write_atomic(path, "".join(line + "\n" for line in kept))
 
     def write_parquet(self) -> None:
         import pandas as pd
 
+        self.close_phase()  # called at a checkpoint, the last thing a step (or the run) does
+
         path = self.dir / "metrics.jsonl"
-        if path.exists() and path.stat().st_size:
-            pd.read_json(path, lines=True).to_parquet(self.dir / "metrics.parquet")
+        if not (path.exists() and path.stat().st_size):
+            return
+        tmp = self.dir / ".metrics.parquet.tmp"
+        try:
+            pd.DataFrame(jsonl.read_records(path)).to_parquet(tmp)
+            tmp.replace(self.dir / "metrics.parquet")
+        except OSError as exc:  # a full disk: metrics.jsonl has the same numbers
+            tmp.unlink(missing_ok=True)
+            self.warn(f"could not write metrics.parquet ({exc}); metrics.jsonl holds the same records")

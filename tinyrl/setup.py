@@ -2,7 +2,9 @@
 the device, the model path (the tiny model is built on first use), the tokenizer, the training
 and test prompts tokenized and length-checked, and the reward function.
 
-Training data is generated on first use when data.train_path is missing and the task can (Countdown).
+Training data is generated on first use only at the preset's own data.train_path (a path
+tinyrl owns) and only when the task can make it (Countdown, generated maths); a path the user
+set must exist.
 """
 
 from __future__ import annotations
@@ -43,22 +45,83 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def ensure_train_data(cfg: Config) -> Path:
+def generated_paths() -> set[str]:
+    """The data.train_path values tinyrl owns: the built-in default and the shipped presets'.
+    Only these are generated on first use; any other path is the user's and must exist."""
+    import tomllib
+
+    from tinyrl.config import DataConfig, list_presets
+
+    paths = {DataConfig().train_path}
+    for preset in list_presets().values():
+        try:
+            paths.add(tomllib.loads(preset.read_text())["data"]["train_path"])
+        except (KeyError, OSError, tomllib.TOMLDecodeError):
+            continue
+    return paths
+
+
+def check_train_path(cfg: Config) -> Path:
+    """data.train_path resolved; a missing file is an error unless tinyrl generates it."""
     path = resolve_path(cfg.data.train_path)
+    if path.is_dir():
+        raise TinyRLError(f"data.train_path = {cfg.data.train_path} is a directory, not a parquet file",
+                          hint=f"point it at the file, e.g. {path / 'train.parquet'}")
+    if path.exists() or cfg.data.train_path in generated_paths():
+        return path
+    import difflib
+
+    siblings = [p.name for p in path.parent.glob("*.parquet")] if path.parent.is_dir() else []
+    near = difflib.get_close_matches(path.name, siblings, n=1)
+    raise TinyRLError(
+        f"data.train_path = {cfg.data.train_path}: file not found ({path.absolute()}); nothing was "
+        "generated or written",
+        hint=(f"did you mean {path.parent / near[0]}? " if near else "")
+        + "check the path (relative paths start at the working directory), make data with "
+        f"`tinyrl data {cfg.task.name} --out DIR`, or leave data.train_path unset to use the preset's own "
+        "(generated on first use)")
+
+
+def ensure_train_data(cfg: Config) -> Path:
+    """The training file; the preset's own Countdown file is generated on first use, into a
+    fresh temporary directory, then linked into place without replacing any existing file."""
+    path = check_train_path(cfg)
     if path.exists():
         return path
+    import shutil
+    import tempfile
+
     from tinyrl.tasks import get_task, template_of
 
     task = get_task(cfg.task.name)
     if task.generate is None or not cfg.data.generate or cfg.data.generate_train_size < 1:
         raise TinyRLError(f"data.train_path = {cfg.data.train_path} does not exist and the {task.name} "
                           "task does not generate it", hint=f"make it with {task.data_hint}")
-    log.warning("generating %d %s tasks into %s (first use)", cfg.data.generate_train_size, task.name, path.parent)
-    train, _ = task.generate(path.parent, cfg.data.generate_train_size, 1024,
-                             seed=cfg.data.generate_seed, template=template_of(cfg.task))
-    if train != path:  # the generator always names it train.parquet
-        train.rename(path)
+    log.warning("generating %d %s tasks into %s (first use)", cfg.data.generate_train_size, task.name, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=".tinyrl-generate-", dir=path.parent))
+    try:
+        train, test = task.generate(fresh, cfg.data.generate_train_size, 1024,
+                                    seed=cfg.data.generate_seed, template=template_of(cfg.task))
+        _place(train, path)
+        _place(test, path.parent / "test.parquet")  # its held-out tasks, if that name is free
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
     return path
+
+
+def _place(src: Path, dst: Path) -> None:
+    """Move src to dst unless dst exists (then leave dst alone). os.link fails instead of
+    replacing, so even a file that appears meanwhile is never overwritten."""
+    import os
+
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        return
+    except OSError:  # a filesystem without hard links: check, then rename
+        if not dst.exists():
+            os.replace(src, dst)
 
 
 def load_tokenizer(model_path: str):
@@ -77,15 +140,16 @@ def load_tokenizer(model_path: str):
 
 def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = None,
                   chat: bool = False) -> tuple[list[list[int]], list[dict]]:
-    from tinyrl.data.io import load_prompts, prompt_text
+    from tinyrl.data.io import chat_text, load_prompts, prompt_text
 
     frame = load_prompts(path, max_rows=max_rows)
     rows = frame.to_dict("records")
-    texts = [prompt_text(r) for r in rows]
-    if chat:  # data.chat_template: the messages through the tokenizer's template (tinyrl.data.io)
-        from tinyrl.data.io import chat_text
-
-        texts = [chat_text(r, tokenizer) for r in rows]
+    texts = []
+    for i, row in enumerate(rows):
+        try:  # data.chat_template: the messages through the tokenizer's template (tinyrl.data.io)
+            texts.append(chat_text(row, tokenizer) if chat else prompt_text(row))
+        except TinyRLError as exc:  # say where: a 327,680-row file has one bad row
+            raise TinyRLError(f"{path} row {i} (counting from 0): {exc.message}", hint=exc.hint) from exc
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     too_long = [(i, len(x)) for i, x in enumerate(ids) if len(x) > max_len]
     if too_long:
@@ -103,7 +167,7 @@ def prepare_inputs(cfg: Config) -> RunInputs:
     from tinyrl.tiny_model import resolve_model_path
 
     device = pick_device(cfg.trainer.device)
-    reward_fn = build_rewards(cfg)
+    reward_fn = build_rewards(cfg)  # user functions get reward.timeout_s (tinyrl.rewards.limits)
     train_path = ensure_train_data(cfg)
     model_path = resolve_model_path(cfg.model.name)
     tok = load_tokenizer(model_path)

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from tinyrl import checkpoint as ckpt
+from tinyrl import interrupts
 from tinyrl.config import Config
 from tinyrl.errors import TinyRLError
 from tinyrl.learners import make_learners
@@ -58,6 +59,11 @@ class Trainer:
         self.notices: list[str] = []
         self._phase_memory: dict[str, int] = {}  # memory in use as each phase began, this step
         self._last_sample: dict | None = None       # shown by the dashboard after each step
+        self.stopped_by: int | None = None          # the signal that stopped train() early, if any
+        if resume:  # before anything heavy: a setting that cannot change fails in a second
+            from tinyrl.resume_check import check_resume
+
+            self.notices += check_resume(run_dir, cfg)
         from tinyrl.sinks import make_sinks
 
         # Before any heavy work: a sink asked for but not installed fails at once.
@@ -82,7 +88,9 @@ class Trainer:
         self.engine = make_engine(cfg.rollout.engine, model=self.models.actor, tokenizer=self.inputs.tokenizer,
                                   model_path=self.inputs.model_path, device=self.device, **self._vllm_settings())
         self.rollout_is = resolve_rollout_is(cfg.algorithm.rollout_is, self.engine.name)
-        self.run = RunLog(run_dir, self.device)
+        warn = lambda m: (log.warning(m), self._notice(m))  # noqa: E731  (full disk: loud, once)
+        self.run = RunLog(run_dir, self.device, warn=warn)
+        self.saves = ckpt.SaveLedger(warn, self._notice)  # which step is safely on disk
         self.ckpt_dir = run_dir / "checkpoints"
         self.step = 0
         if resume:
@@ -122,6 +130,9 @@ class Trainer:
         return min(total, max_steps) if max_steps else total
 
     def _phase(self, name: str) -> None:
+        closed = self.run.close_phase()  # the previous phase's peak (tinyrl.runlog)
+        if closed is not None and closed["step"] == self.step + 1:
+            self._phase_memory[f"memory/phase/{closed['phase']}_peak_bytes"] = closed["peak_allocated_bytes"]
         record = self.run.phase(self.step + 1, name)
         self._phase_memory[f"memory/phase/{name}_bytes"] = record["memory_bytes"]
         if self.dash is not None:
@@ -144,18 +155,28 @@ class Trainer:
             self._notice(f"rollout engine {self.engine.name}: this platform has no sleep mode, so the "
                          "engine stays awake (and keeps its memory) during training")
         history = []
-        while self.step < total:
-            metrics = self.train_step()
-            if self.cfg.trainer.test_every and self.step % self.cfg.trainer.test_every == 0:
-                metrics.update(self.validate())
-            self.run.metrics(metrics)
-            for sink in self.sinks:
-                sink.log(metrics, self.step)
-            history.append(metrics)
-            if self.dash is not None:
-                self.dash.update(metrics, self._last_sample)
-            if self.step == total or (self.cfg.trainer.save_every and self.step % self.cfg.trainer.save_every == 0):
-                self.save()
+        with interrupts.training() as stops:  # SIGINT/SIGTERM: stop cleanly with a checkpoint
+            while self.step < total:
+                with stops.step(self):  # a signal before the step's first update abandons it
+                    metrics = self.train_step()
+                if stops.abandoned:
+                    break
+                if self.cfg.trainer.test_every and self.step % self.cfg.trainer.test_every == 0:
+                    metrics.update(self.validate())
+                self.run.metrics(metrics)
+                for sink in self.sinks:
+                    sink.log(metrics, self.step)
+                history.append(metrics)
+                if self.dash is not None:
+                    self.dash.update(metrics, self._last_sample)
+                if self.step == total or stops.requested or (
+                        self.cfg.trainer.save_every and self.step % self.cfg.trainer.save_every == 0):
+                    self.save()
+                if stops.requested:
+                    break
+            if stops.requested and self.saves.last_saved != self.step:
+                self.save()  # an abandoned step: the state before it
+            self.stopped_by = stops.signum
         # The last step always saves (which rewrites metrics.parquet), so nothing is left to write.
         for sink in self.sinks:
             sink.close()
@@ -432,14 +453,18 @@ class Trainer:
         self._phase(Phase.CHECKPOINT)
         result = ckpt.save_checkpoint(self.ckpt_dir, self.step, self.state(), self.cfg.trainer.keep_last)
         self.run.write_parquet()
-        self._notice(result.message)
+        self.saves.record(self.step, result)  # says it; a failure loudly, once
         return result
 
     def _resume(self) -> None:
-        state = ckpt.load_latest(self.ckpt_dir)
-        if state is None:
-            raise TinyRLError(f"--resume: no checkpoint in {self.ckpt_dir}",
-                              hint="run without --resume to start fresh, or pass the run's --out directory")
+        from tinyrl.resume_check import load_for_resume
+
+        state = load_for_resume(self.ckpt_dir, self._notice)  # the newest readable one
+        self.run.write_config(self.cfg.to_dict())  # check_resume allowed the differences
+        if state is None:  # killed before its first checkpoint
+            self.run.truncate_after(0)
+            self._notice(f"--resume: no checkpoint in {self.ckpt_dir}; starting again from step 0")
+            return
         self.models.load_trainable_state(state["models"])
         for role, learner in self.learners.items():
             learner.load_state_dict(state["learners"][role])
@@ -448,6 +473,7 @@ class Trainer:
         ckpt.set_rng_state(state["rng"])
         self.step = state["step"]
         self.run.truncate_after(self.step)
+        self.saves.last_saved = self.step
         self.engine.sync_weights(self.models.actor)
         self._notice(f"resumed from step {self.step}")
 

@@ -31,8 +31,11 @@ def main() -> None:
     from tinyrl.trainer import Trainer
     from tinyrl.trajectory import Trajectory
 
+    from tinyrl.data.countdown import generate_countdown
+
+    train, _ = generate_countdown(run_dir / "data", 64, 16, progress=False)  # a set path must exist
     cfg = load_config("countdown-tiny", [
-        f"model.name={model_path}", f"data.train_path={run_dir}/data/train.parquet", "data.generate_train_size=64",
+        f"model.name={model_path}", f"data.train_path={train}",
         "trainer.train_batch_size=16", "actor.ppo_mini_batch_size=16", "trainer.test_every=0",
         "actor.ppo_epochs=1", f"actor.micro_batch_tokens={budget}", "model.logprob_chunk=100000",
         "rollout.engine=hf"])

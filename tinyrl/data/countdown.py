@@ -22,6 +22,9 @@ from tinyrl.data.templates import countdown_prompt
 from tinyrl.errors import TinyRLError
 
 MIN_NUMBER, MAX_NUMBER, MAX_TARGET = 1, 100, 1000
+# Tasks are built in memory (~0.5 KB each with the prompt) before writing: 4M rows per split is
+# ~2 GB and 12x TinyZero's 327,680; the (numbers, target) space holds a few million distinct tasks.
+MAX_ROWS = 4_000_000
 _ATOM, _MUL, _ADD = 3, 2, 1  # precedence of a literal, of * and /, of + and -
 _PROGRESS_EVERY = 4096
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}  # exact
@@ -102,8 +105,8 @@ def generate_countdown(out_dir: str | Path, train_size: int, test_size: int, see
                        template: str = "base", progress: bool = True) -> tuple[Path, Path]:
     """Write `train.parquet` and `test.parquet` under `out_dir`; return their paths."""
     for name, size in (("train_size", train_size), ("test_size", test_size)):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise TinyRLError(f"{name} must be a positive integer, got {size!r}",
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_ROWS:
+            raise TinyRLError(f"{name} must be an integer from 1 to {MAX_ROWS:,}, got {size!r}",
                               hint="TinyZero uses train_size=327680, test_size=1024")
     countdown_prompt([1, 2, 3], 6, template)  # unknown template: fail before any work
     out = Path(out_dir).expanduser()

@@ -51,7 +51,7 @@ def write_data(cfg: Config, data_dir: Path, with_row: bool) -> tuple[Path, Path]
         from tinyrl.tasks import get_task, template_of
 
         task = get_task(cfg.task.name)
-    if task.generate is None or not cfg.data.generate or cfg.data.generate_train_size < 1:
+        if task.generate is None or not cfg.data.generate or cfg.data.generate_train_size < 1:
             raise TinyRLError(f"data.train_path = {cfg.data.train_path} does not exist",
                               hint=f"make it with {task.data_hint}")
         task.generate(data_dir, cfg.data.generate_train_size, 1024, seed=cfg.data.generate_seed,
@@ -115,6 +115,7 @@ from pathlib import Path
 
 SPECS = {spec!r}  # tinyrl's [reward.fn, *reward.extra_fns] (a copied file is relative to this one)
 WEIGHTS = {weights!r}
+TIMEOUT_S = {timeout_s!r}  # a user function's time per call (tinyrl's reward.timeout_s)
 TASK = {task!r}  # tinyrl's [task] section
 WHOLE_ROW = {whole_row!r}  # the reward reads the row (prompt, columns): kept in extra_info.tinyrl_row
 TINYRL_SRC = {src!r}
@@ -134,7 +135,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     global _reward
     if _reward is None:
         specs = [str(_HERE / s) if s.startswith("user_reward/") else s for s in SPECS]
-        _reward = reward_set(specs, WEIGHTS, TaskConfig(**TASK))
+        _reward = reward_set(specs, WEIGHTS, TaskConfig(**TASK), TIMEOUT_S)
     if WHOLE_ROW:
         row = json.loads((extra_info or {{}})["tinyrl_row"])
     else:
@@ -146,7 +147,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 def write_reward_fn(cfg: Config, out: Path, spec: str, whole_row: bool, verl: str) -> Path:
     path = out / "reward_fn.py"
-    path.write_text(REWARD_FN.format(verl=verl, spec=spec, weights=list(cfg.reward.weights),
+    path.write_text(REWARD_FN.format(verl=verl, spec=spec, weights=list(cfg.reward.weights), timeout_s=cfg.reward.timeout_s,
                                      task=dataclasses.asdict(cfg.task), whole_row=whole_row, src=str(REPO_ROOT)))
     return path
 

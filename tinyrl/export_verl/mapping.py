@@ -77,7 +77,7 @@ def map_config(cfg: Config, ctx: Context) -> Mapping:
     o = m.overrides
     for part in (_model, _data, _rollout, _algorithm, _actor, _critic, _trainer):
         part(cfg, ctx, m, o)
-    for dotted in ("reward.fn", "reward.extra_fns", "reward.weights", "task.name", "task.template",
+    for dotted in ("reward.fn", "reward.extra_fns", "reward.weights", "reward.timeout_s", "task.name", "task.template",
                    "task.format_score", "task.strict", "task.answer_format", "task.correct_score",
                    "task.wrong_score", "task.verify_timeout_s"):
         m.get(cfg, dotted, None)  # baked into reward_fn.py (the template: already in the data)

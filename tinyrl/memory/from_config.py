@@ -20,6 +20,7 @@ from tinyrl.hardware import GPU
 from tinyrl.memory import formulas as fm
 from tinyrl.memory.plan import MemoryPlan, PhasePlan, build_plan
 from tinyrl.model_specs import load_spec, param_count
+from tinyrl.phases import BUDGETED_PHASES
 
 GiB = fm.GiB
 
@@ -31,8 +32,7 @@ MEMORY_FIELDS = ("model.name", "model.finetune", "model.lora_rank", "model.lora_
                  "algorithm.adv_estimator", "trainer.memory_budget_gib")
 
 # The plan's training phases and the trace phase each one is searched with.
-TRAINING_PHASES = {"ref_and_values": "ref_logprobs", "actor_update": "actor_update",
-                   "critic_update": "critic_update"}
+TRAINING_PHASES = {str(p): str(p) for p in BUDGETED_PHASES}
 
 
 def has_critic(cfg: Config) -> bool:
@@ -79,7 +79,7 @@ def apply_plan(cfg: Config, plan: MemoryPlan) -> list[str]:
                 ("critic.micro_batch_tokens", cfg.critic, "micro_batch_tokens",
                  _budget(plan, "critic_update"), "tokens"),
                 ("actor.forward_micro_batch_tokens", cfg.actor, "forward_micro_batch_tokens",
-                 _budget(plan, "ref_and_values"), "tokens")]
+                 _budget(plan, "forward"), "tokens")]
     if _engine(cfg) == "vllm":
         settings += [("rollout.vllm.gpu_memory_utilization", cfg.rollout.vllm, "gpu_memory_utilization",
                       plan.vllm_gpu_memory_utilization, "of the card"),
@@ -145,7 +145,7 @@ def categories(cfg: Config, plan: MemoryPlan) -> dict[str, dict[str, int]]:
     into its weights, KV cache and the rest, and the log-prob chunk (formula) taken out of the
     activations it is part of."""
     spec = load_spec(cfg.model.name)
-    ref = plan.phases.get("ref_and_values")
+    ref = plan.phases.get("forward")
     base_w = ref.parts.get("base_weights", 0) if ref else 0
     out = {}
     for name, ph in plan.phases.items():
@@ -159,7 +159,7 @@ def categories(cfg: Config, plan: MemoryPlan) -> dict[str, dict[str, int]]:
             c["adapters"] += trainer_w - min(base_w, trainer_w)
         act = p.pop("activations", 0) + p.pop("hf_logits", 0) + p.pop("trainer_measured", 0)
         chunk = 0
-        if name in ("ref_and_values", "actor_update") and "activations" in ph.parts:
+        if name in ("forward", "actor_update") and "activations" in ph.parts:
             # parts are for max(micro_batch, 1): a phase where nothing fits shows one sequence
             tokens = min(cfg.model.logprob_chunk, max(ph.micro_batch, 1) * cfg.rollout.max_response_length)
             chunk = min(act, fm.logprob_chunk_bytes(tokens, spec["vocab_size"],
@@ -171,6 +171,7 @@ def categories(cfg: Config, plan: MemoryPlan) -> dict[str, dict[str, int]]:
         c["vLLM KV cache"] = share.get("kv_cache", 0) + p.pop("hf_kv_cache", 0)
         c["vLLM other"] = reserved - c["vLLM weights"] - share.get("kv_cache", 0)
         c["runtime context"] = p.pop("cuda_context", 0) + p.pop("vllm_asleep", 0)
+        c["allocator headroom"] = p.pop("allocator", 0)  # one largest transient block (simulate.py)
         c["other"] = sum(p.values())  # nothing today; kept so the rows always add up
         out[name] = c
     return out
@@ -330,7 +331,7 @@ def cpu_probe(cfg: Config, limit_bytes: int, phase: str = "actor_update") -> dic
 def _caps(cfg: Config) -> dict[str, int]:
     """Sequences per micro-batch worth trying: one optimizer step's, or the whole step's."""
     per_update = cfg.actor.ppo_mini_batch_size * cfg.rollout.n
-    return {"ref_logprobs": cfg.trainer.train_batch_size * cfg.rollout.n,
+    return {"forward": cfg.trainer.train_batch_size * cfg.rollout.n,
             "actor_update": per_update, "critic_update": per_update}
 
 
@@ -432,6 +433,8 @@ def resolve_gpu(name: str | None, cfg: Config, mode: str) -> GPU:
                               hint="name the card to plan for: --gpu rtx4090 --simulate")
         if name not in (None, "auto") and get_gpu(name).name != found.name:
             raise TinyRLError(f"the real probe measures this machine's card ({found.name}), not {name}",
-                              hint=f"plan for {name} on fake tensors: --gpu {name} --simulate")
+                              hint=f"to measure {name}'s share on this bigger card, cap the probe with "
+                                   f"--budget (e.g. --device cuda --budget 21.59GiB for a 24 GB card); "
+                                   f"or plan for {name} on fake tensors: --gpu {name} --simulate")
         return found
     return get_gpu(name or cfg.cost.gpu)

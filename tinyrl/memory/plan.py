@@ -1,8 +1,8 @@
 """The memory plan: what each phase of a step holds on the card, and the sizes that fit.
 
-Phases (DESIGN.md section 2): rollout (vLLM awake: its weights + KV cache, beside the
-trainer's resident weights and Adam state), ref_and_values (no-grad forwards: old and
-reference log-probs, values), actor_update, critic_update (PPO with a critic only). vLLM
+Phases (tinyrl.phases.PLANNED_PHASES): rollout (vLLM awake: its weights + KV cache, beside the
+trainer's resident weights and Adam state), forward (no-grad forwards: old and reference
+log-probs, values), actor_update, critic_update (PPO with a critic only). vLLM
 sleeps during the training phases. The training phases come from simulate.py (traced, per
 micro-batch); the rest from formulas.py. Knows: budgets, vLLM's sizing rules. Does not know:
 how the trainer runs (it reads the plan) or what the card really does (probe.py measures).
@@ -19,6 +19,7 @@ from tinyrl.hardware import GPU
 from tinyrl.memory import formulas as fm
 from tinyrl.memory import simulate as sim
 from tinyrl.model_specs import linear_shapes, param_count
+from tinyrl.phases import Phase
 
 GiB = fm.GiB
 
@@ -107,24 +108,23 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
     nf4_saving = _nf4_saving(spec) if quantize == "nf4" else 0
 
     phases: dict[str, PhasePlan] = {}
-    caps = {"ref_logprobs": per_step, "actor_update": per_update, "critic_update": per_update}
-    for phase in ["ref_logprobs", "actor_update"] + (["critic_update"] if critic else []):
+    caps = {Phase.FORWARD: per_step, Phase.ACTOR_UPDATE: per_update, Phase.CRITIC_UPDATE: per_update}
+    for phase in [Phase.FORWARD, Phase.ACTOR_UPDATE] + ([Phase.CRITIC_UPDATE] if critic else []):
         trainer_budget = budget - sum(outside.values()) + nf4_saving
         if micro_batch is not None:
             b = micro_batch
         elif simulate:
-            b = sim.fit_max_micro_batch(spec, phase, trainer_budget, seq,
+            b = sim.fit_max_micro_batch(spec, str(phase), trainer_budget, seq,
                                         max_micro_batch=caps[phase], **common)
         else:
             b = _rough_max_micro_batch(spec, phase, trainer_budget, seq, caps[phase], common)
         parts = {**_trainer_parts(spec, phase, max(b, 1), seq, common, simulate, quantize), **outside}
         peak = sum(parts.values())
-        name = "ref_and_values" if phase == "ref_logprobs" else phase
-        phases[name] = PhasePlan(peak, parts, b, b * seq, fits=b >= 1 and peak <= budget)
+        phases[str(phase)] = PhasePlan(peak, parts, b, b * seq, fits=b >= 1 and peak <= budget)
 
     rollout, util, max_seqs, share, rollout_notes = _rollout(
         spec, gpu, budget, seq, per_step, engine, quantize, vllm_max_batched_tokens,
-        _trainer_parts(spec, "ref_logprobs", 1, seq, common, simulate, quantize),
+        _trainer_parts(spec, Phase.FORWARD, 1, seq, common, simulate, quantize),
         offload_optimizer_in_rollout)
     phases = {"rollout": rollout, **phases}
     notes += rollout_notes
@@ -169,7 +169,7 @@ def _nf4_saving(spec: dict) -> int:
 def _trainer_parts(spec: dict, phase: str, b: int, seq: int, common: dict, simulate: bool,
                    quantize: str | None) -> dict[str, int]:
     if simulate:
-        parts = sim.simulate_phase(spec, phase, b, seq, **common)
+        parts = sim.simulate_phase(spec, str(phase), b, seq, **common)
     else:
         parts = _rough_parts(spec, phase, b, seq, common)
     parts = {k: v for k, v in parts.items() if k not in ("peak", "logprob_chunk")}
@@ -232,13 +232,13 @@ def _rough_parts(spec: dict, phase: str, b: int, seq: int, common: dict) -> dict
     else:
         base, adapters = fm.weight_bytes(spec), 2 * fm.weight_bytes(spec)
         opt, grads = 2 * adapters, fm.weight_bytes(spec)
-    training = phase != "ref_logprobs"
+    training = phase != Phase.FORWARD
     per_layer = h * 2 if common["gradient_checkpointing"] else (16 * h + 12 * i) * 2
     act = tokens * (layers * per_layer + 12 * i * 2) if training else tokens * 12 * i * 2
     chunk = fm.logprob_chunk_bytes(min(common["logprob_chunk"], b * common["response_len"]),
                                    spec["vocab_size"], backward=training)
     return {"base_weights": base, "adapters": adapters, "gradients": grads if training else 0,
-            "optimizer": opt, "activations": act + (chunk if phase != "critic_update" else 0)}
+            "optimizer": opt, "activations": act + (chunk if phase != Phase.CRITIC_UPDATE else 0)}
 
 
 def _rough_max_micro_batch(spec, phase, budget, seq, cap, common) -> int:

@@ -236,9 +236,9 @@ def real_try_step(spec: dict, step, device: str = "cpu") -> Callable[[int], None
 
     def try_step(micro_batch: int) -> None:
         s = replace(step, micro_batch=micro_batch)
-        inputs = {k: v.to(device) for k, v in sim.make_inputs(s, spec["vocab_size"]).items()}
+        batch = sim.make_inputs(s, spec["vocab_size"], device)
         try:
-            sim.run_phase(models, opts, s, inputs)
+            sim.run_phase(models, opts, s, batch)
         finally:
             sim.warm_start(models, {}, s.phase)  # grads back, as in the next micro-batch
 
@@ -274,6 +274,6 @@ def real_phase_peak(spec: dict, step, device: str = "cpu") -> int:
     models = sim.build_models(spec, step, device=device)
     opts = sim.make_optimizers(models)
     sim.warm_start(models, opts, step.phase)
-    inputs = {k: v.to(device) for k, v in sim.make_inputs(step, spec["vocab_size"]).items()}
-    resident = live_tensor_bytes(*models.modules(), *opts.values(), *inputs.values())
-    return resident + measure_peak(lambda: sim.run_phase(models, opts, step, inputs), device)
+    batch = sim.make_inputs(step, spec["vocab_size"], device)
+    resident = live_tensor_bytes(*sim.all_modules(models), *opts.values(), *sim.batch_tensors(batch))
+    return resident + measure_peak(lambda: sim.run_phase(models, opts, step, batch), device)

@@ -36,9 +36,11 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from tinyrl.errors import TinyRLError
 from tinyrl.memory.formulas import ALL_LINEAR
+from tinyrl.phases import BUDGETED_PHASES, Phase
 from tinyrl.rl.logprobs import chunked_token_logprobs  # the trainer's own chunked log-probs
 
-PHASES = ("ref_logprobs", "actor_update", "critic_update")
+# The phases a step is traced for (tinyrl.phases: FORWARD is old + reference log-probs and values).
+PHASES = tuple(str(p) for p in BUDGETED_PHASES)
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -90,6 +92,16 @@ class RegionTracker(MemTracker):
         super().__init__()
         self._region: str | None = None
         self.regions: dict[str, dict[str, int]] = {}
+        self.largest_alloc = 0  # bytes of the largest fresh (non-view, non-in-place) op output
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        # Returns without alias info are fresh allocations; views and in-place ops are not.
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for ret, t in zip(func._schema.returns, outs):
+            if isinstance(t, torch.Tensor) and ret.alias_info is None:
+                self.largest_alloc = max(self.largest_alloc, t.untyped_storage().nbytes())
+        return out
 
     def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
         for p in module.parameters():
@@ -137,7 +149,7 @@ def _flatten(snapshot: dict) -> dict[str, int]:
     return out
 
 
-def to_fake(modules: list[nn.Module]) -> None:
+def to_fake(modules: list[nn.Module], device: str = "cpu") -> None:
     """Swap meta parameters and buffers for empty fake "cpu" tensors (call inside FakeTensorMode).
     Module.to() cannot convert to fake tensors (swap_tensors refuses), hence the manual swap;
     the memo keeps tied weights (embedding = lm_head) tied."""
@@ -147,44 +159,15 @@ def to_fake(modules: list[nn.Module]) -> None:
             for name, p in list(mod._parameters.items()):
                 if p is not None:
                     if id(p) not in memo:
-                        memo[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype),
+                        memo[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device),
                                                    requires_grad=p.requires_grad)
                     mod._parameters[name] = memo[id(p)]
             for name, b in list(mod._buffers.items()):
                 if b is not None:
-                    mod._buffers[name] = memo.setdefault(id(b), torch.empty(b.shape, dtype=b.dtype))
+                    mod._buffers[name] = memo.setdefault(id(b), torch.empty(b.shape, dtype=b.dtype, device=device))
 
 
 # ------------------------------------------------------------------------------- models
-
-@dataclass
-class Models:
-    """The roles as tinyrl.models.PolicyModels holds them."""
-
-    actor: nn.Module                # peft model (LoRA) or a CausalLM (full)
-    critic: nn.Module               # the same peft model (LoRA) or a second CausalLM
-    reference: nn.Module | None     # None with LoRA: the base with adapters disabled
-    value_head: nn.Linear
-    lora: bool
-
-    def causal_lm(self, model: nn.Module) -> nn.Module:
-        return model.get_base_model() if self.lora else model
-
-    def actor_params(self) -> list[nn.Parameter]:
-        if self.lora:
-            return [p for n, p in self.actor.named_parameters() if ".actor." in n and "lora_" in n]
-        return list(self.actor.parameters())
-
-    def critic_params(self) -> list[nn.Parameter]:
-        head = list(self.value_head.parameters())
-        if self.lora:
-            return [p for n, p in self.actor.named_parameters() if ".critic." in n and "lora_" in n] + head
-        return list(self.critic.parameters()) + head
-
-    def modules(self) -> list[nn.Module]:
-        mods = [self.actor, self.value_head]
-        return mods + [m for m in (self.critic, self.reference) if m is not None and m is not self.actor]
-
 
 def qwen2_config(spec: dict, layers: int | None = None):
     from transformers import Qwen2Config
@@ -210,54 +193,67 @@ def default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
-def build_models(spec: dict, step: Step, layers: int | None = None, device: str = "meta") -> Models:
-    """The roles on `device` ("meta" for tracing, "cpu" for a real run), weights in step.dtype."""
-    from peft import LoraConfig, get_peft_model
+def model_config(step: Step):
+    """The ModelConfig the trainer would run this step with."""
+    from tinyrl.config import ModelConfig
+
+    return ModelConfig(name="", finetune=step.finetune, lora_rank=step.lora_rank,
+                       lora_alpha=2 * step.lora_rank, lora_dropout=0.0, lora_targets=list(step.lora_targets),
+                       dtype=step.dtype, gradient_checkpointing=step.gradient_checkpointing,
+                       logprob_chunk=step.logprob_chunk)
+
+
+def build_models(spec: dict, step: Step, layers: int | None = None, device: str = "meta"):
+    """The trainer's own tinyrl.models.PolicyModels around Qwen2 built from `spec` on `device`
+    ("meta" for tracing, "cpu"/"cuda" for a real run), weights in step.dtype, nothing loaded."""
     from transformers import Qwen2ForCausalLM
 
+    from tinyrl.models import PolicyModels
+
     config = qwen2_config(spec, layers)
-    with torch.device(device), default_dtype(_TORCH_DTYPES[step.dtype]):
-        base = Qwen2ForCausalLM(config)
-        if step.finetune == "lora":
-            lora = LoraConfig(r=step.lora_rank, lora_alpha=2 * step.lora_rank, lora_dropout=0.0,
-                              target_modules=list(step.lora_targets), task_type="CAUSAL_LM")
-            actor = get_peft_model(base, lora, adapter_name="actor")
-            actor.add_adapter("critic", lora)
-            actor.set_adapter("actor")
-            critic, reference = actor, None
-        else:
-            actor, critic, reference = base, Qwen2ForCausalLM(config), Qwen2ForCausalLM(config)
-            reference.requires_grad_(False)
     with torch.device(device):
-        value_head = nn.Linear(config.hidden_size, 1, dtype=torch.float32)
-    models = Models(actor, critic, reference, value_head, step.finetune == "lora")
-    if step.gradient_checkpointing:
-        for m in {id(models.causal_lm(actor)): actor, id(critic): critic}.values():
-            models.causal_lm(m).gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False})
-    for m in models.modules():
-        m.train()
-    if reference is not None:
-        reference.eval()
+        with default_dtype(_TORCH_DTYPES[step.dtype]):
+            base = Qwen2ForCausalLM(config)
+            critic = reference = None
+            if step.finetune == "full":
+                critic, reference = Qwen2ForCausalLM(config), Qwen2ForCausalLM(config)
+        # Outside the bf16 default: the value head is fp32, peft keeps adapters in fp32.
+        models = PolicyModels.from_modules(model_config(step), base, torch.device(device), critic, reference)
+    models.train(True)
     return models
 
 
-def make_inputs(step: Step, vocab_size: int) -> dict[str, torch.Tensor]:
-    """A left-padded batch (row 0 has one pad token), as tinyrl.models.make_batch builds."""
+def all_modules(models) -> list[nn.Module]:
+    mods = [models.actor, models.value_head]
+    return mods + [m for m in (models.critic_backbone, models.reference) if m is not None and m is not models.actor]
+
+
+def make_inputs(step: Step, vocab_size: int, device: str | torch.device = "cpu"):
+    """A left-padded Batch (row 0 has one pad token) as tinyrl.models.make_batch builds it."""
+    from tinyrl.models import Batch
+
     B, T = step.micro_batch, step.seq_len
     mask = torch.ones(B, T, dtype=torch.long)
     mask[0, 0] = 0  # padding present: the model builds a 4D attention mask, as in training
-    return {"input_ids": torch.randint(0, vocab_size, (B, T)), "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
+    return Batch(torch.randint(0, vocab_size, (B, T)), mask, (mask.cumsum(-1) - 1).clamp(min=0),
+                 torch.ones(B, step.response_len)).to(torch.device(device))
 
 
-def make_optimizers(models: Models) -> dict[str, torch.optim.Optimizer]:
-    # foreach=True: what AdamW picks by default for CUDA tensors (its temporaries count).
-    return {"actor": torch.optim.AdamW(models.actor_params(), lr=1e-6, foreach=True),
-            "critic": torch.optim.AdamW(models.critic_params(), lr=1e-5, foreach=True)}
+def batch_tensors(batch) -> list[torch.Tensor]:
+    return [batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask]
 
 
-def warm_start(models: Models, opts: dict[str, torch.optim.Optimizer], phase: str) -> None:
+def make_optimizers(models) -> dict[str, torch.optim.Optimizer]:
+    """The trainer's optimizer (tinyrl.optim.AdamW: fp32 moments even for bf16 weights, which
+    a full fine-tune pays 8 bytes/param for). foreach=True: what torch picks by default for CUDA
+    tensors (its temporaries count); on CPU tensors the default would be the per-tensor loop."""
+    from tinyrl.optim import AdamW
+
+    return {"actor": AdamW(models.actor_parameters(), lr=1e-6, foreach=True),
+            "critic": AdamW(models.critic_parameters(), lr=1e-5, foreach=True)}
+
+
+def warm_start(models, opts: dict[str, torch.optim.Optimizer], phase: str) -> None:
     """Create Adam state (one step on zero grads) and leave the phase's grads allocated."""
     for opt in opts.values():
         params = [p for g in opt.param_groups for p in g["params"]]
@@ -265,78 +261,56 @@ def warm_start(models: Models, opts: dict[str, torch.optim.Optimizer], phase: st
             p.grad = torch.zeros_like(p)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    role = {"actor_update": "actor", "critic_update": "critic"}.get(phase)
+    role = {Phase.ACTOR_UPDATE: "actor", Phase.CRITIC_UPDATE: "critic"}.get(phase)
     if role:
-        for p in (models.actor_params() if role == "actor" else models.critic_params()):
+        for p in (models.actor_parameters() if role == "actor" else models.critic_parameters()):
             p.grad = torch.zeros_like(p)
 
 
 # ------------------------------------------------------------------------------- the step
 
-def _hidden(models: Models, model: nn.Module, inputs: dict) -> torch.Tensor:
-    return models.causal_lm(model).model(**inputs, use_cache=False).last_hidden_state  # [B, T, H]
-
-
-def _logprobs(models: Models, model: nn.Module, inputs: dict, step: Step, entropy: bool):
-    R = step.response_len
-    h = _hidden(models, model, inputs)[:, -R - 1:-1, :]                 # [B, R, H]
-    labels = inputs["input_ids"][:, -R:]                                # [B, R]
-    weight = models.causal_lm(model).lm_head.weight                     # [V, H]
-    return chunked_token_logprobs(h, weight, labels, chunk_size=step.logprob_chunk, with_entropy=entropy)
-
-
-def _values(models: Models, inputs: dict, step: Step) -> torch.Tensor:
-    R = step.response_len
-    if models.lora:
-        models.actor.set_adapter("critic")
-    hidden = _hidden(models, models.critic, inputs)[:, -R - 1:-1, :]     # [B, R, H]
-    values = models.value_head(hidden.float()).squeeze(-1)              # [B, R] fp32
-    if models.lora:
-        models.actor.set_adapter("actor")
-    return values
-
-
-def run_phase(models: Models, opts: dict, step: Step, inputs: dict,
+def run_phase(models, opts: dict, step: Step, batch,
               mark: Callable[[str], None] = lambda region: None) -> None:
-    """One micro-step of `step.phase`; calls mark(region) as each region starts."""
-    R = step.response_len
+    """One micro-step of `step.phase` through the trainer's own code (PolicyModels' forward
+    passes, tinyrl.rl.losses, the trainer's AdamW); calls mark(region) as each region starts."""
+    from tinyrl.rl import losses
+
     mark("forward")
-    if step.phase == "ref_logprobs":
+    if step.phase == Phase.FORWARD:
         with torch.no_grad():
-            _logprobs(models, models.actor, inputs, step, entropy=False)            # old log-probs
-            if models.lora:
-                with models.actor.disable_adapter():
-                    _logprobs(models, models.actor, inputs, step, entropy=False)    # reference
-            else:
-                _logprobs(models, models.reference, inputs, step, entropy=False)
-            _values(models, inputs, step)
+            models.token_logprobs("actor", batch)                          # old log-probs
+            models.token_logprobs("reference", batch)                      # reference
+            with models.role("critic"):
+                models.values(batch)
         return
-    adv = torch.ones(step.micro_batch, R)                                   # [B, R]
-    if step.phase == "actor_update":
-        out = _logprobs(models, models.actor, inputs, step, entropy=step.with_entropy)
-        logp, ent = out if step.with_entropy else (out, None)
-        ratio = torch.exp(logp - logp.detach())                             # [B, R]
-        loss = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()
-        if ent is not None:
-            loss = loss - 0.001 * ent.mean()
-        params, opt = models.actor_params(), opts["actor"]
-    else:
-        values = _values(models, inputs, step)
-        loss = 0.5 * ((values - adv) ** 2).mean()
-        params, opt = models.critic_params(), opts["critic"]
-    mark("backward")
-    loss.backward()
+    mask = batch.response_mask                                             # [B, R]
+    adv = torch.ones_like(mask)                                            # [B, R], on the batch's device
+    role = "actor" if step.phase == Phase.ACTOR_UPDATE else "critic"
+    with models.role(role):  # held through backward: the critic adapter's grads count
+        if role == "actor":
+            lp, ent = models.token_logprobs("actor", batch, 1.0, with_entropy=True)
+            pg, _ = losses.policy_loss(lp, lp.detach(), adv, mask)
+            ent_term = losses.agg_loss(ent, mask) if step.with_entropy else None
+            loss = losses.actor_loss(pg, ent_term, 0.001)
+            params = models.actor_parameters()
+        else:
+            values = models.values(batch)                                  # [B, R] fp32
+            loss, _ = losses.value_loss(values, values.detach(), adv, mask)
+            params = models.critic_parameters()
+        mark("backward")
+        loss.backward()
     mark("optimizer")
+    # tinyrl.rl.grad.clip_grad_norm_or_skip's work without its host sync (a fake tensor has no value)
     torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    opts[role].step()
+    opts[role].zero_grad(set_to_none=True)
 
 
 # ------------------------------------------------------------------------------- tracing
 
-def trainable_bytes(models: Models) -> int:
+def trainable_bytes(models) -> int:
     seen, total = set(), 0
-    for p in models.actor_params() + models.critic_params():
+    for p in models.actor_parameters() + models.critic_parameters():
         if id(p) not in seen:
             seen.add(id(p))
             total += p.numel() * p.element_size()
@@ -351,15 +325,16 @@ def trace_step(spec: dict, step: Step, layers: int) -> dict:
         return json.loads(path.read_text())
     models = build_models(spec, step, layers, device="meta")
     with FakeTensorMode():
-        to_fake(models.modules())
+        to_fake(all_modules(models))
         opts = make_optimizers(models)
         warm_start(models, opts, step.phase)
-        inputs = make_inputs(step, spec["vocab_size"])
+        batch = make_inputs(step, spec["vocab_size"])
         tracker = RegionTracker()
-        tracker.track_external(*models.modules(), *opts.values(), *inputs.values())
+        tracker.track_external(*all_modules(models), *opts.values(), *batch_tensors(batch))
         with tracker:
-            run_phase(models, opts, step, inputs, mark=tracker.mark)
-        result = {"regions": tracker.finish(), "trainable": trainable_bytes(models)}
+            run_phase(models, opts, step, batch, mark=tracker.mark)
+        result = {"regions": tracker.finish(), "trainable": trainable_bytes(models),
+                  "largest_alloc": tracker.largest_alloc}
     _write_atomic(path, json.dumps(result))
     return result
 
@@ -368,11 +343,15 @@ def _cache_path(spec: dict, step: Step, layers: int) -> Path:
     import peft
     import transformers
 
+    import tinyrl.models
+    import tinyrl.optim
     import tinyrl.rl.logprobs
+    import tinyrl.rl.losses
 
-    # The traced step is this file plus the trainer's log-prob code: a change to either
-    # invalidates cached traces without anyone remembering to bump a version.
-    code = b"".join(Path(f).read_bytes() for f in (__file__, tinyrl.rl.logprobs.__file__))
+    # The traced step is this file plus the trainer's model, loss, optimizer and log-prob code:
+    # a change to any invalidates cached traces without anyone remembering to bump a version.
+    code = b"".join(Path(f).read_bytes() for f in (__file__, tinyrl.rl.logprobs.__file__, tinyrl.models.__file__,
+                                                   tinyrl.optim.__file__, tinyrl.rl.losses.__file__))
     key = json.dumps({"spec": spec, "step": asdict(step), "layers": layers,
                       "code": hashlib.sha256(code).hexdigest(), "torch": torch.__version__,
                       "transformers": transformers.__version__, "peft": peft.__version__},
@@ -389,17 +368,26 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def extrapolate(one: dict, two: dict, layers: int) -> dict:
-    """Category bytes at `layers` from traces at 1 and 2 layers: v1 + (layers - 1) * (v2 - v1),
-    per region; the region whose extrapolated total is largest is the phase's peak."""
+# Layer 0 is unlike the others: its input IS the embedding output, which the model keeps
+# referenced for the whole forward, so from layer 1 on one more [B, T, H] hidden state is alive
+# at a layer-local peak. Extrapolating from 1 and 2 layers multiplied that one tensor by the depth
+# (3B, no-grad forward, 32 sequences: +5.4 GB that no card ever saw); from 2 and 3 layers every
+# step is a "typical" layer.
+BASE_LAYERS = 2
+
+
+def extrapolate(one: dict, two: dict, layers: int, base: int = BASE_LAYERS) -> dict:
+    """Category bytes at `layers` from traces at `base` and `base + 1` layers:
+    v0 + (layers - base) * (v1 - v0), per region; the region whose extrapolated total is largest
+    is the phase's peak."""
     best = None
     for region in one["regions"]:
         a, b = one["regions"][region], two["regions"][region]
-        cats = {k: a[k] + (layers - 1) * (b[k] - a[k]) for k in a}
+        cats = {k: a[k] + (layers - base) * (b[k] - a[k]) for k in a}
         if best is None or cats["total"] > best["total"]:
             best = cats
-    trainable = one["trainable"] + (layers - 1) * (two["trainable"] - one["trainable"])
-    return {**best, "trainable": trainable}
+    trainable = one["trainable"] + (layers - base) * (two["trainable"] - one["trainable"])
+    return {**best, "trainable": trainable, "largest_alloc": max(one["largest_alloc"], two["largest_alloc"])}
 
 
 def simulate_phase(spec: dict, phase: str, micro_batch: int, seq_len: int, *,
@@ -414,7 +402,10 @@ def simulate_phase(spec: dict, phase: str, micro_batch: int, seq_len: int, *,
     step = Step(phase, micro_batch, seq_len, response_len or seq_len - 1, finetune, lora_rank,
                 tuple(lora_targets), gradient_checkpointing, dtype, logprob_chunk, with_entropy)
     depth = layers or spec["num_hidden_layers"]
-    cats = extrapolate(trace_step(spec, step, 1), trace_step(spec, step, 2), depth)
+    if depth <= BASE_LAYERS + 1:
+        cats = extrapolate(trace_step(spec, step, depth), trace_step(spec, step, depth), depth, depth)
+    else:
+        cats = extrapolate(trace_step(spec, step, BASE_LAYERS), trace_step(spec, step, BASE_LAYERS + 1), depth)
     weights = cats["param"] + cats["buffer"]
     return {
         "base_weights": weights - cats["trainable"],
@@ -422,17 +413,30 @@ def simulate_phase(spec: dict, phase: str, micro_batch: int, seq_len: int, *,
         "gradients": cats["grad"],
         "optimizer": cats["opt"],
         "activations": cats["act"] + cats["temp"] + cats["other"],
+        "allocator": allocator_headroom(cats["largest_alloc"]),
         "logprob_chunk": logprob_chunk_trace(spec, step),
-        "peak": cats["total"],
+        "peak": cats["total"] + allocator_headroom(cats["largest_alloc"]),
     }
+
+
+def allocator_headroom(largest_alloc: int) -> int:
+    """What the CUDA caching allocator needs beyond the bytes tensors hold: ONE block as large as
+    the step's largest transient allocation. The allocator serves a request from a single free
+    cached block (best fit, split); once a step has freed and re-split its big blocks (the
+    log-prob chunk's fp32 logits, a layer's fp32 LoRA output over the whole micro-batch), what is
+    free is scattered in pieces, and a cap (the card, or set_per_process_memory_fraction in the
+    probe) refuses the new segment. The fake trace counts tensors, never blocks. Sized against the
+    H100 probe of issue 20 (see tests/test_memory_plan_vs_h100.py); PYTORCH_CUDA_ALLOC_CONF=
+    expandable_segments:True would make most of it unnecessary, and is not assumed."""
+    return int(largest_alloc)
 
 
 def logprob_chunk_trace(spec: dict, step: Step) -> int:
     """Traced bytes above its inputs of one log-prob chunk (forward + backward when training)."""
-    if step.phase == "critic_update":
+    if step.phase == Phase.CRITIC_UPDATE:
         return 0
     n = min(step.logprob_chunk, step.micro_batch * step.response_len)
-    grad = step.phase == "actor_update"
+    grad = step.phase == Phase.ACTOR_UPDATE
     with FakeTensorMode():
         dt = _TORCH_DTYPES[step.dtype]
         h = torch.empty(1, n, spec["hidden_size"], dtype=dt, requires_grad=grad)

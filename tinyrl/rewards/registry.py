@@ -2,7 +2,9 @@
 
 Specs: a builtin name ("countdown"), `path/to/file.py:func`, or a dotted `module:func`.
 `example` is one dataset row (TinyZero schema) as a dict or pandas Series. User functions are
-wrapped so that a crash or a non-number return becomes a TinyRLError naming the function.
+wrapped so that a crash (SystemExit included), a non-number return (True included) or a call
+longer than reward.timeout_s (tinyrl.rewards.limits) becomes a TinyRLError naming the function
+and the sample.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tinyrl.errors import TinyRLError
+from tinyrl.rewards import limits
 
 RewardFn = Callable[[str, Any], float]
 _SPEC_HINT = "set the reward to a builtin name, `path/to/file.py:func` or `module:func`"
@@ -59,23 +62,45 @@ def _load_module(name: str) -> Any:
                           hint=f"install it or put it on PYTHONPATH; {_SPEC_HINT}") from e
 
 
-def _wrap(fn: Callable, label: str) -> RewardFn:
+def describe_sample(completion: str, example: Any) -> str:
+    """The sample a reward call was given, short: the row's index if it has one, the completion."""
+    where = ""
+    try:
+        info = example["extra_info"]
+        where = f"row index {info['index']} ({info.get('split', '?')}), " if info is not None else ""
+    except (KeyError, TypeError, IndexError):
+        pass
+    return f"{where}completion {completion[:120]!r}" + ("..." if len(completion) > 120 else "")
+
+
+def _wrap(fn: Callable, label: str, timeout_s: float) -> RewardFn:
     def reward(completion: str, example: Any) -> float:
+        sample = lambda: describe_sample(completion, example)  # noqa: E731
+        what = lambda: f"reward function {label} on {sample()}"  # noqa: E731
         try:
-            value = fn(completion, example)
-        except Exception as e:  # surface the user's bug with their function's name on it
-            raise TinyRLError(f"reward function {label} raised {type(e).__name__}: {e}",
-                              hint=f"fix {label}; call it on one row of the data to reproduce") from e
-        if not isinstance(value, numbers.Real) or not math.isfinite(value):
+            with limits.time_limit(timeout_s) as elapsed:
+                value = fn(completion, example)
+            if elapsed() > timeout_s:  # it swallowed the alarm (a bare except) and returned late
+                raise limits.RewardTimeout()
+        except limits.RewardTimeout:
+            raise TinyRLError(f"{what()} did not return within reward.timeout_s = {timeout_s:g} s",
+                              hint=f"fix {label} (an endless loop?) or raise reward.timeout_s") from None
+        # SystemExit and KeyboardInterrupt from inside the function are its bugs, not a request to
+        # stop tinyrl (a real Ctrl-C is handled by tinyrl.interrupts and never reaches here as one).
+        except (Exception, SystemExit, KeyboardInterrupt) as e:
+            raise TinyRLError(f"{what()} raised {type(e).__name__}: {e}",
+                              hint=f"fix {label}; call it on that row of the data to reproduce") from e
+        # bool is an int in Python, but True is not a score: a forgotten `return x == y` is a bug.
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise TinyRLError(
                 f"reward function {label} returned {value!r:.100} ({type(value).__name__}), "
-                "not a finite number",
+                f"not a finite number, on {sample()}",
                 hint=f"make {label} return a float, e.g. 1.0 for a correct completion")
         return float(value)
     return reward
 
 
-def load_reward_fn(spec: str, format_score: float = 0.1, strict: bool = False) -> RewardFn:
+def load_reward_fn(spec: str, format_score: float = 0.1, strict: bool = False, timeout_s: float = 60.0) -> RewardFn:
     """Resolve `spec`; `format_score` and `strict` apply to builtin rewards only."""
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec](format_score, strict)
@@ -93,4 +118,4 @@ def load_reward_fn(spec: str, format_score: float = 0.1, strict: bool = False) -
     if not callable(fn):
         raise TinyRLError(f"{spec} is a {type(fn).__name__}, not a function",
                           hint="point the reward at `def func(completion: str, example: dict) -> float`")
-    return _wrap(fn, spec)
+    return _wrap(fn, spec, timeout_s)

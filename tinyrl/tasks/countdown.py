@@ -64,8 +64,12 @@ def data_command(
     """Write Countdown tasks in TinyZero's parquet schema (every task solvable)."""
     from rich.console import Console
 
-    if train_size < 1 or test_size < 1:
-        raise TinyRLError("--train-size and --test-size must be at least 1", hint="e.g. --train-size 1000")
+    from tinyrl.data.countdown import MAX_ROWS
+
+    if not (1 <= train_size <= MAX_ROWS and 1 <= test_size <= MAX_ROWS):
+        raise TinyRLError(f"--train-size and --test-size must be between 1 and {MAX_ROWS:,} "
+                          f"(got {train_size:,} and {test_size:,})",
+                          hint="TinyZero uses --train-size 327680 --test-size 1024")
     train, test = generate(out_dir, train_size, test_size, seed=seed, template=template)
     Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
 

@@ -1,0 +1,52 @@
+"""The probe's step must keep every tensor on its inputs' device (issue 20, item 1: on the first
+CUDA card, run_phase made `adv` on the CPU and the real probe crashed with "Expected all tensors
+to be on the same device"). Reproduced here without a GPU: the step runs on fake tensors of a
+second device type ("meta"), so any tensor the step creates on the CPU meets them and fails."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import tinyrl  # noqa: F401  (before transformers/peft)
+from tinyrl.memory import simulate as sim
+from tinyrl.phases import BUDGETED_PHASES
+
+SPEC = dict(model_type="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128,
+            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+            tie_word_embeddings=True, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000.0)
+
+
+class _Reached(Exception):
+    pass
+
+
+def _stop_at_backward(region: str) -> None:
+    if region == "backward":  # forward and loss ran on the device: enough (meta has no backward kernels for all ops)
+        raise _Reached
+
+
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+@pytest.mark.parametrize("phase", [str(p) for p in BUDGETED_PHASES])
+def test_the_probe_step_runs_on_a_non_cpu_device(phase, finetune):
+    step = sim.Step(phase, 2, 32, 16, finetune, 4, logprob_chunk=16, dtype="bf16")
+    models = sim.build_models(SPEC, step, device="meta")
+    with FakeTensorMode():
+        sim.to_fake(sim.all_modules(models), "meta")
+        batch = sim.make_inputs(step, SPEC["vocab_size"], "meta")
+        assert batch.input_ids.device.type == "meta"
+        try:
+            sim.run_phase(models, {}, step, batch, mark=_stop_at_backward)
+        except _Reached:
+            assert phase != "forward"
+
+
+def test_refusing_another_card_for_the_real_probe_points_to_budget(monkeypatch):
+    from tinyrl import hardware
+    from tinyrl.config import load_config
+    from tinyrl.errors import TinyRLError
+    from tinyrl.memory import from_config as mp
+
+    monkeypatch.setattr(hardware, "detect_gpu", lambda: hardware.get_gpu("h100"))
+    with pytest.raises(TinyRLError) as caught:
+        mp.resolve_gpu("rtx4090", load_config("countdown-tiny"), "cuda")
+    assert "--budget" in caught.value.hint

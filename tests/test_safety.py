@@ -1,0 +1,321 @@
+"""Nothing lost (issue 11): user data, changed configs on resume, hostile reward code, export's
+--out, one-screen errors, torn log lines, a full disk while logging. Fast: the CLI is called
+in-process for errors that stop before a model loads; the fault suite (test_faults.py) runs the
+real CLI under real signals."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import textwrap
+import time
+import tomllib
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from helpers import small_disk
+from tinyrl import config as config_mod
+from tinyrl import jsonl
+from tinyrl.config import Config, load_config
+from tinyrl.errors import TinyRLError
+from tinyrl.rewards.registry import load_reward_fn
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """tinyrl ARGS in this process: (exit code, stderr)."""
+    from tinyrl import cli as cli_mod
+
+    monkeypatch.setattr(sys, "argv", ["tinyrl", *args])
+    monkeypatch.setenv("COLUMNS", "200")
+    try:
+        cli_mod.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    return code, " ".join(capsys.readouterr().err.split())
+
+
+# ------------------------------------------------------------------ 1. a mistyped data path
+
+
+def test_mistyped_train_path_is_an_error_and_touches_nothing(tmp_path, monkeypatch, capsys, countdown_train):
+    data = tmp_path / "mydata"
+    data.mkdir()
+    (data / "train.parquet").write_bytes(countdown_train(64).read_bytes())
+    (data / "test.parquet").write_bytes(b"the user's own test file")
+    before = {p.name: p.read_bytes() for p in data.iterdir()}
+    code, err = cli(monkeypatch, capsys, "train", "--preset", "countdown-tiny", "--out", str(tmp_path / "run"),
+                    "--no-dashboard", "--set", f"data.train_path={data}/trian.parquet")
+    assert code == 2 and "file not found" in err and "did you mean" in err and "train.parquet" in err
+    assert {p.name: p.read_bytes() for p in data.iterdir()} == before  # nothing generated, renamed or overwritten
+    assert not (tmp_path / "run").exists()
+
+
+def test_preset_default_path_is_generated_without_overwriting(tmp_path, monkeypatch):
+    from tinyrl.setup import ensure_train_data
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(config_mod, "REPO_ROOT", tmp_path / "no-repo")  # not the repo's own runs/
+    cfg = load_config("countdown-tiny", ["data.generate_train_size=64", "trainer.test_every=0"])
+    target = tmp_path / cfg.data.train_path
+    target.parent.mkdir(parents=True)
+    (target.parent / "test.parquet").write_bytes(b"keep me")
+    path = ensure_train_data(cfg)
+    assert path == Path(cfg.data.train_path) and len(pd.read_parquet(target)) == 64
+    assert (target.parent / "test.parquet").read_bytes() == b"keep me"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["test.parquet", "train.parquet"]  # no temp dir left
+    mtime = target.stat().st_mtime_ns
+    ensure_train_data(cfg)  # present: used as it is
+    assert target.stat().st_mtime_ns == mtime
+
+
+# ------------------------------------------------------------------ 4. config changes on resume
+
+
+def _run_dir_with_config(tmp_path: Path, *overrides: str) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(load_config("countdown-tiny", list(overrides)).to_dict()))
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    return run
+
+
+def test_resume_refuses_settings_that_cannot_change(tmp_path, monkeypatch, capsys, countdown_train):
+    data = f"data.train_path={countdown_train(64)}"
+    run = _run_dir_with_config(tmp_path, data)
+    code, err = cli(monkeypatch, capsys, "train", "--preset", "countdown-tiny", "--out", str(run), "--resume",
+                    "--no-dashboard", "--set", data, "--set", "trainer.train_batch_size=16",
+                    "--set", "model.lora_rank=4", "--set", "trainer.max_steps=9")
+    assert code == 2 and "Traceback" not in err
+    assert "trainer.train_batch_size: 32 -> 16" in err and "model.lora_rank: 8 -> 4" in err
+    assert "trainer.max_steps: 40" not in err  # may change: not among the problems
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_resume_lists_settings_that_may_change():
+    from tinyrl.resume_check import compare
+
+    saved = load_config("countdown-tiny").to_dict()
+    now = load_config("countdown-tiny", ["trainer.max_steps=80", "trainer.save_every=5", "actor.lr=1e-3"]).to_dict()
+    forbidden, allowed = compare(saved, now)
+    assert forbidden == ["actor.lr: 0.002 -> 0.001"]  # the scheduler state would override it silently
+    assert allowed == ["trainer.max_steps: 40 -> 80", "trainer.save_every: 10 -> 5"]
+    del saved["reward"]["timeout_s"]  # a config written before the key existed: its default
+    assert compare(saved, load_config("countdown-tiny").to_dict()) == ([], [])
+
+
+# ------------------------------------------------------------------ 6. hostile reward code
+
+
+def _reward(tmp_path, body: str, timeout_s: float = 60.0):
+    path = tmp_path / "hostile.py"
+    path.write_text(textwrap.dedent(body))
+    return load_reward_fn(f"{path}:score", timeout_s=timeout_s)
+
+
+EXAMPLE = {"reward_model": {"ground_truth": {"target": 3}}, "extra_info": {"index": 17, "split": "train"}}
+
+
+def test_endless_reward_hits_the_time_limit_naming_function_and_sample(tmp_path):
+    fn = _reward(tmp_path, """
+        def score(completion, example):
+            while True:
+                pass
+    """, timeout_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(TinyRLError) as info:
+        fn("my answer", EXAMPLE)
+    assert time.monotonic() - started < 5
+    msg = str(info.value)
+    assert "hostile.py:score" in msg and "row index 17" in msg and "'my answer'" in msg
+    assert "reward.timeout_s = 0.5" in msg
+
+
+def test_reward_that_swallows_the_alarm_is_still_late(tmp_path):
+    fn = _reward(tmp_path, """
+        import time
+        def score(completion, example):
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end:
+                try:
+                    time.sleep(0.05)
+                except BaseException:
+                    pass
+            return 1.0
+    """, timeout_s=0.3)
+    with pytest.raises(TinyRLError, match="did not return within"):
+        fn("x", EXAMPLE)
+
+
+@pytest.mark.parametrize("body,kind", [("import sys; sys.exit(0)", "SystemExit"),
+                                       ("raise KeyboardInterrupt", "KeyboardInterrupt")])
+def test_exits_inside_a_reward_are_its_errors(tmp_path, body, kind):
+    fn = _reward(tmp_path, f"""
+        def score(completion, example):
+            {body}
+    """)
+    with pytest.raises(TinyRLError, match=f"raised {kind}"):
+        fn("x", EXAMPLE)
+
+
+@pytest.mark.parametrize("value", ["True", "'1.0'", "None", "float('nan')"])
+def test_non_numeric_rewards_are_rejected(tmp_path, value):
+    fn = _reward(tmp_path, f"""
+        def score(completion, example):
+            return {value}
+    """)
+    with pytest.raises(TinyRLError, match="not a finite number"):
+        fn("x", EXAMPLE)
+    assert _reward(tmp_path, "def score(c, e):\n    return 1\n")("x", EXAMPLE) == 1.0
+
+
+def test_reward_stuck_in_c_code_ends_the_process_with_the_message(tmp_path):
+    import subprocess
+
+    path = tmp_path / "stuck.py"
+    path.write_text("def score(completion, example):\n"
+                    "    return float(sum(range(10**13)))\n")  # one C loop: never returns to Python
+    code = (f"from tinyrl.rewards.registry import load_reward_fn\n"
+            f"load_reward_fn({str(path) + ':score'!r}, timeout_s=0.5)('x', {{}})\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]  # faulthandler's watchdog ended it
+    assert "Timeout" in done.stderr and "stuck.py" in done.stderr and "in score" in done.stderr
+
+
+# ------------------------------------------------------------------ 7. export --out
+
+
+def test_export_never_writes_into_the_run_or_a_full_directory(tmp_path, monkeypatch, capsys):
+    run = _run_dir_with_config(tmp_path)
+    config_before = (run / "config.json").read_text()
+    code, err = cli(monkeypatch, capsys, "export", str(run), "--out", str(run))
+    assert code == 2 and "is the run directory itself" in err
+    code, err = cli(monkeypatch, capsys, "export", str(run), "--out", str(run), "--overwrite")
+    assert code == 2 and "is the run directory itself" in err
+    assert (run / "config.json").read_text() == config_before
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("mine")
+    code, err = cli(monkeypatch, capsys, "export", str(run), "--out", str(full))
+    assert code == 2 and "not empty" in err and "--overwrite" in err
+    assert (full / "notes.txt").read_text() == "mine"
+
+
+# ------------------------------------------------------------------ 8. one-screen errors
+
+
+@pytest.mark.parametrize("setting,expect", [("actor.lr=-1", "actor.lr = -1.0 must be > 0"),
+                                            ("actor.lr=nan", "actor.lr = nan is not a finite number"),
+                                            ("critic.lr=inf", "critic.lr = inf is not a finite number"),
+                                            ("data.max_test_prompts=0", "data.max_test_prompts = 0 must be at least 1")])
+def test_bad_numbers_are_caught_before_loading(monkeypatch, capsys, setting, expect, tmp_path):
+    code, err = cli(monkeypatch, capsys, "train", "--preset", "countdown-tiny", "--set", setting,
+                    "--out", str(tmp_path / "run"))
+    assert code == 2 and expect in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # stopped before anything was loaded or written
+
+
+def test_preset_paths_that_are_not_presets(tmp_path, monkeypatch, capsys):
+    binary = tmp_path / "model.toml"
+    binary.write_bytes(bytes(range(256)) * 4)
+    code, err = cli(monkeypatch, capsys, "presets", "show", str(binary))
+    assert code == 2 and "is not text" in err
+    code, err = cli(monkeypatch, capsys, "presets", "show", str(tmp_path))
+    assert code == 2 and "is a directory" in err
+    code, err = cli(monkeypatch, capsys, "presets", "show", "nothere.toml")
+    assert code == 2 and "file not found" in err and "unknown preset" not in err
+
+
+def test_prompt_errors_name_file_and_row(tmp_path, tok):
+    from tinyrl.setup import tokenize_rows
+
+    good = {"role": "user", "content": "fine"}
+    path = tmp_path / "prompts.parquet"
+    pd.DataFrame({"prompt": [[good], [good], [{"role": "user", "content": None}]],
+                  "reward_model": [{"ground_truth": "1"}] * 3}).to_parquet(path)
+    with pytest.raises(TinyRLError) as info:
+        tokenize_rows(path, tok, 64)
+    assert f"{path} row 2" in str(info.value)
+
+
+def test_countdown_sizes_have_a_sane_upper_bound(tmp_path, monkeypatch, capsys):
+    started = time.monotonic()
+    code, err = cli(monkeypatch, capsys, "data", "countdown", "--out", str(tmp_path / "d"), "--test-size", "1000000000")
+    assert code == 2 and "between 1 and 4,000,000" in err and time.monotonic() - started < 30
+    assert not (tmp_path / "d").exists()
+
+
+# ------------------------------------------------------------------ 9. report on the default install
+
+
+def test_matplotlib_is_a_default_dependency():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert any(dep.startswith("matplotlib") for dep in project["dependencies"])
+
+
+# ------------------------------------------------------------------ 3. torn lines, full disk
+
+
+def test_readers_drop_a_torn_last_line_and_the_log_repairs_it(tmp_path):
+    from tinyrl.runlog import RunLog
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "rew')  # what a crash mid-write leaves
+    notes: list[str] = []
+    assert [r["step"] for r in jsonl.read_records(path, notes)] == [1, 2] and notes
+    log = RunLog(tmp_path, torch.device("cpu"))  # a resumed run: the torn tail goes first
+    log.metrics({"step": 3})
+    assert [r["step"] for r in jsonl.read_records(path)] == [1, 2, 3]
+    log.truncate_after(2)
+    assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
+
+
+def test_full_disk_while_logging_keeps_lines_and_warns_once(tmp_path):
+    from tinyrl.runlog import RunLog
+
+    where = tmp_path / "disk"
+    if not small_disk.mount_tmpfs(where, 64 * 1024):
+        pytest.skip("mounting a tmpfs is not allowed here; test_faults covers a full disk with RLIMIT_FSIZE")
+    try:
+        warnings: list[str] = []
+        log = RunLog(where, torch.device("cpu"), warn=warnings.append)
+        log.metrics({"step": 1, "pad": "x" * 500})
+        filler = small_disk.fill(where)
+        for step in (2, 3, 4):  # each line needs a new page of the file
+            log.metrics({"step": step, "pad": "x" * 5000})  # no exception: training goes on
+        assert len(warnings) == 1 and "DISK PROBLEM" in warnings[0]
+        assert log.unwritten() == {"metrics.jsonl": 3}
+        assert [r["step"] for r in jsonl.read_records(where / "metrics.jsonl")] == [1]  # no torn line
+        filler.unlink()
+        log.metrics({"step": 5})
+        assert [r["step"] for r in jsonl.read_records(where / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+        assert log.unwritten() == {}
+    finally:
+        small_disk.unmount(where)
+
+
+def test_partial_write_on_a_full_disk_leaves_no_half_line(tmp_path):
+    where = tmp_path / "disk"
+    if not small_disk.mount_tmpfs(where, 64 * 1024):
+        pytest.skip("mounting a tmpfs is not allowed here")
+    try:
+        path = where / "metrics.jsonl"
+        jsonl.append_record(path, {"step": 1})
+        small_disk.fill(where, leave_bytes=0)
+        with pytest.raises(OSError):
+            jsonl.append_record(path, {"step": 2, "pad": "y" * 20_000})  # larger than any free page
+        assert path.read_text() == '{"step": 1}\n'
+    finally:
+        small_disk.unmount(where)
+
+
+def test_float_settings_are_all_checked_for_nan():
+    cfg = Config()
+    cfg.algorithm.kl_coef = math.nan
+    assert any("algorithm.kl_coef = nan" in p for p in config_mod.problems_of(cfg))

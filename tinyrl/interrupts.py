@@ -1,0 +1,177 @@
+"""Ctrl-C and SIGTERM without losing work.
+
+Before training starts (loading the model, the data): a signal raises `Interrupted`, the CLI
+says so and exits 130 (SIGINT) or 143 (SIGTERM); there is nothing to save yet.
+During training, the first signal asks the run to stop:
+  - while the step has not yet changed any weights (sync, rollout, reward, no-grad forward
+    passes, advantages) the step is abandoned at once (`StepAbandoned` is raised where the
+    program is, e.g. inside a long rollout), the RNG state from the step's start is put back,
+    and the run saves a checkpoint of the state before that step — the same bytes a save at the
+    end of the previous step would have written, so a resumed run replays the step exactly;
+  - once an update has begun, the step is finished, logged and saved.
+Then the CLI says where it stopped and how to resume, and exits 130/143.
+A second signal stops at once (os._exit): the last checkpoint on disk is intact (they are
+written atomically) and --resume continues from it.
+
+The phases come from the run log's phase observers (RunLog.on_phase), so the trainer only
+wraps its step in `stops.step(trainer)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from typing import Iterator
+
+from tinyrl.phases import Phase
+
+# Phases before any weight changes: a signal there abandons the step. Any other phase
+# (updates, and names this list does not know) finishes it: the safe default.
+ABANDONABLE_PHASES = {str(p) for p in (Phase.SYNC, Phase.ROLLOUT, Phase.FORWARD, Phase.REWARD, Phase.ADVANTAGES)}
+SIGNAL_NAMES = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}
+
+
+class Interrupted(BaseException):
+    """A signal before the training loop: nothing to save. BaseException, like KeyboardInterrupt,
+    so no `except Exception` on the way swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class StepAbandoned(BaseException):
+    """Raised inside a step that has not changed any weights yet."""
+
+
+def exit_code(signum: int) -> int:
+    return 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
+
+def _say(text: str) -> None:
+    # os.write: safe inside a signal handler, and shown at once even under a live dashboard.
+    try:
+        os.write(2, ("\ntinyrl: " + text + "\n").encode())
+    except OSError:
+        pass
+
+
+class StopSignals:
+    def __init__(self) -> None:
+        self.signum: int | None = None   # the first signal received
+        self.training = False
+        self.abandon_ok = False           # inside a step, before its first update
+        self.abandoned = False
+        self.step_no = 0                  # the step under way (1-based), for messages
+        self._old: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def install(self) -> "StopSignals":
+        """Take over SIGINT/SIGTERM (main thread only: Python delivers signals there)."""
+        if threading.current_thread() is threading.main_thread() and not self._old:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        name = SIGNAL_NAMES.get(signum, f"signal {signum}")
+        if self.signum is not None:
+            _say(f"{name} again: stopping at once, without saving. The last checkpoint on disk is "
+                 "intact; --resume continues from it.")
+            os._exit(exit_code(signum))
+        self.signum = signum
+        if not self.training:
+            raise Interrupted(signum)
+        if self.abandon_ok:
+            self.abandon_ok = False
+            _say(f"{name}: abandoning step {self.step_no} (no weights changed yet) and saving a "
+                 "checkpoint. Press Ctrl-C again to stop at once without saving.")
+            raise StepAbandoned()
+        _say(f"{name}: finishing step {self.step_no}, then saving a checkpoint. "
+             "Press Ctrl-C again to stop at once without saving.")
+
+    def _on_phase(self, phase: str) -> None:
+        if phase not in ABANDONABLE_PHASES:
+            self.abandon_ok = False
+
+    @contextlib.contextmanager
+    def step(self, trainer) -> Iterator[None]:
+        """Run one training step; a signal before its updates abandons it (see the module doc)."""
+        from tinyrl import checkpoint as ckpt
+
+        if self._on_phase not in trainer.run.on_phase:
+            trainer.run.on_phase.append(self._on_phase)
+        rng = ckpt.rng_state()
+        self.step_no = trainer.step + 1
+        self.abandon_ok = self.training
+        try:
+            yield
+        except StepAbandoned:
+            ckpt.set_rng_state(rng)  # as if the step never began
+            self.abandoned = True
+        finally:
+            self.abandon_ok = False
+
+
+_ACTIVE: StopSignals | None = None
+
+
+def install() -> StopSignals:
+    """The process's handler (the CLI installs it first, so a Ctrl-C while loading is clean)."""
+    global _ACTIVE
+    if _ACTIVE is None:
+        _ACTIVE = StopSignals()
+    return _ACTIVE.install()
+
+
+def active() -> StopSignals | None:
+    return _ACTIVE
+
+
+@contextlib.contextmanager
+def training() -> Iterator[StopSignals]:
+    """The trainer's loop: signals ask for a clean stop. Uses the CLI's handler if there is one;
+    otherwise (a library user) installs one for the loop only and restores the old handlers."""
+    stops = _ACTIVE if _ACTIVE is not None else StopSignals()
+    own = not stops._old
+    stops.install()
+    stops.training = True
+    try:
+        yield stops
+    finally:
+        stops.training = False
+        if own:
+            stops.uninstall()
+
+
+def end_of_run(trainer, run_dir, total: int, resume_cmd: str) -> tuple[str, int]:
+    """What the CLI says when train() returns, and the exit code: 0 when every step is on disk;
+    130/143 after a signal (where it stopped, how to resume); 1 when steps were not checkpointed."""
+    lost = trainer.run.unwritten()
+    lost_text = ("; log lines not written (disk full): " + ", ".join(f"{n} in {k}" for k, n in lost.items())
+                 if lost else "")
+    unsaved = trainer.saves.unsaved(trainer.step)
+    if trainer.stopped_by is not None:
+        name = SIGNAL_NAMES.get(trainer.stopped_by, str(trainer.stopped_by))
+        saved = trainer.saves.last_saved
+        where = (f"checkpoint of step {saved} in {run_dir / 'checkpoints'}" if saved is not None
+                 else "no checkpoint (it could not be written)")
+        stops = active()
+        abandoned = f" (step {trainer.step + 1} was abandoned before its updates)" \
+            if stops is not None and stops.abandoned else ""
+        return (f"stopped by {name} at step {trainer.step} of {total}{abandoned}; {where}"
+                + (f"; {unsaved}" if unsaved else "") + lost_text
+                + f"\nresume with: {resume_cmd}", exit_code(trainer.stopped_by))
+    if unsaved:
+        return f"the run reached step {trainer.step}, but {unsaved}{lost_text}", 1
+    return f"run finished at step {trainer.step}: {run_dir}{lost_text}  (plots: tinyrl report {run_dir})", 0
