@@ -75,9 +75,10 @@ def test_pass_at_k_equals_a_direct_computation_from_the_samples(tmp_path, tiny_m
 def math_run(tmp_path_factory, tiny_model_dir):
     """One step of math-tiny (saved at the end), shared by the run-directory tests."""
     tmp = tmp_path_factory.mktemp("mathrun")
+    mt.generate(tmp / "data", 64, 8, template="boxed", progress=False)  # a path the user sets must exist
     run = tmp / "run"
     args = [sys.executable, "-m", "tinyrl.cli", "train", "--preset", "math-tiny", "--max-steps", "1", "--out", str(run),
-            "--no-dashboard", "--set", f"data.train_path={tmp}/data/train.parquet", "--set", "data.generate_train_size=64",
+            "--no-dashboard", "--set", f"data.train_path={tmp}/data/train.parquet",
             "--set", "rollout.n=2", "--set", "trainer.train_batch_size=4", "--set", "actor.ppo_mini_batch_size=4",
             # train-time validation on extra files: val/<name>/pass@k (tinyrl.eval.score_prompts)
             "--set", "trainer.test_every=1", "--set", "data.max_test_prompts=4", "--set", "trainer.val_n=2",
