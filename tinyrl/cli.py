@@ -33,7 +33,7 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 presets_app = typer.Typer(help="List presets, or show one fully resolved.", invoke_without_command=True)
-data_app = typer.Typer(help="Make training data.", no_args_is_help=True)
+data_app = typer.Typer(help="Make or convert training data for a task (`tinyrl tasks`).", no_args_is_help=True)
 app.add_typer(presets_app, name="presets")
 app.add_typer(data_app, name="data")
 
@@ -94,25 +94,31 @@ def _print_sections(tree: dict, prefix: str = "") -> None:
             _print_sections(value, f"{prefix}.{key}" if prefix else key)
 
 
-@data_app.command("countdown")
-def data_countdown(
-    out_dir: Path = typer.Option(..., "--out", help="Directory for train.parquet and test.parquet."),
-    train_size: int = typer.Option(327_680, help="Training tasks (TinyZero: 327,680)."),
-    test_size: int = typer.Option(1_024, help="Test tasks (TinyZero: 1,024)."),
-    seed: int = typer.Option(0, help="Random seed; the same seed gives the same files."),
-    template: str = typer.Option("base", help="Prompt template: base | qwen-instruct."),
-) -> None:
-    """Write Countdown tasks in TinyZero's parquet schema (every task solvable)."""
-    from tinyrl.data.countdown import generate_countdown
+def _register_data_commands() -> None:
+    """`tinyrl data TASK ...`: each task brings its own command (tinyrl/tasks/)."""
+    from tinyrl.tasks import all_tasks
 
-    from tinyrl.data.countdown import MAX_ROWS
+    for name, task in all_tasks().items():
+        data_app.command(name)(task.data_command)
 
-    if not (1 <= train_size <= MAX_ROWS and 1 <= test_size <= MAX_ROWS):
-        raise TinyRLError(f"--train-size and --test-size must be between 1 and {MAX_ROWS:,} "
-                          f"(got {train_size:,} and {test_size:,})",
-                          hint="TinyZero uses --train-size 327680 --test-size 1024")
-    train, test = generate_countdown(out_dir, train_size, test_size, seed=seed, template=template)
-    out.print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
+
+_register_data_commands()
+
+
+@app.command("tasks")
+def tasks_list() -> None:
+    """List the tasks (task.name), their templates and how to make their data."""
+    from tinyrl.tasks import all_tasks
+
+    table = Table(title="tinyrl tasks")
+    table.add_column("task", style="bold cyan")
+    table.add_column("templates")
+    table.add_column("description")
+    table.add_column("data")
+    for name, task in all_tasks().items():
+        table.add_row(name, ", ".join(task.templates), task.description, task.data_hint)
+    out.print(table)
+    out.print("Use one: [bold]--set task.name=NAME[/] (presets set it)  ·  data: [bold]tinyrl data NAME --help[/]")
 
 
 @app.command()
@@ -325,6 +331,52 @@ def estimate_cost_cmd(
         return
     for part in render(est):
         out.print(part)
+
+
+@app.command("eval")
+def eval_cmd(
+    target: str = typer.Argument(..., help="A run directory (its latest checkpoint), or a Hugging Face model directory or id."),
+    data: list[str] = typer.Option(..., "--data", help="Parquet file(s) of the task, name=FILE or FILE (repeatable)."),
+    task: Optional[str] = typer.Option(None, "--task", help="Task (`tinyrl tasks`); default: the run's."),
+    n: int = typer.Option(32, "--n", help="Sampled completions per problem (0: greedy only)."),
+    k: str = typer.Option("1,8,32", "--k", help="pass@k / maj@k for these k (each <= n)."),
+    temperature: float = typer.Option(0.6, "--temperature", help="Sampling temperature of the n samples."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling of the n samples."),
+    greedy: bool = typer.Option(True, "--greedy/--no-greedy", help="Also one greedy completion per problem (greedy accuracy)."),
+    engine: str = typer.Option("auto", "--engine", help="auto (vllm on CUDA, else hf) | hf | vllm."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Response limit (default: the run's, else 1024)."),
+    chat_template: Optional[bool] = typer.Option(None, "--chat-template/--no-chat-template", help="Render prompts with the tokenizer's chat template (default: the run's data.chat_template)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where eval.json and eval_samples.jsonl go (default: RUN_DIR/eval or eval/MODEL)."),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed."),
+    as_json: bool = typer.Option(False, "--json", help="Print eval.json instead of the table."),
+) -> None:
+    """Greedy accuracy, mean@n, pass@k (unbiased), maj@k, response length and tokens/s on a task's data."""
+    from tinyrl.eval import evaluate
+
+    try:
+        ks = [int(x) for x in k.split(",") if x.strip()]
+    except ValueError as e:
+        raise TinyRLError(f"--k {k!r} is not a list of integers", hint="e.g. --k 1,8,32") from e
+    if engine not in ("auto", "hf", "vllm"):
+        raise TinyRLError(f"--engine {engine!r} is not auto, hf or vllm", hint="e.g. --engine hf")
+    _log_to_stderr()
+    summary, where = evaluate(target, data, task_name=task, n=n, ks=ks, temperature=temperature, top_p=top_p,
+                              greedy=greedy, engine=engine, max_new_tokens=max_tokens, out_dir=out_dir,
+                              chat_template=chat_template, seed=seed, progress=not as_json)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    table = Table(title=f"tinyrl eval · {summary['model']} · task {summary['task']} · {summary['engine']} · "
+                  f"n={summary['n']} T={summary['temperature']}")
+    table.add_column("data", style="bold cyan")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, metrics in summary["files"].items():
+        for key, value in metrics.items():
+            if key != "path":
+                table.add_row(name, key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    out.print(table)
+    out.print(f"wrote {where / 'eval.json'} and {where / 'eval_samples.jsonl'}", highlight=False, soft_wrap=True)
 
 
 @app.command("report")

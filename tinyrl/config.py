@@ -41,10 +41,15 @@ class ModelConfig:
 class DataConfig:
     train_path: str = "runs/data/countdown/train.parquet"
     test_path: str = "data/countdown/test.parquet"
-    template: str = "base"                # base | qwen-instruct (used when data is generated)
-    generate_train_size: int = 327_680    # rows generated on first use when train_path is missing
+    # More validation files: `name=path` each, logged as val/<name>/... (e.g. aime=..., math500=...)
+    val_files: list[str] = field(default_factory=list)
+    generate: bool = True                 # generate train_path on first use when missing (if the task can)
+    generate_train_size: int = 327_680    # rows generated; before the file exists, estimate-cost's epoch
     generate_seed: int = 0
     max_prompt_length: int = 256          # tokens; longer prompts are an error, not silently cut
+    # Render `prompt` messages with the tokenizer's chat template (verl does; DAPO-Math-17k as
+    # published needs it with an instruct model). false: the prompt text is fed as it is.
+    chat_template: bool = False
     max_test_prompts: int = 1024          # validation uses the first N test prompts
 
 
@@ -85,6 +90,10 @@ class AlgorithmConfig:
     kl_loss_type: str = "k3"
     overlong_buffer: int = 0              # DAPO overlong shaping; 0 = off
     overlong_penalty_factor: float = 1.0
+    # DAPO dynamic sampling: drop prompt groups whose rewards are all equal (no GRPO signal) and
+    # roll out more prompts until train_batch_size groups are kept, at most max_gen_rounds rounds.
+    dynamic_sampling: bool = False
+    max_gen_rounds: int = 4
     # Truncated importance sampling for the engine/trainer probability gap (ALGORITHMS.md):
     # auto = token-level for the vLLM engine, off for hf (it samples from the trainer's own model).
     rollout_is: str = "auto"              # auto | off | token | sequence
@@ -122,10 +131,26 @@ class CriticConfig(LearnerConfig):
 
 
 @dataclass
-class RewardConfig:
-    fn: str = "countdown"                 # builtin name, or path/to/file.py:func
-    format_score: float = 0.1
+class TaskConfig:
+    """The task (`tinyrl tasks`) and its options; each task reads the ones it knows."""
+
+    name: str = "countdown"               # countdown | math | ... (tinyrl/tasks/)
+    template: str = ""                    # prompt template of generated/converted data; "" = the task's first
+    # countdown
+    format_score: float = 0.1             # an <answer> that is found but wrong
     strict: bool = False                  # TinyZero's last-line rule, for curve comparisons
+    # math
+    answer_format: str = "auto"           # auto | dapo ("Answer:" line) | boxed (last \boxed{})
+    correct_score: float = 1.0            # DAPO: +1
+    wrong_score: float = -1.0             # DAPO: -1 (wrong, missing or unparsable answer)
+    verify_timeout_s: float = 5.0         # hard limit per math-verify call (a killed worker process)
+
+
+@dataclass
+class RewardConfig:
+    fn: str = "task"                      # task (the task's own reward), a task name, path/to/file.py:func, module:func
+    extra_fns: list[str] = field(default_factory=list)  # more reward functions, summed (TRL's reward_funcs)
+    weights: list[float] = field(default_factory=list)  # one per [fn, *extra_fns]; empty = all 1.0
     timeout_s: float = 60.0               # a user reward function's time per call (tinyrl.rewards.limits)
 
 
@@ -138,6 +163,7 @@ class TrainerConfig:
     device: str = "auto"                  # auto | cpu | cuda
     memory_budget_gib: float = 0.0        # cap for every phase on the card; 0 = 90% of the card
     test_every: int = 0                   # 0 = no validation
+    val_n: int = 0                        # data.val_files: samples per problem besides greedy (pass@k, k = 1 and val_n)
     save_every: int = 0                   # 0 = only at the end
     keep_last: int = 2
     out_dir: str = "runs"
@@ -163,6 +189,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     cost: CostConfig = field(default_factory=CostConfig)
@@ -197,10 +224,25 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
     return cfg
 
 
+# Keys that moved to the task section (issue 13): old presets get a pointer, old runs are migrated.
+MOVED = {"data.template": "task.template", "reward.format_score": "task.format_score",
+         "reward.strict": "task.strict"}
+
+
+def _migrate(raw: dict) -> dict:
+    """A config.json written before the task section: move its keys to their new homes."""
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for old, new in MOVED.items():
+        section, key = old.split(".")
+        if isinstance(raw.get(section), dict) and key in raw[section]:
+            raw.setdefault("task", {}).setdefault(new.split(".")[1], raw[section].pop(key))
+    return raw
+
+
 def config_from_dict(raw: dict) -> Config:
     """A run's saved config.json back into a Config (same checks as a preset file)."""
     cfg = Config()
-    problems = _apply_dict(cfg, raw, prefix="")
+    problems = _apply_dict(cfg, _migrate(raw), prefix="")
     if problems:
         raise TinyRLError("the saved config does not match this tinyrl version:\n"
                           + "\n".join(f"  - {p}" for p in problems),
@@ -298,6 +340,8 @@ def _field_names(obj: Any) -> list[str]:
 
 
 def _unknown_key(obj: Any, key: str, dotted: str) -> str:
+    if dotted in MOVED:
+        return f"{dotted} moved to {MOVED[dotted]} (the task section); write it there"
     prefix = dotted[: -len(key)]
     near = difflib.get_close_matches(key, _field_names(obj), n=1, cutoff=0.5)
     hint = f"did you mean {prefix}{near[0]}?" if near else f"valid keys: {', '.join(prefix + n for n in _field_names(obj))}"
@@ -330,7 +374,6 @@ CHOICES = {
     "model.finetune": ("lora", "full"),
     "model.dtype": ("auto", "bf16", "fp16", "fp32"),
     "model.quantize": ("none", "nf4"),
-    "data.template": ("base", "qwen-instruct"),
     "rollout.engine": ("auto", "hf", "vllm"),
     "algorithm.adv_estimator": ADV_ESTIMATORS,
     "algorithm.kl_penalty": KL_KINDS,
@@ -360,7 +403,7 @@ def problems_of(cfg: Config) -> list[str]:
             guess = f" (did you mean {near[0]!r}?)" if near else ""
             out.append(f"{dotted} = {value!r} is not one of {', '.join(allowed)}{guess}")
     t, a, r = cfg.trainer, cfg.actor, cfg.rollout
-    for dotted in ("trainer.train_batch_size", "rollout.n", "rollout.max_response_length", "data.max_prompt_length", "actor.ppo_epochs",
+    for dotted in ("algorithm.max_gen_rounds", "trainer.train_batch_size", "rollout.n", "rollout.max_response_length", "data.max_prompt_length", "actor.ppo_epochs",
                    "critic.ppo_epochs",
                    "trainer.total_epochs", "model.lora_rank", "model.logprob_chunk", "trainer.keep_last",
                    "data.max_test_prompts"):
@@ -403,6 +446,9 @@ def problems_of(cfg: Config) -> list[str]:
     out += _length_problems(cfg)
     out += _data_problems(cfg)
     out += _reward_problems(cfg)
+    from tinyrl.tasks import task_problems  # local: the task modules import their own libraries lazily
+
+    out += task_problems(cfg)
     return out
 
 
@@ -457,16 +503,27 @@ def _data_problems(cfg: Config) -> list[str]:
     out = []
     test = resolve_path(cfg.data.test_path)
     if cfg.trainer.test_every and not test.exists():
-        out.append(f"data.test_path = {cfg.data.test_path} does not exist; generate it with "
-                   "`tinyrl data countdown --out DIR` or set trainer.test_every=0")
-    return out  # a missing data.train_path is generated (Countdown) on first use
+        out.append(f"data.test_path = {cfg.data.test_path} does not exist; make it with "
+                   f"`tinyrl data {cfg.task.name} --out DIR` or set trainer.test_every=0")
+    for item in cfg.data.val_files:
+        name, sep, path = item.partition("=")
+        if not sep or not name or "/" in name:
+            out.append(f"data.val_files entry {item!r} is not name=path (e.g. aime=data/aime.parquet)")
+        elif cfg.trainer.test_every and not resolve_path(path).exists():
+            out.append(f"data.val_files: {name} = {path} does not exist")
+    return out  # a missing data.train_path is generated (when the task can) on first use
 
 
 def _reward_problems(cfg: Config) -> list[str]:
-    spec = cfg.reward.fn
-    if ":" in spec and spec.split(":", 1)[0].endswith(".py") and not Path(spec.split(":", 1)[0]).exists():
-        return [f"reward.fn = {spec}: file {spec.split(':', 1)[0]} not found; give path/to/file.py:func"]
-    return []
+    out = []
+    for spec in [cfg.reward.fn, *cfg.reward.extra_fns]:
+        if ":" in spec and spec.split(":", 1)[0].endswith(".py") and not Path(spec.split(":", 1)[0]).exists():
+            out.append(f"reward.fn = {spec}: file {spec.split(':', 1)[0]} not found; give path/to/file.py:func")
+    n = 1 + len(cfg.reward.extra_fns)
+    if cfg.reward.weights and len(cfg.reward.weights) != n:
+        out.append(f"reward.weights has {len(cfg.reward.weights)} values for {n} reward functions "
+                   "([fn, *extra_fns]); give one weight each, or none for all 1.0")
+    return out
 
 
 def resolve_path(path: str) -> Path:

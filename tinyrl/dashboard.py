@@ -14,7 +14,6 @@ it shows as "–".
 from __future__ import annotations
 
 import math
-import re
 import threading
 import time
 from collections import deque
@@ -30,6 +29,7 @@ from rich.text import Text
 from tinyrl.config import ADV_ESTIMATORS
 from tinyrl.phases import Phase
 from tinyrl.rl.advantages import needs_critic
+from tinyrl.tasks import answer_patterns, task_line
 
 # Shown in this order: the trainer's phases of one step, then the ones between steps.
 PHASES = tuple(str(p) for p in Phase)
@@ -37,8 +37,6 @@ MODES = ("auto", "live", "plain", "off")
 DASH = "–"
 GIB = 1024**3
 _SPARK = "▁▂▃▄▅▆▇█"
-# The Countdown prompt is mostly boilerplate; this sentence is the part that differs per task.
-_TASK_LINE = re.compile(r"Using the numbers .*?equals -?\d+", re.S)
 _clock = time.monotonic  # module-level so tests can drive time without sleeping
 
 
@@ -102,13 +100,13 @@ def highlight_completion(text: str, reward: Any) -> Text:
     """The completion with <think> tags and the <answer>...</answer> span styled by reward."""
     out = Text(text)  # Text, not markup: completions are full of [brackets]
     out.highlight_regex(r"</?think>", "bold magenta")
-    out.highlight_regex(r"(?s)<answer>.*?</answer>", f"bold {reward_style(reward)}")
+    out.highlight_regex(answer_patterns(), f"bold {reward_style(reward)}")  # each task's answer span
     return out
 
 
 def task_of(prompt: str) -> str:
-    match = _TASK_LINE.search(prompt)
-    return " ".join((match.group(0) if match else prompt).split())
+    """Prompts are mostly boilerplate: the task knows the line that differs per sample."""
+    return task_line(prompt)
 
 
 def plain_line(m: dict, total_steps: Any, val: Any, critic: bool) -> str:

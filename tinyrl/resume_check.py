@@ -28,6 +28,7 @@ CHANGEABLE = (
     "actor.micro_batch_tokens", "actor.forward_micro_batch_tokens", "critic.micro_batch_tokens",
     "model.gradient_checkpointing", "model.logprob_chunk",
     "rollout.engine", "rollout.vllm.", "reward.timeout_s", "cost.",
+    "data.val_files", "trainer.val_n", "task.verify_timeout_s",
 )
 
 
@@ -48,7 +49,9 @@ def changeable(key: str) -> bool:
 def compare(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     """(forbidden changes, allowed changes) as 'key: old -> new' lines. A key the saved config
     lacks (written by an older tinyrl) counts as its default."""
-    old, new = flatten(saved), flatten(current)
+    from tinyrl.config import _migrate  # keys that moved to [task] (issue 13) are not changes
+
+    old, new = flatten(_migrate(saved)), flatten(current)
     defaults = flatten(Config().to_dict())
     forbidden, allowed = [], []
     for key in sorted(set(old) | set(new)):

@@ -2,16 +2,17 @@
 the device, the model path (the tiny model is built on first use), the tokenizer, the training
 and test prompts tokenized and length-checked, and the reward function.
 
-Countdown training data is generated on first use only at the preset's own data.train_path
-(a path tinyrl owns); a path the user set must exist.
+Training data is generated on first use only at the preset's own data.train_path (a path
+tinyrl owns) and only when the task can make it (Countdown, generated maths); a path the user
+set must exist.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -31,7 +32,8 @@ class RunInputs:
     train_rows: list[dict]           # the dataset rows, handed to the reward function
     test_prompts: list[list[int]]
     test_rows: list[dict]
-    reward_fn: Callable[[str, dict], float]
+    reward_fn: Any                   # tinyrl.tasks.rewards.RewardSet: callable (completion, row) -> float
+    val_sets: list = field(default_factory=list)  # data.val_files: (name, prompts, rows)
 
 
 def pick_device(name: str) -> torch.device:
@@ -75,8 +77,8 @@ def check_train_path(cfg: Config) -> Path:
         f"data.train_path = {cfg.data.train_path}: file not found ({path.absolute()}); nothing was "
         "generated or written",
         hint=(f"did you mean {path.parent / near[0]}? " if near else "")
-        + "check the path (relative paths start at the working directory), make Countdown data with "
-        "`tinyrl data countdown --out DIR`, or leave data.train_path unset to use the preset's own "
+        + "check the path (relative paths start at the working directory), make data with "
+        f"`tinyrl data {cfg.task.name} --out DIR`, or leave data.train_path unset to use the preset's own "
         "(generated on first use)")
 
 
@@ -89,14 +91,18 @@ def ensure_train_data(cfg: Config) -> Path:
     import shutil
     import tempfile
 
-    from tinyrl.data.countdown import generate_countdown
+    from tinyrl.tasks import get_task, template_of
 
-    log.warning("generating %d Countdown tasks into %s (first use)", cfg.data.generate_train_size, path)
+    task = get_task(cfg.task.name)
+    if task.generate is None or not cfg.data.generate or cfg.data.generate_train_size < 1:
+        raise TinyRLError(f"data.train_path = {cfg.data.train_path} does not exist and the {task.name} "
+                          "task does not generate it", hint=f"make it with {task.data_hint}")
+    log.warning("generating %d %s tasks into %s (first use)", cfg.data.generate_train_size, task.name, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=".tinyrl-generate-", dir=path.parent))
     try:
-        train, test = generate_countdown(fresh, cfg.data.generate_train_size, 1024,
-                                         seed=cfg.data.generate_seed, template=cfg.data.template)
+        train, test = task.generate(fresh, cfg.data.generate_train_size, 1024,
+                                    seed=cfg.data.generate_seed, template=template_of(cfg.task))
         _place(train, path)
         _place(test, path.parent / "test.parquet")  # its held-out tasks, if that name is free
     finally:
@@ -132,15 +138,16 @@ def load_tokenizer(model_path: str):
     return tok
 
 
-def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = None) -> tuple[list[list[int]], list[dict]]:
-    from tinyrl.data.io import load_prompts, prompt_text
+def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = None,
+                  chat: bool = False) -> tuple[list[list[int]], list[dict]]:
+    from tinyrl.data.io import chat_text, load_prompts, prompt_text
 
     frame = load_prompts(path, max_rows=max_rows)
     rows = frame.to_dict("records")
     texts = []
     for i, row in enumerate(rows):
-        try:
-            texts.append(prompt_text(row))
+        try:  # data.chat_template: the messages through the tokenizer's template (tinyrl.data.io)
+            texts.append(chat_text(row, tokenizer) if chat else prompt_text(row))
         except TinyRLError as exc:  # say where: a 327,680-row file has one bad row
             raise TinyRLError(f"{path} row {i} (counting from 0): {exc.message}", hint=exc.hint) from exc
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -156,19 +163,25 @@ def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = No
 
 
 def prepare_inputs(cfg: Config) -> RunInputs:
-    from tinyrl.rewards.registry import load_reward_fn
+    from tinyrl.tasks.rewards import build_rewards
     from tinyrl.tiny_model import resolve_model_path
 
     device = pick_device(cfg.trainer.device)
-    reward_fn = load_reward_fn(cfg.reward.fn, format_score=cfg.reward.format_score, strict=cfg.reward.strict,
-                               timeout_s=cfg.reward.timeout_s)
+    reward_fn = build_rewards(cfg)  # user functions get reward.timeout_s (tinyrl.rewards.limits)
     train_path = ensure_train_data(cfg)
     model_path = resolve_model_path(cfg.model.name)
     tok = load_tokenizer(model_path)
-    train_prompts, train_rows = tokenize_rows(train_path, tok, cfg.data.max_prompt_length)
+    train_prompts, train_rows = tokenize_rows(train_path, tok, cfg.data.max_prompt_length, chat=cfg.data.chat_template)
     test_prompts, test_rows = [], []
     if cfg.trainer.test_every:
         test_prompts, test_rows = tokenize_rows(resolve_path(cfg.data.test_path), tok, cfg.data.max_prompt_length,
-                                                max_rows=cfg.data.max_test_prompts)
+                                                max_rows=cfg.data.max_test_prompts, chat=cfg.data.chat_template)
+    val_sets = []
+    if cfg.trainer.test_every:
+        from tinyrl.eval import parse_data_args
+
+        for name, path in parse_data_args(cfg.data.val_files):
+            val_sets.append((name, *tokenize_rows(resolve_path(str(path)), tok, cfg.data.max_prompt_length,
+                                                  max_rows=cfg.data.max_test_prompts, chat=cfg.data.chat_template)))
     return RunInputs(device, model_path, tok, tok.pad_token_id, train_prompts, train_rows,
-                     test_prompts, test_rows, reward_fn)
+                     test_prompts, test_rows, reward_fn, val_sets)

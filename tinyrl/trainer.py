@@ -204,12 +204,13 @@ class Trainer:
         with timed(Phase.SYNC):
             # vLLM's order on CUDA: wake the weights, push the actor, then wake the KV cache.
             self.engine.wake(self.models.actor)
-        comps, traj, diff = self._rollout_checked(rows, step, timed)
+        comps, traj, diff, rows, scored = self._rollout_checked(rows, step, timed)
         with timed(Phase.REWARD):
             texts = self.inputs.tokenizer.batch_decode([c.response_ids for c in comps], skip_special_tokens=True)
-            examples = [self.inputs.train_rows[rows[c.prompt_index]] for c in comps]
-            scores = torch.tensor([self.inputs.reward_fn(t, ex) for t, ex in zip(texts, examples)],
-                                  dtype=torch.float32).to(self.device)
+            if scored is None:  # dynamic sampling scored them already, round by round
+                examples = [self.inputs.train_rows[rows[c.prompt_index]] for c in comps]
+                scored = self.inputs.reward_fn.score_batch(texts, examples)  # tinyrl.tasks.rewards
+            scores = torch.tensor(scored.total, dtype=torch.float32).to(self.device)
             if cfg.algorithm.overlong_buffer:
                 from tinyrl.rl.shaping import overlong_penalty
 
@@ -232,6 +233,8 @@ class Trainer:
         timings["step"] = time.perf_counter() - t_step
         self._keep_sample(step, comps, texts, scores)
         metrics = self._step_metrics(traj, comps, kl_metrics, learner_stats, timings, diff)
+        metrics.update(scored.metrics())  # reward/accuracy: the task's "solved" (tinyrl.tasks)
+        metrics.update(self._batch_stats)
         # Which prompts this step consumed, compactly: a resumed run must show the same digests.
         metrics["data/rows_sha1"] = hashlib.sha1(json.dumps(rows).encode()).hexdigest()[:16]
         return metrics
@@ -240,17 +243,12 @@ class Trainer:
         """ROLLOUT then FORWARD, guarded: when the trainer's and the engine's probabilities of
         the sampled tokens differ by more than rollout.max_probs_diff, the engine is re-synced
         (adapter re-pushed, prefix cache reset) and the step rolls out again; a second miss
-        stops the run. -> (completions, trajectory, probs diff or None)"""
+        stops the run. -> (completions, trajectory, probs diff or None, the rows they answer,
+        their Scores when dynamic sampling computed them, else None)"""
         cfg = self.cfg
+        step_rows = rows
         for attempt in (1, 2):
-            with timed(Phase.ROLLOUT):
-                result = self.engine.generate(
-                    [self.inputs.train_prompts[i] for i in rows],
-                    SamplingSettings(n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                     max_new_tokens=cfg.rollout.max_response_length,
-                                     seed=cfg.trainer.seed * 7919 + step))
-                self.engine.sleep()
-            comps = result.completions
+            comps, rows, scored = self._sample(step_rows, step, timed)
             batch = make_batch([c.prompt_ids for c in comps], [c.response_ids for c in comps],
                                self.inputs.pad_id).to(self.device)
             traj = Trajectory(batch=batch, group_ids=torch.tensor([c.prompt_index for c in comps], device=self.device))
@@ -261,10 +259,10 @@ class Trainer:
             # With top_p < 1 the engine's log-probs are renormalised over the nucleus, so they
             # are not comparable with the trainer's full-vocabulary ones: no guard then.
             if traj.rollout_lp is None or cfg.rollout.top_p < 1.0:
-                return comps, traj, None
+                return comps, traj, None, rows, scored
             diff = float(probs_diff(traj.old_lp, traj.rollout_lp, traj.mask))
             if diff <= cfg.rollout.max_probs_diff:
-                return comps, traj, diff
+                return comps, traj, diff, rows, scored
             if attempt == 1:
                 self._notice(f"step {step + 1}: engine and trainer disagree (mean |p_trainer - p_engine| = "
                              f"{diff:.4f} > rollout.max_probs_diff = {cfg.rollout.max_probs_diff}); "
@@ -278,6 +276,51 @@ class Trainer:
             "another base (quantization, dtype) than the trainer.",
             hint="try rollout.vllm.sleep_level=1 or rollout.engine=hf; raise rollout.max_probs_diff only if "
             "you know the gap is numerical; run `tinyrl doctor` and attach its report to a bug report")
+
+    def _sample(self, rows: list[int], step: int, timed):
+        """ROLLOUT; with algorithm.dynamic_sampling, REWARD per round and more prompts until the
+        batch holds train_batch_size groups with some spread (tinyrl.sampling). -> (completions,
+        rows, Scores or None)"""
+        cfg = self.cfg
+
+        def generate(these: list[int], round_: int = 0, then_sleep: bool = True):
+            with timed(Phase.ROLLOUT):
+                result = self.engine.generate(
+                    [self.inputs.train_prompts[i] for i in these],
+                    SamplingSettings(n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                     max_new_tokens=cfg.rollout.max_response_length,
+                                     seed=cfg.trainer.seed * 7919 + step + 1_000_003 * round_))
+                if then_sleep:
+                    self.engine.sleep()
+            return result.completions
+
+        self._batch_stats = {}
+        if not cfg.algorithm.dynamic_sampling:
+            return generate(rows), rows, None
+        from tinyrl.sampling import fill_batch
+
+        def score(comps, these):
+            with timed(Phase.REWARD):
+                texts = self.inputs.tokenizer.batch_decode([c.response_ids for c in comps], skip_special_tokens=True)
+                return self.inputs.reward_fn.score_batch(texts, [self.inputs.train_rows[these[c.prompt_index]]
+                                                                 for c in comps])
+
+        def more_rows(round_: int) -> list[int]:  # seeded by (step, round): a resumed run draws the same
+            g = torch.Generator().manual_seed(cfg.trainer.seed * 1_000_033 + step * 101 + round_)
+            return torch.randperm(len(self.inputs.train_prompts), generator=g)[:len(rows)].tolist()
+
+        n_rounds = [0]
+
+        def generate_round(these):  # the engine stays awake between rounds, sleeps once after
+            n_rounds[0] += 1
+            return generate(these, n_rounds[0] - 1, then_sleep=False)
+
+        filled = fill_batch(rows, more_rows, generate_round, score, len(rows), cfg.algorithm.max_gen_rounds)
+        with timed(Phase.ROLLOUT):
+            self.engine.sleep()
+        self._batch_stats = {"batch/groups_kept": filled.groups_kept, "batch/gen_rounds": filled.rounds,
+                             "batch/groups_seen": filled.groups_seen}
+        return filled.comps, filled.rows, filled.scored
 
     def _forward(self, traj: Trajectory) -> None:
         """FORWARD: old and reference log-probs (and values) for the whole trajectory, no grad."""
@@ -348,7 +391,6 @@ class Trainer:
         n_tokens = sum(len(c.prompt_ids) + len(c.response_ids) for c in comps)
         m = {"step": self.step, "epoch": (self.step - 1) // self.steps_per_epoch,
              "reward/mean": float(scores.mean()), "reward/max": float(scores.max()), "reward/min": float(scores.min()),
-             "reward/accuracy": float((scores >= 1.0).float().mean()),
              "kl/coef": float(self.kl_ctrl.value),
              "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
              "response_length/clip_ratio": float(sum(not c.finished for c in comps) / len(comps)),
@@ -373,9 +415,30 @@ class Trainer:
             n=1, greedy=True, temperature=1.0, max_new_tokens=self.cfg.rollout.max_response_length))
         self.engine.sleep()
         texts = self.inputs.tokenizer.batch_decode([c.response_ids for c in res.completions], skip_special_tokens=True)
-        scores = [self.inputs.reward_fn(t, rows[c.prompt_index]) for t, c in zip(texts, res.completions)]
-        return {"val/score": sum(s >= 1.0 for s in scores) / len(scores),
-                "val/reward_mean": sum(scores) / len(scores)}
+        scored = self.inputs.reward_fn.score_batch(texts, [rows[c.prompt_index] for c in res.completions])
+        out = {"val/score": scored.metrics()["reward/accuracy"],
+               "val/reward_mean": sum(scored.total) / len(scored.total)}
+        if self.inputs.val_sets:  # data.val_files: the task's judgement, as `tinyrl eval` (tinyrl/eval.py)
+            out.update(self._validate_files())
+        return out
+
+    def _validate_files(self) -> dict:
+        from tinyrl.eval import score_prompts
+        from tinyrl.tasks import get_task
+
+        cfg, out = self.cfg, {}
+        n = cfg.trainer.val_n
+        self.engine.wake(self.models.actor)
+        for name, prompts, rows in self.inputs.val_sets:
+            res = score_prompts(self.engine, self.inputs.tokenizer, prompts, rows, get_task(cfg.task.name), cfg.task,
+                                n=n, ks=[1, n] if n else [], temperature=cfg.rollout.temperature,
+                                top_p=cfg.rollout.top_p, greedy=True, max_new_tokens=cfg.rollout.max_response_length,
+                                seed=cfg.trainer.seed + self.step, name=name)
+            m = res.metrics
+            out[f"val/{name}/pass@1"] = m["pass@1"] if n else m["greedy_acc"]
+            out.update({f"val/{name}/{k}": v for k, v in m.items() if k != "tokens_per_s"})
+        self.engine.sleep()
+        return out
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -80,6 +80,17 @@ def prompt_text(row: Any) -> str:
     return content
 
 
+def chat_text(row: Any, tokenizer) -> str:
+    """The row's `prompt` messages rendered by the tokenizer's chat template, ready to generate."""
+    prompt = row["prompt"]
+    messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in
+                ([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt)]
+    if not getattr(tokenizer, "chat_template", None):
+        raise TinyRLError("data.chat_template = true but this tokenizer has no chat template",
+                          hint="set data.chat_template=false (the prompt text is fed as it is) or use an instruct model")
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}

@@ -36,7 +36,7 @@ def countdown_prompt(numbers: list[int], target: int, template: str = "base") ->
     if template not in TEMPLATES:
         raise TinyRLError(
             f"unknown prompt template {template!r}",
-            hint=f"set data.template to one of: {', '.join(TEMPLATES)}",
+            hint=f"set task.template to one of: {', '.join(TEMPLATES)}",
         )
     # int(): numpy ints from parquet would print as np.int64(15) inside the list.
     return TEMPLATES[template].format(numbers=[int(n) for n in numbers], target=int(target))

@@ -73,8 +73,9 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
               f"Data: data/ ({steps} steps per epoch at this batch size); reward: reward_fn.py ({cfg.reward.fn})."]
     if whole_row:
         header.append("The reward reads whole rows: they ride along as JSON in extra_info.tinyrl_row.")
-    if ":" in spec and not spec.startswith("user_reward/"):
-        header.append(f"reward.fn = {spec}: that module must be importable where verl runs.")
+    for one in spec:
+        if ":" in one and not one.startswith("user_reward/"):
+            header.append(f"reward.fn = {one}: that module must be importable where verl runs.")
     files.write_script(out, mapping.overrides, header, model_notes + mapping.notes, cfg.trainer.wandb)
     (out / "tinyrl_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     return out

@@ -9,6 +9,7 @@ ground_truth and extra_info (verl 0.9.1 experimental/reward_loop/reward_manager/
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -47,10 +48,14 @@ def write_data(cfg: Config, data_dir: Path, with_row: bool) -> tuple[Path, Path]
     if source.exists():
         shutil.copyfile(source, train)
     else:  # what tinyrl.setup.ensure_train_data makes on first use: same sizes, seed, template
-        from tinyrl.data.countdown import generate_countdown
+        from tinyrl.tasks import get_task, template_of
 
-        generate_countdown(data_dir, cfg.data.generate_train_size, 1024, seed=cfg.data.generate_seed,
-                           template=cfg.data.template, progress=False)
+        task = get_task(cfg.task.name)
+        if task.generate is None or not cfg.data.generate or cfg.data.generate_train_size < 1:
+            raise TinyRLError(f"data.train_path = {cfg.data.train_path} does not exist",
+                              hint=f"make it with {task.data_hint}")
+        task.generate(data_dir, cfg.data.generate_train_size, 1024, seed=cfg.data.generate_seed,
+                      template=template_of(cfg.task), progress=False)
     test_source = resolve_path(cfg.data.test_path)
     if not test_source.exists():
         raise TinyRLError(f"data.test_path = {cfg.data.test_path} does not exist",
@@ -78,11 +83,16 @@ def row_count(path: Path) -> int:
 def reward_spec(cfg: Config, out: Path) -> tuple[str, bool]:
     """The reward spec reward_fn.py loads, and whether it needs the whole row. A user's
     `file.py:func` is copied beside reward_fn.py (so the export directory is all verl needs)."""
-    from tinyrl.rewards.registry import BUILTIN_REWARDS
+    from tinyrl.tasks import all_tasks
 
-    spec = cfg.reward.fn
-    if spec in BUILTIN_REWARDS:
-        return spec, cfg.reward.strict
+    specs = [_copied(spec, out) for spec in [cfg.reward.fn, *cfg.reward.extra_fns]]
+    builtin = all(s == "task" or s in all_tasks() for s in specs)
+    # TinyZero-strict reads the prompt; a user's function may read any column
+    return specs, cfg.task.strict if builtin else True
+
+
+def _copied(spec: str, out: Path) -> str:
+    """A reward spec as reward_fn.py loads it: a user's file is copied into out/user_reward/."""
     target, _, func = spec.rpartition(":")
     if target.endswith(".py") or "/" in target or "\\" in target:
         source = Path(target).expanduser()
@@ -90,8 +100,8 @@ def reward_spec(cfg: Config, out: Path) -> tuple[str, bool]:
             raise TinyRLError(f"reward file not found: {source}", hint="give reward.fn=path/to/file.py:func")
         (out / "user_reward").mkdir(exist_ok=True)
         shutil.copyfile(source, out / "user_reward" / source.name)
-        return f"user_reward/{source.name}:{func}", True
-    return spec, True  # module:func, imported by name where verl runs
+        return f"user_reward/{source.name}:{func}"
+    return spec  # a task, or module:func imported by name where verl runs
 
 
 REWARD_FN = '''"""verl reward for a tinyrl export: verl's compute_score signature, tinyrl's own reward code,
@@ -103,9 +113,10 @@ import json
 import sys
 from pathlib import Path
 
-SPEC = {spec!r}  # tinyrl's reward.fn (a copied file is relative to this one)
-FORMAT_SCORE = {format_score!r}
-STRICT = {strict!r}
+SPECS = {spec!r}  # tinyrl's [reward.fn, *reward.extra_fns] (a copied file is relative to this one)
+WEIGHTS = {weights!r}
+TIMEOUT_S = {timeout_s!r}  # a user function's time per call (tinyrl's reward.timeout_s)
+TASK = {task!r}  # tinyrl's [task] section
 WHOLE_ROW = {whole_row!r}  # the reward reads the row (prompt, columns): kept in extra_info.tinyrl_row
 TINYRL_SRC = {src!r}
 
@@ -113,7 +124,8 @@ try:
     import tinyrl  # noqa: F401
 except ImportError:
     sys.path.insert(0, TINYRL_SRC)
-from tinyrl.rewards.registry import load_reward_fn
+from tinyrl.config import TaskConfig
+from tinyrl.tasks.rewards import reward_set
 
 _HERE = Path(__file__).resolve().parent
 _reward = None
@@ -122,8 +134,8 @@ _reward = None
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     global _reward
     if _reward is None:
-        spec = str(_HERE / SPEC) if SPEC.startswith("user_reward/") else SPEC
-        _reward = load_reward_fn(spec, format_score=FORMAT_SCORE, strict=STRICT)
+        specs = [str(_HERE / s) if s.startswith("user_reward/") else s for s in SPECS]
+        _reward = reward_set(specs, WEIGHTS, TaskConfig(**TASK), TIMEOUT_S)
     if WHOLE_ROW:
         row = json.loads((extra_info or {{}})["tinyrl_row"])
     else:
@@ -135,8 +147,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 def write_reward_fn(cfg: Config, out: Path, spec: str, whole_row: bool, verl: str) -> Path:
     path = out / "reward_fn.py"
-    path.write_text(REWARD_FN.format(verl=verl, spec=spec, format_score=cfg.reward.format_score,
-                                     strict=cfg.reward.strict, whole_row=whole_row, src=str(REPO_ROOT)))
+    path.write_text(REWARD_FN.format(verl=verl, spec=spec, weights=list(cfg.reward.weights), timeout_s=cfg.reward.timeout_s,
+                                     task=dataclasses.asdict(cfg.task), whole_row=whole_row, src=str(REPO_ROOT)))
     return path
 
 

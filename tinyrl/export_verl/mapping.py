@@ -77,8 +77,10 @@ def map_config(cfg: Config, ctx: Context) -> Mapping:
     o = m.overrides
     for part in (_model, _data, _rollout, _algorithm, _actor, _critic, _trainer):
         part(cfg, ctx, m, o)
-    for dotted in ("reward.fn", "reward.format_score", "reward.strict"):
-        m.get(cfg, dotted, None)  # baked into reward_fn.py
+    for dotted in ("reward.fn", "reward.extra_fns", "reward.weights", "reward.timeout_s", "task.name", "task.template",
+                   "task.format_score", "task.strict", "task.answer_format", "task.correct_score",
+                   "task.wrong_score", "task.verify_timeout_s"):
+        m.get(cfg, dotted, None)  # baked into reward_fn.py (the template: already in the data)
     # verl 0.9.1 moved the top-level custom_reward_function.* (still accepted, migrated in
     # experimental/reward_loop/reward_loop.py) to reward.custom_reward_function.*: use the new home.
     o["reward.custom_reward_function.path"] = ctx.reward_path
@@ -99,7 +101,8 @@ def _model(cfg, ctx, m, o):
     g = lambda k, d=_MISSING: m.get(cfg, k, d)  # noqa: E731
     g("model.name")  # Context.model_path: the base, the built tiny model, or an exported actor
     o[f"{AR}.model.path"] = ctx.model_path
-    o[f"{AR}.model.custom_chat_template"] = RAW_CHAT_TEMPLATE
+    if not g("data.chat_template", False):  # with it, verl renders `prompt` as tinyrl does
+        o[f"{AR}.model.custom_chat_template"] = RAW_CHAT_TEMPLATE
     o[f"{AR}.model.enable_gradient_checkpointing"] = g("model.gradient_checkpointing")
     lora = g("model.finetune") == "lora"
     if not lora:  # tinyrl ignores the LoRA settings of a full fine-tune, and so does verl at rank 0
@@ -137,8 +140,11 @@ def _data(cfg, ctx, m, o):
     o["data.train_files"], o["data.val_files"] = ctx.train_files, ctx.val_files
     o["data.max_prompt_length"] = g("data.max_prompt_length")
     o["data.truncation"] = "error"  # tinyrl: a longer prompt is an error, never cut
-    for dotted in ("data.template", "data.generate_train_size", "data.generate_seed"):
+    for dotted in ("data.generate", "data.generate_train_size", "data.generate_seed"):
         g(dotted)  # the copied files already hold the rows these made
+    if g("data.val_files", []):
+        m.note(cfg, "data.val_files", "tinyrl's extra validation files are not copied; add them to "
+               "data.val_files by hand (verl takes a list)")
 
 
 def _rollout(cfg, ctx, m, o):
@@ -184,6 +190,13 @@ def _algorithm(cfg, ctx, m, o):
     o[f"{AR}.actor.use_kl_loss"] = g("algorithm.use_kl_loss")
     o[f"{AR}.actor.kl_loss_coef"] = g("algorithm.kl_loss_coef")
     o[f"{AR}.actor.kl_loss_type"] = g("algorithm.kl_loss_type")
+    # DAPO dynamic sampling = verl's filter_groups on the pre-KL sequence reward.
+    o["algorithm.filter_groups.enable"] = g("algorithm.dynamic_sampling", False)
+    if o["algorithm.filter_groups.enable"]:
+        o["algorithm.filter_groups.metric"] = "reward"
+        o["algorithm.filter_groups.max_num_gen_batches"] = g("algorithm.max_gen_rounds")
+    else:
+        g("algorithm.max_gen_rounds", None)
     g("algorithm.overlong_penalty_factor")
     if g("algorithm.overlong_buffer"):
         m.note(cfg, "algorithm.overlong_buffer", "verl does DAPO overlong shaping in its `dapo` reward "
@@ -278,6 +291,9 @@ def _trainer(cfg, ctx, m, o):
     m.note(cfg, "trainer.memory_budget_gib", "tinyrl's per-card memory plan; verl sizes by "
            "gpu_memory_utilization and the token budgets")
     o["trainer.test_freq"] = g("trainer.test_every") or -1
+    if g("trainer.val_n", 0):
+        m.note(cfg, "trainer.val_n", "tinyrl samples val_n completions per validation problem for pass@k; "
+               "verl validates with actor_rollout_ref.rollout.val_kwargs.n (set it by hand)")
     o["trainer.val_before_train"] = False  # tinyrl validates after steps test_every, 2*test_every, ...
     # tinyrl 0 = save at the end only; verl saves nothing unless save_freq > 0 (then also at the end)
     o["trainer.save_freq"] = g("trainer.save_every") or max(1, total)

@@ -18,30 +18,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tinyrl.errors import TinyRLError
-from tinyrl.rewards import countdown, limits
+from tinyrl.rewards import limits
 
 RewardFn = Callable[[str, Any], float]
 _SPEC_HINT = "set the reward to a builtin name, `path/to/file.py:func` or `module:func`"
 
 
 def _countdown(format_score: float, strict: bool) -> RewardFn:
-    if not strict:
-        def reward(completion: str, example: Any) -> float:
-            return countdown.compute_score(
-                completion, example["reward_model"]["ground_truth"], format_score=format_score)
-        return reward
+    from tinyrl.tasks.countdown import reward  # the task owns its reward (tinyrl/tasks/)
 
-    from tinyrl.data.io import prompt_text  # imported here: it pulls in pandas and pyarrow
-
-    # TinyZero scores the decoded prompt + response, cutting at the first "Assistant:".
-    def strict_reward(completion: str, example: Any) -> float:
-        return countdown.compute_score(
-            prompt_text(example) + completion, example["reward_model"]["ground_truth"],
-            strict=True, format_score=format_score)
-    return strict_reward
+    return reward(format_score, strict)
 
 
-# name -> factory(format_score, strict); "math" goes here when it exists.
+# name -> factory(format_score, strict): the legacy spelling of `task.name` + `reward.fn = "task"`.
 BUILTIN_REWARDS: dict[str, Callable[[float, bool], RewardFn]] = {"countdown": _countdown}
 
 

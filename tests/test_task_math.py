@@ -1,0 +1,236 @@
+"""The maths task: answer extraction, math-verify equivalence under a hard time limit, data
+conversion (problem/answer tables, GSM8K's '####', verl schema as is), generated problems."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pandas as pd
+import pytest
+
+from tinyrl.data.io import ground_truth, load_prompts, prompt_text
+from tinyrl.errors import TinyRLError
+from tinyrl.tasks import math as mt
+from tinyrl.tasks.math import compute_score, extract_answer
+from tinyrl.tasks.verify import Verifier
+
+A = "Let me think.\nAnswer: "
+HUGE = "1" * 200_000
+# (completion, ground truth, expected score with DAPO's +1 / -1)
+CASES = [
+    # equivalent forms
+    (A + "0.5", "\\frac{1}{2}", 1.0),
+    (A + "1/2", "0.5", 1.0),
+    (A + "\\frac12", "1/2", 1.0),
+    (A + "\\dfrac{3}{4}", "0.75", 1.0),
+    (A + "$\\frac{7}{8}$", "\\frac{7}{8}", 1.0),
+    (A + "3.0", "3", 1.0),
+    (A + "5 apples", "5", 1.0),
+    (A + "3 cm", "3", 1.0),
+    (A + "x = 3", "3", 1.0),
+    (A + "1,000", "1000", 1.0),
+    (A + "10^{2}", "100", 1.0),
+    (A + "2\\sqrt{2}", "\\sqrt{8}", 1.0),
+    (A + "x^2+2x+1", "(x+1)^2", 1.0),
+    (A + "\\{1,2\\}", "\\{2,1\\}", 1.0),
+    (A + "[0,1)", "[0,1)", 1.0),
+    (A + "-3", "-3", 1.0),
+    (A + "42.", "42", 1.0),
+    ("so the result is \\boxed{42}.", "42", 1.0),
+    ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
+    ("first \\boxed{1} then \\boxed{2}", "2", 1.0),
+    ("nested \\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{\\sqrt{2}}{2}", 1.0),
+    ("\\fbox{7}", "7", 1.0),
+    ("\\boxed 9", "9", 1.0),
+    ("Answer: \\boxed{5}", "5", 1.0),
+    ("answer:12", "12", 1.0),
+    ("ANSWER : 12", "12", 1.0),
+    ("Answer: 3\nso\nAnswer: 4", "4", 1.0),            # the last Answer line counts
+    ("\\boxed{3} ... Answer: 4", "4", 1.0),            # auto: whichever comes last
+    ("Answer: 4 ... \\boxed{3}", "3", 1.0),
+    (A + "5", 5, 1.0),                                   # a numeric ground truth
+    # near misses
+    (A + "4", "5", -1.0),
+    (A + "0.33", "1/3", -1.0),
+    (A + "\\pi", "3.14159", -1.0),
+    (A + "[0,1]", "[0,1)", -1.0),
+    (A + "-5", "5", -1.0),
+    (A + "x^2+1", "(x+1)^2", -1.0),
+    ("Answer: 3\nso\nAnswer: 4", "3", -1.0),
+    ("\\boxed{2} then \\boxed{1}", "2", -1.0),
+    # malformed and missing
+    ("no answer here", "5", -1.0),
+    ("", "5", -1.0),
+    (A, "5", -1.0),
+    ("\\boxed{", "5", -1.0),
+    ("\\boxed{5", "5", -1.0),
+    (A + "}}}{{{", "5", -1.0),
+    (A + "\\frac{", "5", -1.0),
+    (A + "abc", "5", -1.0),
+    ("<answer>5</answer>", "5", -1.0),                  # Countdown's tags are not a maths answer
+    # huge and hostile inputs: bounded, never hang
+    (A + HUGE, "5", -1.0),
+    ("\\boxed{" * 50_000, "5", -1.0),
+    ("Answer: " * 20_000 + "5", "5", 1.0),
+    ("x" * 500_000 + "\\boxed{5}", "5", 1.0),
+]
+
+
+def test_table_has_enough_cases():
+    assert len(CASES) >= 40
+
+
+@pytest.mark.parametrize("completion,truth,expected", CASES, ids=range(len(CASES)))
+def test_dapo_score_table(completion, truth, expected):
+    assert compute_score(completion, truth) == expected
+
+
+def test_reward_values_and_format_are_configurable():
+    assert compute_score(A + "5", "5", correct_score=2.0, wrong_score=0.0) == 2.0
+    assert compute_score(A + "4", "5", correct_score=2.0, wrong_score=0.0) == 0.0
+    assert compute_score("\\boxed{5}", "5", answer_format="dapo") == -1.0   # no Answer line
+    assert compute_score("Answer: 5", "5", answer_format="boxed") == -1.0   # no \boxed{}
+    assert extract_answer("\\boxed{3} Answer: 4", "boxed") == "3"
+
+
+def test_time_limit_kills_the_worker_and_scores_wrong():
+    v = Verifier(timeout_s=1.0)
+    try:
+        start = time.monotonic()
+        assert not v.equivalent("9" * 5 + "^" + "9" * 5 + "^" + "9" * 5, "1")  # sympy would run for ages
+        assert time.monotonic() - start < 30  # far under "forever"; the limit is 1 s plus a kill
+        assert v.timeouts == 1
+        assert v.equivalent("1/2", "0.5")  # a fresh worker answers the next call
+    finally:
+        v.close()
+
+
+def test_safe_in_worker_threads():
+    """math-verify's own timeout raises off the main thread; ours works in any thread."""
+    results, errors = [], []
+
+    def work(i):
+        try:
+            results.append(compute_score(f"Answer: {i}/2", str(i / 2)))
+        except Exception as e:  # noqa: BLE001 - collected for the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(1, 9)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and results == [1.0] * 8
+
+
+def test_generated_data_is_verl_schema_with_correct_answers(tmp_path):
+    train, test = mt.generate(tmp_path, 64, 16, seed=1, template="dapo")
+    rows = load_prompts(train).to_dict("records")
+    assert len(rows) == 64 and rows[0]["data_source"] == "math_dapo"
+    assert rows[0]["prompt"][0]["role"] == "user" and "Answer:" in prompt_text(rows[0])
+    test_problems = {prompt_text(r) for r in load_prompts(test).to_dict("records")}
+    assert not test_problems & {prompt_text(r) for r in rows}  # held out
+    for row in rows:  # the stored answer is what a correct solver would write
+        assert compute_score(f"Answer: {ground_truth(row)}", ground_truth(row)) == 1.0
+    # every kind of problem is checked by the verifier, not only by string equality
+    assert compute_score("\\boxed{" + str(eval("3/4 + 1/8")) + "}", "\\frac{7}{8}") == 1.0
+    with pytest.raises(TinyRLError, match="already exists"):
+        mt.generate(tmp_path, 4, 4)
+
+
+def test_generated_answers_are_right(tmp_path):
+    """Problems parse back to their answer: a + b * c, a - b, cx + a = d, fraction sums."""
+    import random
+    from fractions import Fraction
+
+    rng = random.Random(0)
+    for _ in range(200):
+        problem, answer = mt._problem(rng)
+        if problem.startswith("What is"):
+            assert str(eval(problem[len("What is "):-1])) == answer
+        elif problem.startswith("Solve"):
+            lhs, rhs = problem.split("$")[3].rstrip("$").split(" = ")
+            c, a = lhs.split("x + ")
+            assert Fraction(int(rhs) - int(a), int(c)) == int(answer)
+        else:
+            nums = [int(x) for x in problem.replace("}", "{").split("{") if x.isdigit()]
+            f = Fraction(nums[0], nums[1]) + Fraction(nums[2], nums[3])
+            assert compute_score(f"Answer: {f.numerator}/{f.denominator}", answer) == 1.0
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl", ".csv"])
+def test_convert_problem_answer_tables(tmp_path, suffix):
+    frame = pd.DataFrame({"problem": ["What is 2 + 2?", "Half of 1?", "   "], "answer": ["4", "\\frac{1}{2}", "1"]})
+    src = tmp_path / f"bench{suffix}"
+    {".parquet": lambda: frame.to_parquet(src), ".jsonl": lambda: frame.to_json(src, orient="records", lines=True),
+     ".csv": lambda: frame.to_csv(src, index=False)}[suffix]()
+    path, n = mt.convert(str(src), tmp_path / "out", "boxed")
+    assert path == tmp_path / "out" / "bench.parquet" and n == 2  # the blank problem is skipped
+    rows = load_prompts(path).to_dict("records")
+    assert rows[0]["data_source"] == "lighteval/MATH" and "\\boxed{}" in prompt_text(rows[0])
+    assert [ground_truth(r) for r in rows] == ["4", "\\frac{1}{2}"]
+    with pytest.raises(TinyRLError, match="already exists"):
+        mt.convert(str(src), tmp_path / "out", "boxed")
+
+
+def test_convert_gsm8k_and_aime_style_columns(tmp_path):
+    gsm = tmp_path / "gsm.jsonl"
+    gsm.write_text("\n".join(json.dumps(r) for r in [
+        {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"},
+        {"question": "A big sum?", "answer": "so\n#### 1,234"}]))
+    path, _ = mt.convert(str(gsm), tmp_path / "out", "dapo")
+    assert [ground_truth(r) for r in load_prompts(path).to_dict("records")] == ["7", "1234"]
+    aime = tmp_path / "aime.parquet"
+    pd.DataFrame({"ID": ["x-1"], "Problem": ["Find n."], "Answer": [204]}).to_parquet(aime)
+    path, _ = mt.convert(str(aime), tmp_path / "out", "dapo")
+    assert ground_truth(load_prompts(path).to_dict("records")[0]) == "204"
+    worked = tmp_path / "worked.parquet"
+    pd.DataFrame({"problem": ["p"], "solution": ["so it is \\boxed{\\frac{1}{3}}."]}).to_parquet(worked)
+    path, _ = mt.convert(str(worked), tmp_path / "out", "boxed")
+    assert ground_truth(load_prompts(path).to_dict("records")[0]) == "\\frac{1}{3}"
+
+
+def test_convert_keeps_verl_files_and_asks_for_unknown_columns(tmp_path):
+    train, _ = mt.generate(tmp_path / "g", 4, 4)
+    path, n = mt.convert(str(train), tmp_path / "copy", "boxed")  # verl's schema: kept as it is
+    assert n == 4 and pd.read_parquet(path).equals(pd.read_parquet(train))
+    odd = tmp_path / "odd.csv"
+    pd.DataFrame({"q": ["x"], "a": ["1"]}).to_csv(odd, index=False)
+    with pytest.raises(TinyRLError, match="--problem-key"):
+        mt.convert(str(odd), tmp_path, "dapo")
+    path, _ = mt.convert(str(odd), tmp_path / "out", "dapo", problem_key="q", answer_key="a")
+    assert path.name == "odd.parquet"
+
+
+def test_hf_source_without_network_or_package_says_what_to_do(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "datasets", None)  # the optional extra is not installed
+    with pytest.raises(TinyRLError) as e:
+        mt.convert("hf:someone/some-set:test", tmp_path, "dapo")
+    assert "datasets" in e.value.message and "--from FILE" in e.value.hint
+
+    class Offline:  # installed, but the Hub cannot be reached (as on this machine)
+        @staticmethod
+        def load_dataset(name, split):
+            raise ConnectionError("Couldn't reach the Hub")
+
+    monkeypatch.setitem(sys.modules, "datasets", Offline)
+    with pytest.raises(TinyRLError, match="could not load 'someone/some-set' .split test.*ConnectionError"):
+        mt.convert("hf:someone/some-set:test", tmp_path, "dapo")
+
+
+def test_verl_dapo_parquet_reads_as_is(tmp_path):
+    """DAPO-Math-17k's layout (prompt messages, ground_truth string, data_source math_dapo)."""
+    path = tmp_path / "dapo.parquet"
+    pd.DataFrame({"data_source": ["math_dapo"], "ability": ["MATH"],
+                  "prompt": [[{"role": "user", "content": mt.prompt_of("What is 6 * 7?", "dapo")}]],
+                  "reward_model": [{"style": "rule", "ground_truth": "42"}],
+                  "extra_info": [{"index": "a-uuid"}]}).to_parquet(path)
+    row = load_prompts(path).to_dict("records")[0]
+    from tinyrl.config import TaskConfig
+
+    score = mt.reward(TaskConfig(name="math"))
+    assert score("6 * 7 = 42\nAnswer: 42", row) == 1.0 and score("Answer: 41", row) == -1.0

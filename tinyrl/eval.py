@@ -1,0 +1,213 @@
+"""`tinyrl eval`: greedy accuracy, mean@n, pass@k, maj@k, response length and tokens/s of a model
+on a task's parquet files, with every sample written down.
+
+A run directory is evaluated at its latest checkpoint (the actor merged into its base, as
+`tinyrl export` writes it, in a temporary directory); anything else is a Hugging Face model
+directory or id. Writes OUT/eval.json and OUT/eval_samples.jsonl (one line per sample: data
+file, problem id, sample index, completion, extracted answer, correct); the metrics are
+tinyrl.eval_metrics over exactly those lines. `score_prompts` is shared with train's validation.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tinyrl.errors import TinyRLError
+from tinyrl.eval_metrics import summarize
+from tinyrl.rollout.base import SamplingSettings
+
+CHUNK_PROMPTS = 16  # prompts per generate() call: the progress bar moves, memory stays flat
+
+
+@dataclass
+class FileResult:
+    name: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    samples: list[dict] = field(default_factory=list)
+
+
+def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], task, task_cfg, *, n: int,
+                  ks: list[int], temperature: float, top_p: float, greedy: bool, max_new_tokens: int,
+                  seed: int = 0, name: str = "data", tick: Callable[[int], None] = lambda k: None) -> FileResult:
+    """Greedy (optional) and n sampled completions per prompt, judged by the task. -> FileResult"""
+    reward = task.make_reward(task_cfg)
+    solved_at = task.solved_at(task_cfg)
+    result = FileResult(name)
+    kinds = ([("greedy", SamplingSettings(n=1, greedy=True, max_new_tokens=max_new_tokens))] if greedy else []) + \
+        ([("sample", SamplingSettings(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                                      seed=seed))] if n > 0 else [])
+    per_kind: dict[str, list[list[dict]]] = {}
+    tokens, seconds, lengths = 0, 0.0, []
+    for kind, settings in kinds:
+        groups: list[list[dict]] = [[] for _ in prompts]
+        for start in range(0, len(prompts), CHUNK_PROMPTS):
+            chunk = prompts[start:start + CHUNK_PROMPTS]
+            t0 = time.perf_counter()
+            comps = engine.generate(chunk, settings).completions
+            seconds += time.perf_counter() - t0
+            texts = tokenizer.batch_decode([c.response_ids for c in comps], skip_special_tokens=True)
+            for c, text in zip(comps, texts):
+                i = start + c.prompt_index
+                score = float(reward(text, rows[i]))
+                groups[i].append({"data": name, "problem": i, "kind": kind, "sample": len(groups[i]),
+                                  "completion": text, "answer": task.extract_answer(text, task_cfg),
+                                  "correct": score >= solved_at, "reward": score,
+                                  "response_tokens": len(c.response_ids)})
+                tokens += len(c.response_ids)
+                lengths.append(len(c.response_ids))
+            tick(len(chunk))
+        per_kind[kind] = groups
+        result.samples += [s for g in groups for s in g]
+    if "greedy" in per_kind:
+        result.metrics["greedy_acc"] = sum(g[0]["correct"] for g in per_kind["greedy"]) / len(prompts)
+    if "sample" in per_kind:
+        result.metrics.update(summarize([([s["answer"] for s in g], [s["correct"] for s in g])
+                                         for g in per_kind["sample"]], ks))
+    result.metrics["response_length"] = sum(lengths) / max(len(lengths), 1)
+    result.metrics["tokens_per_s"] = tokens / max(seconds, 1e-9)
+    return result
+
+
+def metrics_from_samples(path: Path, ks: list[int]) -> dict[str, dict[str, float]]:
+    """The metrics recomputed from an eval_samples.jsonl alone (the test's cross-check)."""
+    by_file: dict[str, dict[int, list[dict]]] = {}
+    for line in path.read_text().splitlines():
+        s = json.loads(line)
+        if s["kind"] == "sample":
+            by_file.setdefault(s["data"], {}).setdefault(s["problem"], []).append(s)
+    return {name: summarize([([s["answer"] for s in sorted(g, key=lambda s: s["sample"])],
+                              [s["correct"] for s in sorted(g, key=lambda s: s["sample"])])
+                             for _, g in sorted(probs.items())], ks)
+            for name, probs in by_file.items()}
+
+
+def parse_data_args(items: list[str]) -> list[tuple[str, Path]]:
+    """`name=path` or `path` (named after the file) -> [(name, path)]."""
+    out = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or "/" in name:
+            name, path = Path(item).stem, item
+        out.append((name, Path(path).expanduser()))
+    if len({n for n, _ in out}) != len(out):
+        raise TinyRLError("two --data files have the same name", hint="name them: --data aime=FILE --data math500=FILE")
+    return out
+
+
+def _resolve_target(target: str, tmp: Path):
+    """-> (model path, the run's Config or None, a label)"""
+    from tinyrl.config import config_from_dict
+    from tinyrl.tiny_model import resolve_model_path
+
+    path = Path(target).expanduser()
+    if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
+        from tinyrl.export import export_run
+
+        cfg = config_from_dict(json.loads((path / "config.json").read_text()))
+        merged = export_run(path, tmp / "model")
+        step = json.loads((merged / "tinyrl_export.json").read_text())["step"]
+        return str(merged), cfg, f"{path} (step {step})"
+    if path.exists() and not (path / "config.json").is_file():
+        raise TinyRLError(f"{target} is neither a run directory nor a model directory (no config.json)",
+                          hint="give a `tinyrl train` --out directory, a Hugging Face model directory or id")
+    return resolve_model_path(target), None, target
+
+
+def _engine(kind: str, model_path: str, tokenizer, device, max_model_len: int, seed: int):
+    from tinyrl.rollout.factory import make_engine
+
+    if kind == "hf":
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
+        return make_engine("hf", model=model, tokenizer=tokenizer, device=device)
+    extra = {"gpu_memory_utilization": 0.85} if device.type == "cuda" else {"kv_cache_memory_bytes": 256 * 2**20}
+    return make_engine(kind, model=None, tokenizer=tokenizer, model_path=model_path, device=device,
+                       max_model_len=max_model_len, seed=seed, **extra)
+
+
+def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: int = 32,
+             ks: list[int] | None = None, temperature: float = 0.6, top_p: float = 1.0, greedy: bool = True,
+             engine: str = "auto", max_new_tokens: int | None = None, out_dir: Path | None = None,
+             chat_template: bool | None = None, seed: int = 0, progress: bool = True) -> tuple[dict, Path]:
+    """Evaluate; write OUT/eval.json and OUT/eval_samples.jsonl. -> (eval.json's dict, OUT)"""
+    import torch
+
+    from tinyrl.config import TaskConfig
+    from tinyrl.data.io import chat_text, load_prompts, prompt_text
+    from tinyrl.setup import load_tokenizer
+    from tinyrl.tasks import get_task
+
+    ks = sorted(set(ks or [1, 8, 32]))
+    if n < 0 or any(k < 1 for k in ks) or (n == 0 and not greedy):
+        raise TinyRLError(f"--n {n} --k {ks}: need n >= 1 (or --greedy with n = 0) and every k >= 1",
+                          hint="e.g. --n 32 --k 1,8,32")
+    files = parse_data_args(data)
+    for name, path in files:
+        if not path.is_file():
+            raise TinyRLError(f"--data {name}: {path} not found", hint="make it with `tinyrl data TASK ...`")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    engine = engine if engine != "auto" else ("vllm" if device.type == "cuda" else "hf")
+    with tempfile.TemporaryDirectory(prefix="tinyrl-eval-") as tmp:
+        model_path, cfg, label = _resolve_target(target, Path(tmp))
+        task_cfg = TaskConfig(**vars(cfg.task)) if cfg is not None else TaskConfig()
+        if task_name:
+            task_cfg.name = task_name
+        elif cfg is None:
+            raise TinyRLError("--task is needed for a model directory", hint="e.g. --task math (`tinyrl tasks`)")
+        task = get_task(task_cfg.name)
+        max_new = max_new_tokens or (cfg.rollout.max_response_length if cfg is not None else 1024)
+        chat = chat_template if chat_template is not None else bool(cfg is not None and cfg.data.chat_template)
+        out = out_dir or (Path(target) / "eval" if cfg is not None else Path("eval") / Path(target).name)
+        if (out / "eval.json").exists():
+            raise TinyRLError(f"{out / 'eval.json'} exists; nothing was changed", hint="give another --out directory")
+        tokenizer = load_tokenizer(model_path)
+        loaded = []
+        for name, path in files:
+            rows = load_prompts(path).to_dict("records")
+            texts = [chat_text(r, tokenizer) if chat else prompt_text(r) for r in rows]
+            loaded.append((name, tokenizer(texts, add_special_tokens=False)["input_ids"], rows))
+        longest = max(len(p) for _, prompts, _ in loaded for p in prompts)
+        eng = _engine(engine, model_path, tokenizer, device, longest + max_new, seed)
+        try:
+            results = _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, greedy, max_new,
+                           seed, progress)
+        finally:
+            eng.close()
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "eval_samples.jsonl", "w") as f:
+        for r in results:
+            for s in r.samples:
+                f.write(json.dumps(s) + "\n")
+    summary = {"model": label, "task": task_cfg.name, "engine": engine, "n": n, "k": ks, "temperature": temperature,
+               "top_p": top_p, "greedy": greedy, "max_new_tokens": max_new,
+               "files": {r.name: {"path": str(p), "problems": len(rows), **r.metrics}
+                         for r, (_, p), (_, _, rows) in zip(results, files, loaded)}}
+    (out / "eval.json").write_text(json.dumps(summary, indent=2))
+    return summary, out
+
+
+def _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, greedy, max_new, seed, progress):
+    from contextlib import nullcontext
+
+    total = sum(len(prompts) for _, prompts, _ in loaded) * ((1 if greedy else 0) + (1 if n else 0))
+    if progress:
+        from rich.console import Console
+        from rich.progress import Progress
+
+        bar_ctx = Progress(console=Console(stderr=True), transient=True)
+    else:
+        bar_ctx = nullcontext(None)
+    with bar_ctx as bar:
+        job = bar.add_task("evaluating (prompts)", total=total) if bar else None
+        tick = (lambda k: bar.advance(job, k)) if bar else (lambda k: None)
+        return [score_prompts(eng, tokenizer, prompts, rows, task, task_cfg, n=n, ks=ks, temperature=temperature,
+                              top_p=top_p, greedy=greedy, max_new_tokens=max_new, seed=seed, name=name, tick=tick)
+                for name, prompts, rows in loaded]

@@ -1,0 +1,70 @@
+"""The task registry: `tinyrl tasks` lists it, `task.name` picks one.
+
+Adding a task = one module here that builds a `Task` (tinyrl/tasks/base.py) named TASK, one
+line in _MODULES, and a preset. Task modules import heavy libraries (math-verify, datasets)
+lazily, so listing tasks stays fast.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import re
+from functools import cache
+
+from tinyrl.errors import TinyRLError
+from tinyrl.tasks.base import RewardFn, Task
+
+__all__ = ["RewardFn", "Task", "all_tasks", "get_task", "task_problems", "template_of", "task_line", "answer_patterns"]
+
+_MODULES = ("countdown", "math")
+
+
+@cache
+def all_tasks() -> dict[str, Task]:
+    return {name: importlib.import_module(f"tinyrl.tasks.{name}").TASK for name in _MODULES}
+
+
+def get_task(name: str) -> Task:
+    tasks = all_tasks()
+    if name not in tasks:
+        near = difflib.get_close_matches(name, tasks, n=1)
+        raise TinyRLError(f"unknown task {name!r}", hint=(f"did you mean {near[0]!r}? " if near else "")
+                          + f"tasks: {', '.join(tasks)} (`tinyrl tasks`)")
+    return tasks[name]
+
+
+def task_problems(cfg) -> list[str]:
+    """The [task] section's problems, each saying what to set (called by config.problems_of)."""
+    tasks = all_tasks()
+    t = cfg.task
+    if t.name not in tasks:
+        near = difflib.get_close_matches(t.name, tasks, n=1)
+        return [f"task.name = {t.name!r} is not one of {', '.join(tasks)}"
+                + (f" (did you mean {near[0]!r}?)" if near else "")]
+    task = tasks[t.name]
+    out = []
+    if t.template and t.template not in task.templates:
+        out.append(f"task.template = {t.template!r} is not a template of the {t.name} task; "
+                   f"choose one of {', '.join(task.templates)}")
+    return out + task.config_problems(t)
+
+
+def template_of(task_cfg) -> str:
+    """task.template, or the task's first template when it is unset."""
+    return task_cfg.template or get_task(task_cfg.name).templates[0]
+
+
+def task_line(prompt: str) -> str:
+    """The part of a prompt that says what this sample is about (the dashboard's sample line)."""
+    for task in all_tasks().values():
+        line = task.task_line(prompt)
+        if line:
+            return " ".join(line.split())
+    return " ".join(prompt.split())
+
+
+@cache
+def answer_patterns() -> re.Pattern:
+    """One regex matching every task's answer span (highlighted by the dashboard)."""
+    return re.compile("|".join(f"(?:{p})" for t in all_tasks().values() for p in t.answer_patterns), re.S)

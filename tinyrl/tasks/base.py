@@ -1,0 +1,31 @@
+"""What a task is: everything task-specific behind one small record (see tinyrl/tasks/__init__.py).
+
+A task owns its data (generate or convert, and the parquet schema it expects), its prompt
+templates, its reward `(completion, row) -> float`, what counts as solved, and how a sample
+reads on the dashboard. Everything else (trainer, engines, eval) only talks to this record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+RewardFn = Callable[[str, Any], float]     # (completion text, dataset row) -> score
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    description: str
+    templates: tuple[str, ...]                          # task.template choices (the first is the default)
+    make_reward: Callable[[Any], RewardFn]              # TaskConfig -> reward function
+    solved_at: Callable[[Any], float]                   # TaskConfig -> a score >= this is "solved"
+    extract_answer: Callable[[str, Any], str | None]    # (completion, TaskConfig) -> the answer it gives
+    data_command: Callable[..., None]                   # `tinyrl data NAME ...` (a typer command)
+    # (out_dir, train_size, test_size, seed, template) -> (train, test); None: nothing to generate
+    generate: Callable[..., tuple[Path, Path]] | None = None
+    data_hint: str = ""                                 # how to make data when the file is missing
+    task_line: Callable[[str], str | None] = lambda prompt: None   # the line of a prompt worth showing
+    answer_patterns: tuple[str, ...] = field(default=())           # regexes of the answer span (dashboard)
+    config_problems: Callable[[Any], list[str]] = lambda task_cfg: []

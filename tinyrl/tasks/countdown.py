@@ -1,0 +1,94 @@
+"""Countdown (TinyZero): reach a target with +, -, *, / using each given number once.
+
+Data: generated, every task solvable (tinyrl.data.countdown), TinyZero's parquet schema with
+ground_truth = {"target": int, "numbers": [int, ...]}; TinyZero's own files load as they are.
+Templates: base | qwen-instruct (tinyrl.data.templates). Reward: TinyZero's 0 / format_score / 1
+(tinyrl.rewards.countdown.compute_score, which stays importable for verl configs). Solved: a
+score of 1 (the full score).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from tinyrl.errors import TinyRLError
+from tinyrl.tasks.base import RewardFn, Task
+
+_TASK_LINE = re.compile(r"Using the numbers .*?equals -?\d+", re.S)  # the part that differs per task
+
+
+def reward(format_score: float = 0.1, strict: bool = False) -> RewardFn:
+    from tinyrl.rewards import countdown
+
+    if not strict:
+        def score(completion: str, example: Any) -> float:
+            return countdown.compute_score(
+                completion, example["reward_model"]["ground_truth"], format_score=format_score)
+        return score
+
+    from tinyrl.data.io import prompt_text  # imported here: it pulls in pandas and pyarrow
+
+    # TinyZero scores the decoded prompt + response, cutting at the first "Assistant:".
+    def strict_score(completion: str, example: Any) -> float:
+        return countdown.compute_score(
+            prompt_text(example) + completion, example["reward_model"]["ground_truth"],
+            strict=True, format_score=format_score)
+    return strict_score
+
+
+def extract_answer(completion: str, task_cfg: Any = None) -> str | None:
+    from tinyrl.rewards.countdown import last_answer
+
+    found = last_answer(completion)
+    return None if found is None else found.strip()
+
+
+def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: str = "base",
+             progress: bool = True) -> tuple[Path, Path]:
+    from tinyrl.data.countdown import generate_countdown
+
+    return generate_countdown(out_dir, train_size, test_size, seed=seed, template=template, progress=progress)
+
+
+def data_command(
+    out_dir: Path = typer.Option(..., "--out", help="Directory for train.parquet and test.parquet."),
+    train_size: int = typer.Option(327_680, help="Training tasks (TinyZero: 327,680)."),
+    test_size: int = typer.Option(1_024, help="Test tasks (TinyZero: 1,024)."),
+    seed: int = typer.Option(0, help="Random seed; the same seed gives the same files."),
+    template: str = typer.Option("base", help="Prompt template: base | qwen-instruct."),
+) -> None:
+    """Write Countdown tasks in TinyZero's parquet schema (every task solvable)."""
+    from rich.console import Console
+
+    from tinyrl.data.countdown import MAX_ROWS
+
+    if not (1 <= train_size <= MAX_ROWS and 1 <= test_size <= MAX_ROWS):
+        raise TinyRLError(f"--train-size and --test-size must be between 1 and {MAX_ROWS:,} "
+                          f"(got {train_size:,} and {test_size:,})",
+                          hint="TinyZero uses --train-size 327680 --test-size 1024")
+    train, test = generate(out_dir, train_size, test_size, seed=seed, template=template)
+    Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
+
+
+def _task_line(prompt: str) -> str | None:
+    match = _TASK_LINE.search(prompt)
+    return match.group(0) if match else None
+
+
+TASK = Task(
+    name="countdown",
+    description="TinyZero's Countdown: numbers and a target, answer in <answer></answer>; 1 / 0.1 / 0",
+    templates=("base", "qwen-instruct"),
+    make_reward=lambda t: reward(t.format_score, t.strict),
+    solved_at=lambda t: 1.0,
+    extract_answer=extract_answer,
+    data_command=data_command,
+    generate=generate,
+    data_hint="`tinyrl data countdown --out DIR`",
+    task_line=_task_line,
+    answer_patterns=(r"<answer>.*?</answer>",),
+)

@@ -1,0 +1,320 @@
+"""Maths with a final answer (DAPO recipe of verl): DAPO-Math-17k, MATH-500, AIME, GSM8K.
+
+Data: verl's maths parquet read as it is (DAPO-Math-17k: `prompt` = chat messages asking for an
+"Answer:" line, `reward_model.ground_truth` a string, `data_source` "math_dapo"). Plain
+problem/answer tables (parquet, jsonl, json, csv, or `hf:NAME[:split]` through `datasets`) are
+converted into that schema by `tinyrl data math --from ...`; without --from it generates small
+arithmetic/algebra problems with known answers (tests and the math-tiny demo; no benchmark text).
+Templates: dapo ("Answer: $Answer" on the last line, data_source math_dapo) or boxed (Qwen's
+"\\boxed{}" instruction, data_source lighteval/MATH), matching verl's reward dispatch.
+Reward: the answer of the last "Answer:" line or the last \\boxed{} (answer_format auto: whichever
+comes last), checked against the ground truth with math-verify in a killable worker process
+(tinyrl.tasks.verify); +1 / -1 as DAPO by default. Solved: the correct score.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from tinyrl.errors import TinyRLError
+from tinyrl.tasks.base import RewardFn, Task
+
+ANSWER_FORMATS = ("auto", "dapo", "boxed")
+TEMPLATES = {
+    # DAPO-Math-17k's instruction, so converted sets read like the training set.
+    "dapo": ("Solve the following math problem step by step. The last line of your response should be of "
+             "the form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+             "{problem}\n\nRemember to put your answer on its own line after \"Answer:\"."),
+    # Qwen2.5-Math's chain-of-thought instruction.
+    "boxed": "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
+}
+DATA_SOURCE = {"dapo": "math_dapo", "boxed": "lighteval/MATH"}  # verl's default_compute_score keys
+_ANSWER_LINE = re.compile(r"answer\s*:[ \t]*([^\n]*)", re.I)
+_ANSWER_WORD = re.compile(r"answer\s*:", re.I)
+_DAPO_PROBLEM = re.compile(r"answer to the problem\.\n\n(.+?)\n\nRemember", re.S)
+_BOX = ("\\boxed", "\\fbox")
+
+
+# ------------------------------------------------------------------------------- answers
+
+def last_boxed(text: str) -> tuple[int, str] | None:
+    """(position, content) of the last \\boxed{...} (balanced braces), or None. Linear time."""
+    # An unclosed box leaves every later prefix with more "{" than "}", so an earlier box can
+    # only close before it: each scan stops where the previous (later) one started.
+    limit = len(text)
+    found = {b: text.rfind(b) for b in _BOX}  # each marker's last place before `limit`
+    pos = max(found.values())
+    while pos != -1:
+        start = text.find("{", pos, limit)
+        head = text[pos:start] if start != -1 else ""
+        if start != -1 and head in _BOX:
+            depth = 0
+            for i in range(start, limit):
+                depth += {"{": 1, "}": -1}.get(text[i], 0)
+                if depth == 0:
+                    return pos, text[start + 1:i]
+        elif text.startswith("\\boxed ", pos):  # "\boxed 5": up to the next space or "$"
+            rest = text[pos + len("\\boxed "):limit]
+            return pos, re.split(r"[\s$]", rest, maxsplit=1)[0]
+        limit = pos  # unclosed: try the one before (only the marker found here moves back)
+        found = {b: text.rfind(b, 0, pos) if at == pos else at for b, at in found.items()}
+        pos = max(found.values())
+    return None
+
+
+def last_answer_line(text: str) -> tuple[int, str] | None:
+    """(position, content) of the last "Answer: ..." line, as DAPO's reward reads it."""
+    found = None
+    for m in _ANSWER_LINE.finditer(text):
+        found = m
+    if found is None:
+        return None
+    content = _ANSWER_WORD.split(found.group(1))[-1].strip()  # "Answer: Answer: 5": after the last
+    boxed = last_boxed(content)  # "Answer: \boxed{5}"
+    return found.start(), (boxed[1] if boxed else content).strip().rstrip(".").strip()
+
+
+def extract_answer(completion: str, answer_format: str = "auto") -> str | None:
+    if not isinstance(answer_format, str):  # the Task hook passes a TaskConfig
+        answer_format = answer_format.answer_format
+    found = [f for f in ((last_answer_line(completion) if answer_format in ("auto", "dapo") else None),
+                         (last_boxed(completion) if answer_format in ("auto", "boxed") else None)) if f]
+    if not found:
+        return None
+    answer = max(found)[1].strip()
+    return answer.strip("$").strip() or None
+
+
+def compute_score(solution_str: str, ground_truth: Any, answer_format: str = "auto",
+                  correct_score: float = 1.0, wrong_score: float = -1.0, timeout_s: float = 5.0) -> float:
+    """verl's argument order: `correct_score` when the completion's final answer equals the
+    ground truth (math-verify), else `wrong_score` (no answer, unparsable, time out included)."""
+    from tinyrl.tasks.verify import shared_verifier
+
+    answer = extract_answer(solution_str, answer_format)
+    if answer is None:
+        return wrong_score
+    truth = str(ground_truth.item() if hasattr(ground_truth, "item") else ground_truth)
+    return correct_score if shared_verifier(timeout_s).equivalent(answer, truth) else wrong_score
+
+
+def reward(task_cfg: Any) -> RewardFn:
+    from tinyrl.data.io import ground_truth
+
+    def score(completion: str, example: Any) -> float:
+        return compute_score(completion, ground_truth(example), task_cfg.answer_format,
+                             task_cfg.correct_score, task_cfg.wrong_score, task_cfg.verify_timeout_s)
+    return score
+
+
+# ------------------------------------------------------------------------------- data
+
+def prompt_of(problem: str, template: str) -> str:
+    if template not in TEMPLATES:
+        raise TinyRLError(f"unknown maths template {template!r}", hint=f"use one of: {', '.join(TEMPLATES)}")
+    return TEMPLATES[template].format(problem=problem.strip())
+
+
+def write_rows(rows: list[tuple[str, str]], path: Path, template: str, split: str) -> Path:
+    """(problem, answer) pairs -> verl maths parquet at `path` (never over an existing file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.exists():
+        raise TinyRLError(f"{path} already exists; nothing was written", hint="choose another --out or --name")
+    n = len(rows)
+    message = pa.StructArray.from_arrays([pa.array(["user"] * n), pa.array([prompt_of(p, template) for p, _ in rows])],
+                                         ["role", "content"])
+    table = pa.table({
+        "data_source": pa.array([DATA_SOURCE[template]] * n),
+        "prompt": pa.ListArray.from_arrays(pa.array(range(n + 1), pa.int32()), message),
+        "ability": pa.array(["MATH"] * n),
+        "reward_model": pa.StructArray.from_arrays([pa.array(["rule"] * n), pa.array([a for _, a in rows])],
+                                                   ["style", "ground_truth"]),
+        "extra_info": pa.StructArray.from_arrays([pa.array([split] * n), pa.array(range(n), pa.int64())],
+                                                 ["split", "index"]),
+    })
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        pq.write_table(table, path)
+    except OSError as e:
+        raise TinyRLError(f"cannot write {path}: {e}", hint="check free disk space and permissions") from e
+    return path
+
+
+def _problem(rng: random.Random) -> tuple[str, str]:
+    """One generated problem with its exact answer (arithmetic, fractions, linear equations)."""
+    kind = rng.randrange(4)
+    a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(2, 12)
+    if kind == 0:
+        return f"What is {a} + {b} * {c}?", str(a + b * c)
+    if kind == 1:
+        return f"What is {a} - {b}?", str(a - b)
+    if kind == 2:  # 3x + 7 = 22 with an integer root
+        x = rng.randint(-20, 20)
+        return f"Solve for $x$: ${c}x + {a} = {c * x + a}$.", str(x)
+    f = Fraction(a % 9 + 1, c) + Fraction(b % 7 + 1, c + 1)
+    ans = str(f.numerator) if f.denominator == 1 else f"\\frac{{{f.numerator}}}{{{f.denominator}}}"
+    return f"Compute $\\frac{{{a % 9 + 1}}}{{{c}}} + \\frac{{{b % 7 + 1}}}{{{c + 1}}}$ as a fraction in lowest terms.", ans
+
+
+def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: str = "dapo",
+             progress: bool = True) -> tuple[Path, Path]:
+    """Generated problems into out_dir/train.parquet and test.parquet (test held out from train)."""
+    for name, size in (("train_size", train_size), ("test_size", test_size)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise TinyRLError(f"{name} must be a positive integer, got {size!r}", hint="e.g. --train-size 1000")
+    prompt_of("", template)
+    test_rng, train_rng = random.Random(f"tinyrl-math:{seed}:test"), random.Random(f"tinyrl-math:{seed}:train")
+    test = [_problem(test_rng) for _ in range(test_size)]
+    held_out = {p for p, _ in test}
+    train = []
+    while len(train) < train_size:
+        row = _problem(train_rng)
+        if row[0] not in held_out:
+            train.append(row)
+    out = Path(out_dir).expanduser()
+    return (write_rows(train, out / "train.parquet", template, "train"),
+            write_rows(test, out / "test.parquet", template, "test"))
+
+
+_PROBLEM_KEYS = ("problem", "question", "Problem", "Question")
+_ANSWER_KEYS = ("answer", "Answer", "final_answer", "ground_truth", "solution", "Solution")
+
+
+def _answer_text(value: Any, key: str) -> str | None:
+    text = str(value.item() if hasattr(value, "item") else value).strip()
+    if "####" in text:  # GSM8K: reasoning, then "#### 72"
+        text = text.rsplit("####", 1)[1].strip().replace(",", "")
+    elif key.lower() == "solution":  # MATH-style worked solution: its last \boxed{}
+        boxed = last_boxed(text)
+        text = boxed[1].strip() if boxed else ""
+    return text or None
+
+
+def read_table(source: str) -> tuple[Any, str]:
+    """(pandas frame, a name for it) from a file or `hf:NAME[:split]`."""
+    import pandas as pd
+
+    if source.startswith("hf:"):
+        name, _, split = source[3:].partition(":")
+        try:
+            import datasets
+        except ImportError as e:
+            raise TinyRLError(f"--from {source} needs the `datasets` package", hint="pip install 'tinyrl[datasets]' "
+                              "(or download the file yourself and give --from FILE)") from e
+        try:
+            ds = datasets.load_dataset(name, split=split or "train")
+        except Exception as e:  # noqa: BLE001 - network, auth, unknown name: all the user's to fix
+            raise TinyRLError(f"could not load {name!r} (split {split or 'train'}) from the Hugging Face Hub: "
+                              f"{type(e).__name__}: {str(e)[:300]}",
+                              hint="check the name and split and the network (HF_HUB_OFFLINE unset), or "
+                              "download the file and give --from FILE") from e
+        return ds.to_pandas(), f"{name.split('/')[-1]}-{split or 'train'}".lower()
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise TinyRLError(f"--from {source}: file not found", hint="give a .parquet, .jsonl, .json or .csv file, "
+                          "or hf:NAME[:split]")
+    readers = {".parquet": pd.read_parquet, ".jsonl": lambda p: pd.read_json(p, lines=True),
+               ".json": pd.read_json, ".csv": pd.read_csv}
+    if path.suffix not in readers:
+        raise TinyRLError(f"--from {source}: cannot read {path.suffix or 'files without a suffix'}",
+                          hint=f"give one of: {', '.join(readers)}")
+    try:
+        return readers[path.suffix](path), path.stem
+    except (ValueError, OSError) as e:
+        raise TinyRLError(f"cannot read {path}: {e}", hint="check the file") from e
+
+
+def convert(source: str, out_dir: Path, template: str, name: str | None = None,
+            problem_key: str | None = None, answer_key: str | None = None) -> tuple[Path, int]:
+    """A problem/answer table -> out_dir/NAME.parquet in verl's maths schema. -> (path, rows)"""
+    prompt_of("", template)
+    frame, default_name = read_table(source)
+    cols = list(frame.columns)
+    if "prompt" in cols and "reward_model" in cols:  # verl's schema already (DAPO-Math-17k): kept as it is
+        path = Path(out_dir).expanduser() / f"{name or default_name}.parquet"
+        if path.exists():
+            raise TinyRLError(f"{path} already exists; nothing was written", hint="choose another --out or --name")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        frame.to_parquet(path, index=False)
+        return path, len(frame)
+    pkey = problem_key or next((k for k in _PROBLEM_KEYS if k in cols), None)
+    akey = answer_key or next((k for k in _ANSWER_KEYS if k in cols), None)
+    if pkey not in cols or akey not in cols:
+        raise TinyRLError(f"{source}: no problem/answer columns found (columns: {', '.join(map(str, cols))})",
+                          hint="name them with --problem-key and --answer-key")
+    rows, skipped = [], 0
+    for problem, value in zip(frame[pkey], frame[akey]):
+        answer = _answer_text(value, akey)
+        if answer is None or not str(problem).strip():
+            skipped += 1
+            continue
+        rows.append((str(problem), answer))
+    if not rows:
+        raise TinyRLError(f"{source}: no row has both a problem and an answer", hint="check --answer-key")
+    path = write_rows(rows, Path(out_dir).expanduser() / f"{name or default_name}.parquet", template,
+                      name or default_name)
+    return path, len(rows)
+
+
+def data_command(
+    out_dir: Path = typer.Option(..., "--out", help="Output directory."),
+    source: Optional[str] = typer.Option(None, "--from", help="A problem/answer table (.parquet/.jsonl/.json/.csv) "
+                                         "or hf:NAME[:split]; without it, generated problems (train + test)."),
+    template: str = typer.Option("dapo", help="Prompt template: dapo (\"Answer:\" line) | boxed (\\boxed{})."),
+    name: Optional[str] = typer.Option(None, help="Output file name without .parquet (default: the input's name)."),
+    problem_key: Optional[str] = typer.Option(None, help="Column holding the problem (default: problem/question)."),
+    answer_key: Optional[str] = typer.Option(None, help="Column holding the answer (default: answer, then solution's "
+                                             "last \\boxed{}; GSM8K's '#### x' is understood)."),
+    train_size: int = typer.Option(4096, help="Generated training problems (without --from)."),
+    test_size: int = typer.Option(256, help="Generated test problems (without --from)."),
+    seed: int = typer.Option(0, help="Seed of the generated problems."),
+) -> None:
+    """Convert a maths table into verl's parquet (DAPO-Math-17k's schema), or generate problems."""
+    from rich.console import Console
+
+    if source is None:
+        train, test = generate(out_dir, train_size, test_size, seed=seed, template=template)
+        Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
+        return
+    path, n = convert(source, out_dir, template, name, problem_key, answer_key)
+    Console().print(f"wrote {path} ({n:,} rows)")
+
+
+def _config_problems(t: Any) -> list[str]:
+    out = []
+    if t.answer_format not in ANSWER_FORMATS:
+        out.append(f"task.answer_format = {t.answer_format!r} is not one of {', '.join(ANSWER_FORMATS)}")
+    if not t.correct_score > t.wrong_score:
+        out.append(f"task.correct_score = {t.correct_score} must be above task.wrong_score = {t.wrong_score}")
+    if not t.verify_timeout_s > 0:
+        out.append(f"task.verify_timeout_s = {t.verify_timeout_s} must be > 0 (seconds per math-verify call)")
+    return out
+
+
+def _task_line(prompt: str) -> str | None:
+    match = _DAPO_PROBLEM.search(prompt)
+    return match.group(1) if match else None
+
+
+TASK = Task(
+    name="math",
+    description="Maths with a final answer (DAPO): \"Answer:\" line or \\boxed{}, math-verify, +1 / -1",
+    templates=tuple(TEMPLATES),
+    make_reward=reward,
+    solved_at=lambda t: t.correct_score,
+    extract_answer=extract_answer,
+    data_command=data_command,
+    generate=generate,
+    data_hint="`tinyrl data math --from FILE|hf:NAME[:split] --out DIR` (or no --from: generated problems)",
+    task_line=_task_line,
+    answer_patterns=(r"(?i:answer)\s*:[^\n]*", r"\\boxed\{[^\n]*?\}"),
+    config_problems=_config_problems,
+)

@@ -1,0 +1,86 @@
+"""The run's reward: the task's own (or a user's) function, plus optional extra functions with
+weights (TRL's reward_funcs + reward_weights), and what counts as solved.
+
+`reward.fn` picks the first function: "task" (the task's reward with the [task] options), a task
+name, or a user's `file.py:func` / `module:func` (any parquet; solved = a score >= 1, as before).
+`reward.extra_fns` adds more; the step's score is sum(w_i * f_i). Solved (reward/accuracy,
+val/score, eval) is judged on the first function alone, so shaping terms never fake a solve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tinyrl.tasks import all_tasks, get_task
+from tinyrl.tasks.base import RewardFn
+
+
+@dataclass
+class Scores:
+    total: list[float] = field(default_factory=list)              # weighted sum per sample
+    solved: list[bool] = field(default_factory=list)              # first function >= solved_at
+    parts: dict[str, list[float]] = field(default_factory=dict)   # each function's raw score
+
+    def append(self, other: "Scores", i: int) -> None:
+        """Add sample i of `other` (dynamic sampling keeps some samples of each round)."""
+        if self.parts is None:
+            self.parts = {name: [] for name in other.parts}
+        self.total.append(other.total[i])
+        self.solved.append(other.solved[i])
+        for name, values in other.parts.items():
+            self.parts[name].append(values[i])
+
+    def metrics(self, prefix: str = "reward") -> dict[str, float]:
+        n = max(len(self.total), 1)
+        out = {f"{prefix}/accuracy": sum(self.solved) / n}
+        if self.parts and len(self.parts) > 1:
+            out.update({f"{prefix}/fn/{name}": sum(v) / n for name, v in self.parts.items()})
+        return out
+
+
+class RewardSet:
+    """Callable as one reward function (the weighted total), or per batch with the details."""
+
+    def __init__(self, fns: list[tuple[str, RewardFn]], weights: list[float], solved_at: float):
+        self.fns, self.weights, self.solved_at = fns, weights or [1.0] * len(fns), solved_at
+
+    def __call__(self, completion: str, row: Any) -> float:
+        return self.score(completion, row)[0]
+
+    def score(self, completion: str, row: Any) -> tuple[float, bool, list[float]]:
+        raw = [fn(completion, row) for _, fn in self.fns]
+        return sum(w * r for w, r in zip(self.weights, raw)), raw[0] >= self.solved_at, raw
+
+    def score_batch(self, completions: list[str], rows: list[Any]) -> Scores:
+        out = Scores(parts={name: [] for name, _ in self.fns})
+        for completion, row in zip(completions, rows):
+            total, solved, raw = self.score(completion, row)
+            out.total.append(total)
+            out.solved.append(solved)
+            for (name, _), r in zip(self.fns, raw):
+                out.parts[name].append(r)
+        return out
+
+
+def _one(spec: str, task_cfg: Any, timeout_s: float) -> tuple[str, RewardFn, float]:
+    """(metric name, function, solved_at) of one reward spec."""
+    if spec == "task" or spec in all_tasks():
+        task = get_task(task_cfg.name if spec == "task" else spec)
+        return task.name, task.make_reward(task_cfg), task.solved_at(task_cfg)
+    from tinyrl.rewards.registry import load_reward_fn
+
+    return spec.rpartition(":")[2] or spec, load_reward_fn(spec, timeout_s=timeout_s), 1.0
+
+
+def reward_set(specs: list[str], weights: list[float], task_cfg: Any, timeout_s: float = 60.0) -> RewardSet:
+    """Reward specs (the first decides "solved"), their weights (empty = 1.0 each), the task
+    options, and a user function's time per call (reward.timeout_s, tinyrl.rewards.limits)."""
+    built = [_one(spec, task_cfg, timeout_s) for spec in specs]
+    names = [b[0] if [x[0] for x in built].count(b[0]) == 1 else f"{b[0]}{i}" for i, b in enumerate(built)]
+    return RewardSet([(n, b[1]) for n, b in zip(names, built)], list(weights), built[0][2])
+
+
+def build_rewards(cfg) -> RewardSet:
+    """The RewardSet of a config (reward.fn, reward.extra_fns, reward.weights, [task])."""
+    return reward_set([cfg.reward.fn, *cfg.reward.extra_fns], cfg.reward.weights, cfg.task, cfg.reward.timeout_s)

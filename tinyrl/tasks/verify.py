@@ -1,0 +1,117 @@
+"""Maths answer equivalence (math-verify) with a hard time limit that is safe in any thread.
+
+math-verify bounds its own time with SIGALRM, which only works in the main thread (and would
+fight the trainer's own alarms); sympy can run for minutes on a hostile string. So the check
+runs in a worker process (tinyrl/tasks/_verify_worker.py) fed through a pipe: each call waits at
+most `timeout_s` for the answer, and a worker past its time is killed and replaced (the answer
+counts as wrong). One worker per Verifier, calls serialised by a lock; a pipe round trip costs
+~0.1 ms on top of math-verify's own time. Identical answers (after trimming spaces and `$`)
+never leave the process, and answers longer than MAX_ANSWER_CHARS are wrong without a look.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import select
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tinyrl.errors import TinyRLError
+
+MAX_ANSWER_CHARS = 1000    # a real final answer is short; sympy on 10 kB of LaTeX is not
+STARTUP_TIMEOUT_S = 120.0  # importing sympy + math-verify on a busy machine
+_WORKER = Path(__file__).with_name("_verify_worker.py")
+
+
+def normalize(text: str) -> str:
+    return "".join(text.split()).strip("$").rstrip(".")
+
+
+class Verifier:
+    def __init__(self, timeout_s: float = 5.0):
+        self.timeout_s = timeout_s
+        self.timeouts = 0                 # calls that ran out of time (their worker was killed)
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        atexit.register(self.close)
+
+    def equivalent(self, answer: str, truth: str) -> bool:
+        if normalize(answer) == normalize(truth):
+            return True
+        if len(answer) > MAX_ANSWER_CHARS or not answer.strip():
+            return False
+        line = json.dumps({"a": answer, "t": truth}) + "\n"
+        with self._lock:
+            proc = self._start()
+            try:
+                proc.stdin.write(line)
+                proc.stdin.flush()
+                reply = self._read(proc, self.timeout_s)
+            except OSError:  # the worker died (e.g. out of memory): a fresh one next call
+                reply = None
+            if reply is None:
+                self.timeouts += 1
+                self._kill()
+                return False
+            return reply == "1"
+
+    def _start(self) -> subprocess.Popen:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        try:
+            import math_verify  # noqa: F401 - fail here, in the parent, with an install hint
+        except ImportError as e:
+            raise TinyRLError(f"the maths reward needs the math-verify package ({e})",
+                              hint="pip install 'math-verify>=0.9,<0.10' (a tinyrl dependency)") from e
+        # -I: no script dir on sys.path (tasks/math.py would shadow the stdlib), no PYTHONPATH
+        self._proc = subprocess.Popen([sys.executable, "-I", str(_WORKER)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        if self._read(self._proc, STARTUP_TIMEOUT_S) != "ready":
+            self._kill()
+            raise TinyRLError("the math-verify worker process did not start",
+                              hint=f"run `{sys.executable} -I {_WORKER}` to see why")
+        return self._proc
+
+    @staticmethod
+    def _read(proc: subprocess.Popen, timeout: float) -> str | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([proc.stdout], [], [], left)
+            if ready:
+                line = proc.stdout.readline()  # the worker writes whole lines, then flushes
+                return line.strip() if line else None
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.stdin.close()  # EOF: the worker's loop ends
+                try:
+                    self._proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+            self._proc = None
+
+
+_shared: dict[float, Verifier] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_verifier(timeout_s: float = 5.0) -> Verifier:
+    """One worker per time limit for the whole process (rewards, eval and tests share it)."""
+    with _shared_lock:
+        if timeout_s not in _shared:
+            _shared[timeout_s] = Verifier(timeout_s)
+        return _shared[timeout_s]
