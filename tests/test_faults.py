@@ -103,6 +103,14 @@ def signal_at_random_moment(proc: subprocess.Popen, out: Path, rng: random.Rando
     return proc.communicate(timeout=600)[1]
 
 
+def finished_then_killed(proc: subprocess.Popen, out: Path, sig: int) -> bool:
+    """The signal came after the run had saved its last step, while the interpreter was shutting
+    down: Python has given SIGINT/SIGTERM back to the OS by then, so the process ends with -sig.
+    Nothing is lost then; seen once in a loaded CI run (issue 19)."""
+    latest = ckpt.load_latest(out / "checkpoints")
+    return proc.returncode == -sig and latest is not None and latest["step"] == STEPS
+
+
 @pytest.mark.slow
 def test_signals_and_kills_at_random_moments_then_resume(tmp_path, data, reference):
     rng = random.Random(11)
@@ -110,13 +118,14 @@ def test_signals_and_kills_at_random_moments_then_resume(tmp_path, data, referen
     # 1. Ctrl-C twice: out at once, without saving (exit 130); whatever was saved stays whole.
     proc = start(data, out)
     stderr = signal_at_random_moment(proc, out, rng, signal.SIGINT, signal.SIGINT)
-    assert proc.returncode in (0, 130) and "Traceback" not in stderr, stderr[-3000:]
+    assert proc.returncode in (0, 130) or finished_then_killed(proc, out, signal.SIGINT), stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
     # 2. and 3. One Ctrl-C, then one SIGTERM: finish or abandon the step, save, say where, 130 / 143.
     for sig in (signal.SIGINT, signal.SIGTERM):
         proc = start(data, out, "--resume")
         stderr = signal_at_random_moment(proc, out, rng, sig)
-        assert proc.returncode in (0, 128 + sig), stderr[-3000:]  # 0: the signal came after the end
-        if proc.returncode:
+        assert proc.returncode in (0, 128 + sig) or finished_then_killed(proc, out, sig), stderr[-3000:]
+        if proc.returncode > 0:
             text = " ".join(stderr.split())
             assert "Traceback" not in text and f"stopped by {'SIGINT' if sig == signal.SIGINT else 'SIGTERM'}" in text
             assert "resume with: tinyrl train" in text and "--resume" in text
