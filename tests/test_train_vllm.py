@@ -39,16 +39,16 @@ def test_train_three_steps_with_vllm(tmp_path, tiny_model_dir, countdown_train):
 CHILD = Path(__file__).parent / "helpers" / "parity_child.py"
 
 
-def _parity_child(tmp_path, tiny_model_dir, mode: str) -> dict:
-    done = subprocess.run([sys.executable, str(CHILD), str(tmp_path), str(tiny_model_dir), mode],
+def _parity_child(tmp_path, tiny_model_dir, data: Path, mode: str) -> dict:
+    done = subprocess.run([sys.executable, str(CHILD), str(tmp_path), str(tiny_model_dir), mode, str(data)],
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.vllm
-def test_parity_guard_resyncs_once_after_a_skipped_sync(tmp_path, tiny_model_dir):
-    out = _parity_child(tmp_path, tiny_model_dir, "once")
+def test_parity_guard_resyncs_once_after_a_skipped_sync(tmp_path, tiny_model_dir, countdown_train):
+    out = _parity_child(tmp_path, tiny_model_dir, countdown_train(64), "once")
     assert out["ok"], out
     assert out["syncs"] == 2  # the skipped one, then the guard's re-sync
     assert any("re-syncing the engine" in n for n in out["notices"])
@@ -56,8 +56,8 @@ def test_parity_guard_resyncs_once_after_a_skipped_sync(tmp_path, tiny_model_dir
 
 
 @pytest.mark.vllm
-def test_parity_guard_stops_the_run_when_the_engine_stays_stale(tmp_path, tiny_model_dir):
-    out = _parity_child(tmp_path, tiny_model_dir, "always")
+def test_parity_guard_stops_the_run_when_the_engine_stays_stale(tmp_path, tiny_model_dir, countdown_train):
+    out = _parity_child(tmp_path, tiny_model_dir, countdown_train(64), "always")
     assert not out["ok"] and out["syncs"] == 2
     assert "even after a re-sync" in out["error"] and "rollout.max_probs_diff" in out["error"]
     assert "sleep_level" in out["hint"]

