@@ -397,18 +397,17 @@ def doctor_cmd(
     if bench and bench_steps < 3:
         raise TinyRLError(f"--bench-steps {bench_steps}: the bench needs at least 3 (one warm-up, two timed)",
                           hint="e.g. --bench-steps 3")
-    if out_file is not None and out_file.exists():
-        raise TinyRLError(f"--out {out_file} already exists; nothing was written",
-                          hint="choose a new file name, or delete that file first")
     _log_to_stderr()
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.")
     with err.status("tinyrl doctor ...") as status:
         report = run_doctor(preset, overrides, bench=bench, bench_steps=bench_steps,
                             progress=lambda message: status.update(message))
     text = report.to_json()
-    if out_file is not None:
+    if out_file is not None:  # the file the user named (a re-run replaces its last report), written whole
+        from tinyrl.jsonl import write_atomic
+
         out_file.parent.mkdir(parents=True, exist_ok=True)
-        out_file.write_text(text + "\n")
+        write_atomic(out_file, text + "\n")
     if as_json:
         print(text)
     else:

@@ -19,7 +19,7 @@ Exit codes: 0 every row passed (warnings and skipped rows included), 1 a row fai
 
 from __future__ import annotations
 
-from tinyrl.doctor.report import Report, Row  # noqa: F401
+from tinyrl.doctor.report import Report, Row
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -40,6 +40,12 @@ def run_doctor(preset: str, overrides: list[str] | None = None, *, bench: bool =
                              "cpus": _cpus()})
     say("checking the install, the card, the disk and the memory ...")
     report.rows += env.environment_rows(cfg)
+    import torch
+
+    if torch.cuda.is_available() and cfg.trainer.device == "cpu":
+        report.rows.append(Row("device", "warn", f"preset {cfg.preset} pins trainer.device = cpu: the trial below "
+                               "does not use the card", fix="--set trainer.device=cuda, or a card preset such as "
+                               "--preset countdown-4090", basis="read"))
     say(f"two real steps of {cfg.preset} ({cfg.model.name}, engine {cfg.rollout.engine}) at a small batch ...")
     report.rows += trial.trial_rows(preset, overrides, report)
     if bench:
