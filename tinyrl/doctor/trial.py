@@ -65,8 +65,8 @@ def ensure_data(cfg: Config, workdir: Path, rows: int = 64) -> str:
         raise TinyRLError(f"data.train_path = {cfg.data.train_path} does not exist and the {task.name} task "
                           "does not generate data", hint=f"make it first: {task.data_hint}")
     train, _ = task.generate(workdir / "data", rows, 16, seed=cfg.data.generate_seed, template=template_of(cfg.task))
-    cfg.data.train_path = str(train)
-    return f"{rows} generated rows ({cfg.data.train_path} does not exist yet)"
+    missing, cfg.data.train_path = cfg.data.train_path, str(train)
+    return f"{rows} rows generated for the check ({missing} does not exist yet)"
 
 
 def trial_rows(preset: str, overrides: list[str] | None, report: Report) -> list[Row]:
