@@ -379,6 +379,45 @@ def eval_cmd(
     out.print(f"wrote {where / 'eval.json'} and {where / 'eval_samples.jsonl'}", highlight=False, soft_wrap=True)
 
 
+@app.command("doctor")
+def doctor_cmd(
+    preset: str = typer.Option("countdown-tiny", "--preset", "-p", help="Preset to try (name or .toml path)."),
+    overrides: Optional[list[str]] = SetOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print ONE JSON object (the whole report) instead of the table."),
+    out_file: Optional[Path] = typer.Option(None, "--out", help="Also write the JSON report here (for a bug report)."),
+    bench: bool = typer.Option(False, "--bench", help="Also time a few steps at the preset's planned settings, with the cost of an epoch."),
+    bench_steps: int = typer.Option(3, "--bench-steps", help="Steps the bench runs (the first is warm-up; at least 3)."),
+) -> None:
+    """Check this machine for a preset: versions, card, driver, vLLM, disk, RAM, then two real
+    training steps (sleep/wake, parity, adapter sync, memory vs plan). Exit 0: all passed;
+    1: a check failed (each failure says what to do); 2: bad input."""
+    from tinyrl.doctor import run_doctor
+    from tinyrl.doctor.render import render
+
+    if bench and bench_steps < 3:
+        raise TinyRLError(f"--bench-steps {bench_steps}: the bench needs at least 3 (one warm-up, two timed)",
+                          hint="e.g. --bench-steps 3")
+    _log_to_stderr()
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.")
+    with err.status("tinyrl doctor ...") as status:
+        report = run_doctor(preset, overrides, bench=bench, bench_steps=bench_steps,
+                            progress=lambda message: status.update(message))
+    text = report.to_json()
+    if out_file is not None:  # the file the user named (a re-run replaces its last report), written whole
+        from tinyrl.jsonl import write_atomic
+
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(out_file, text + "\n")
+    if as_json:
+        print(text)
+    else:
+        for part in render(report):
+            out.print(part)
+        if out_file is not None:
+            out.print(f"report written to {out_file}", highlight=False, soft_wrap=True)
+    sys.exit(report.exit_code)
+
+
 @app.command("report")
 def report(
     run_dir: Path = typer.Argument(..., help="A run directory written by `tinyrl train` (holds metrics.jsonl)."),

