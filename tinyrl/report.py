@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from tinyrl.dashboard import PHASES, memory_label
 from tinyrl.errors import TinyRLError
+from tinyrl.jsonl import read_records
 
 GIB = 1024**3
 _STYLE = {"font.size": 11, "axes.titlesize": 13, "axes.labelsize": 11, "legend.fontsize": 9,
@@ -29,34 +30,13 @@ def _number(v: Any) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
-def read_jsonl(path: Path, notes: list[str]) -> list[dict]:
-    """Records of a .jsonl file. A cut-off last line (a run killed mid-write) is dropped with a
-    note; a bad line anywhere else is an error, because then the file is not what we think."""
-    lines = [(n, line) for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
-    records = []
-    for i, (n, line) in enumerate(lines):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if i == len(lines) - 1:
-                notes.append(f"{path.name}: dropped a cut-off last line ({n})")
-                continue
-            raise TinyRLError(f"{path} line {n} is not JSON ({exc.msg})",
-                              hint="fix or delete that line, then run tinyrl report again") from exc
-        if not isinstance(rec, dict):
-            raise TinyRLError(f"{path} line {n} is not a JSON object",
-                              hint="each line must be one object, e.g. {\"step\": 1, \"reward/mean\": 0.1}")
-        records.append(rec)
-    return records
-
-
 def load_metrics(run_dir: Path, notes: list[str]) -> list[dict]:
     """Step records sorted by step; a step logged twice (a resumed run redoes it) keeps the last."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise TinyRLError(f"no metrics file: {path}",
                           hint="give the run directory that `tinyrl train` wrote (it holds metrics.jsonl)")
-    records = read_jsonl(path, notes)
+    records = read_records(path, notes)
     if not records:
         raise TinyRLError(f"{path} has no step records",
                           hint="the run stopped before its first step finished; train for at least one step")
@@ -312,7 +292,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
         _save(Figure, matplotlib, draw, recs, out / name, wide=name == "timings.png")
         written.append(out / name)
     timeline = run_dir / "timeline.jsonl"
-    points = read_jsonl(timeline, notes) if timeline.is_file() else []
+    points = read_records(timeline, notes) if timeline.is_file() else []
     if any(_number(p.get("t")) is not None for p in points):
         _save(Figure, matplotlib, _plot_timeline, points, out / "timeline.png", wide=True, by_step=False)
         written.append(out / "timeline.png")
