@@ -254,8 +254,7 @@ class Trainer:
             traj = Trajectory(batch=batch, group_ids=torch.tensor([c.prompt_index for c in comps], device=self.device))
             with timed(Phase.FORWARD):
                 self._forward(traj)
-            rollout_lp = engine_logprobs(comps, traj.old_lp)
-            traj.rollout_lp = None if rollout_lp is None else rollout_lp.to(self.device)
+            traj.rollout_lp = engine_logprobs(comps, traj.old_lp)  # on old_lp's device already
             # With top_p < 1 the engine's log-probs are renormalised over the nucleus, so they
             # are not comparable with the trainer's full-vocabulary ones: no guard then.
             if traj.rollout_lp is None or cfg.rollout.top_p < 1.0:
