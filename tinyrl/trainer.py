@@ -88,6 +88,7 @@ class Trainer:
         self.engine = make_engine(cfg.rollout.engine, model=self.models.actor, tokenizer=self.inputs.tokenizer,
                                   model_path=self.inputs.model_path, device=self.device, **self._vllm_settings())
         self.rollout_is = resolve_rollout_is(cfg.algorithm.rollout_is, self.engine.name)
+        self.one_pass_update = one_pass_update(cfg, self.engine.name, self.rollout_is)
         warn = lambda m: (log.warning(m), self._notice(m))  # noqa: E731  (full disk: loud, once)
         self.run = RunLog(run_dir, self.device, warn=warn)
         self.saves = ckpt.SaveLedger(warn, self._notice)  # which step is safely on disk
@@ -254,10 +255,12 @@ class Trainer:
             traj = Trajectory(batch=batch, group_ids=torch.tensor([c.prompt_index for c in comps], device=self.device))
             with timed(Phase.FORWARD):
                 self._forward(traj)
-            traj.rollout_lp = engine_logprobs(comps, traj.old_lp)  # on old_lp's device already
+            traj.rollout_lp = engine_logprobs(comps, traj.mask)  # on the mask's device already
             # With top_p < 1 the engine's log-probs are renormalised over the nucleus, so they
-            # are not comparable with the trainer's full-vocabulary ones: no guard then.
-            if traj.rollout_lp is None or cfg.rollout.top_p < 1.0:
+            # are not comparable with the trainer's full-vocabulary ones: no guard then. Nor
+            # without old log-probs (one_pass_update: only with the hf engine, which samples from
+            # the trainer's own model object, so there is no weight sync that could go stale).
+            if traj.rollout_lp is None or cfg.rollout.top_p < 1.0 or traj.old_lp is None:
                 return comps, traj, None, rows, scored
             diff = float(probs_diff(traj.old_lp, traj.rollout_lp, traj.mask))
             if diff <= cfg.rollout.max_probs_diff:
@@ -327,8 +330,10 @@ class Trainer:
         self.models.train(False)
         temp = cfg.rollout.temperature
         with torch.no_grad():
-            with self.models.role("actor"):
-                traj.old_lp = self._forward_rows(lambda b: self.models.token_logprobs("actor", b, temp), traj.batch)
+            if not self.one_pass_update:  # else the actor learner uses its own log-probs, detached
+                with self.models.role("actor"):
+                    traj.old_lp = self._forward_rows(lambda b: self.models.token_logprobs("actor", b, temp),
+                                                     traj.batch)
             if cfg.algorithm.kl_in_reward or cfg.algorithm.use_kl_loss:
                 traj.ref_lp = self._forward_rows(lambda b: self.models.token_logprobs("reference", b, temp), traj.batch)
             if self.with_critic:
@@ -344,8 +349,10 @@ class Trainer:
             token_rewards, kl_mean = klmod.apply_kl_in_reward(token_rewards, traj.old_lp, traj.ref_lp, traj.mask,
                                                               self.kl_ctrl.value, alg.kl_penalty)
             kl_metrics["kl/mean"] = float(kl_mean)
-        elif traj.ref_lp is not None:
-            kl_metrics["kl/mean"] = float(masked_mean(klmod.kl_penalty(traj.old_lp, traj.ref_lp, "k1"), traj.mask))
+        elif traj.ref_lp is not None and (traj.old_lp is not None or traj.rollout_lp is not None):
+            # one_pass_update: the hf engine's log-probs are the same policy's (the parity guard's numbers)
+            policy_lp = traj.old_lp if traj.old_lp is not None else traj.rollout_lp
+            kl_metrics["kl/mean"] = float(masked_mean(klmod.kl_penalty(policy_lp, traj.ref_lp, "k1"), traj.mask))
         traj.advantages, traj.returns = adv.compute_advantages(
             alg.adv_estimator, token_rewards=token_rewards, scores=traj.scores, values=traj.values,
             group_ids=traj.group_ids, mask=traj.mask, gamma=alg.gamma, lam=alg.lam)
@@ -475,6 +482,20 @@ class Trainer:
         self.saves.last_saved = self.step
         self.engine.sync_weights(self.models.actor)
         self._notice(f"resumed from step {self.step}")
+
+
+def one_pass_update(cfg: Config, engine_name: str, rollout_is: str) -> bool:
+    """True when the separate old-log-prob forward can be skipped: the actor takes ONE optimizer
+    step over the whole batch (one epoch, one mini-batch), so its parameters when it computes
+    the loss are those that would have computed the old log-probs, and old = current detached
+    (the ratio is exactly 1 with the gradient of log pi; TRL does the same with num_iterations=1).
+    Not when something needs old log-probs before the update: a KL in the reward, rollout
+    importance sampling, or the parity guard of an engine that holds its own copy of the weights
+    (vLLM). The hf engine samples from the trainer's model object: nothing to guard.
+    Dropout would make the two differ (train vs eval mode): the tiny and Qwen2 models have none."""
+    mini = cfg.actor.ppo_mini_batch_size
+    return (cfg.actor.ppo_epochs == 1 and mini in (0, cfg.trainer.train_batch_size)
+            and not cfg.algorithm.kl_in_reward and rollout_is == "off" and engine_name == "hf")
 
 
 def resolve_rollout_is(setting: str, engine_name: str) -> str:
