@@ -116,7 +116,10 @@ def run_tinyrl(work: Path, train: Path, config: str, steps: int, tag: str, env: 
             "rollout.max_response_length": NEW_TOKENS, "rollout.temperature": 1.0, "actor.lr": LR,
             "model.finetune": "full", "model.dtype": "fp32", "model.gradient_checkpointing": "true",
             "algorithm.kl_in_reward": "false", "actor.ppo_epochs": 1, "actor.ppo_mini_batch_size": 0,
-            "actor.entropy_coeff": 0, "actor.loss_agg_mode": "token-mean", "trainer.test_every": 0,
+            "actor.entropy_coeff": 0, "actor.loss_agg_mode": "token-mean",
+            # tinyrl's default budget (the preset's 4096 is for its own PPO batch): the step's
+            # ~5,700 real tokens in one micro-batch, as TRL's 32 completions in one pass
+            "actor.micro_batch_tokens": 8192, "trainer.test_every": 0,
             "trainer.save_every": 0, "data.train_path": train, "trainer.max_steps": steps,
             "algorithm.use_kl_loss": "true" if config == "ref" else "false",
             "algorithm.kl_loss_coef": BETA, "algorithm.kl_loss_type": "k3"}

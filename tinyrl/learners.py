@@ -83,7 +83,8 @@ class Learner:
                         self.opt.zero_grad(set_to_none=True)
                         return self.accumulate_gradients(mini, slices)
 
-                    acc = self.budgets.run_accumulating(self.phase, len(mini), mini.batch.input_ids.shape[1], attempt)
+                    acc = self.budgets.run_accumulating(self.phase, len(mini), mini.batch.input_ids.shape[1], attempt,
+                                                        self.models.row_tokens(mini.batch))
                     acc["grad_norm"] = self._step()
                     stats_all.append(acc)
         self.sched.step()

@@ -20,6 +20,7 @@ from torch import nn
 
 from tinyrl.config import ModelConfig
 from tinyrl.errors import TinyRLError
+from tinyrl.packing import pack, unpack, use_packed_attention
 from tinyrl.rl.logprobs import chunked_token_logprobs
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ class PolicyModels:
         self.dtype = dtype
         self.lora = cfg.finetune == "lora"
         self._role = "actor"
+        self.token_counts = [0, 0]  # [tokens the bodies computed, real tokens]: perf/padding_ratio
         if self.lora:
             self.actor = self._with_adapters(base)
             self.critic_backbone = self.actor
@@ -141,6 +143,9 @@ class PolicyModels:
             if head is not self._causal_lm(critic_base).model.get_input_embeddings().weight:
                 head.requires_grad_(False)
         self.value_head = ValueHead(base.config.hidden_size).to(device)
+        if cfg.padding_free:
+            for m in {id(x): x for x in (self.actor, self.critic_backbone, self.reference) if x is not None}.values():
+                use_packed_attention(m)
         if cfg.gradient_checkpointing:
             for m in {id(self.actor): self.actor, id(self.critic_backbone): self.critic_backbone}.values():
                 m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -206,9 +211,22 @@ class PolicyModels:
     def _hidden(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         # The transformer body only: logits are computed in chunks from these hidden states.
         body = self._causal_lm(model).model
-        out = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                   position_ids=batch.position_ids, use_cache=False)
-        return out.last_hidden_state  # [B, P + R, H]
+        real = int(batch.attention_mask.sum())
+        if not self.cfg.padding_free:
+            self.token_counts[0] += batch.input_ids.numel()
+            self.token_counts[1] += real
+            out = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       position_ids=batch.position_ids, use_cache=False)
+            return out.last_hidden_state  # [B, P + R, H]
+        # Padding-free (tinyrl.packing): the real tokens in one row, attention per sequence.
+        ids, pos, cu, mask = pack(batch.input_ids, batch.attention_mask, batch.position_ids)
+        self.token_counts[0] += ids.numel()
+        self.token_counts[1] += real
+        # A dict attention mask is used as is (Qwen2Model.forward: "It may already have been
+        # prepared"): no [N, N] mask is built; the sequence bounds go to every attention call.
+        masks = {t: None for t in set(self._causal_lm(model).config.layer_types or ["full_attention"])}
+        out = body(input_ids=ids, attention_mask=masks, position_ids=pos, use_cache=False, cu_seq_lens_q=cu)
+        return unpack(out.last_hidden_state, mask)  # [B, P + R, H], zeros at padding
 
     def token_logprobs(self, role: str, batch: Batch, temperature: float = 1.0,
                        with_entropy: bool = False):
@@ -236,6 +254,11 @@ class PolicyModels:
         hidden = self._hidden(self.critic_backbone, batch)
         R = batch.response_len
         return self.value_head(hidden[:, -R - 1:-1, :])
+
+    def row_tokens(self, batch: Batch) -> list[int] | None:
+        """Tokens each row costs in a pass when padding-free (its real ones); None when padded
+        (every row costs the batch width)."""
+        return batch.attention_mask.sum(-1).tolist() if self.cfg.padding_free else None
 
     def train(self, mode: bool = True) -> None:
         for m in (self.actor, self.critic_backbone, self.value_head):

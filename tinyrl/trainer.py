@@ -20,6 +20,7 @@ only wires a Trajectory through them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -196,6 +197,7 @@ class Trainer:
         timings: dict[str, float] = {}
         t_step = time.perf_counter()
         self._phase_memory = {}
+        self._padding: dict[str, float] = {}  # perf/padding_ratio/<phase>, from _counting_tokens
         rows = self._prompt_rows(step)
 
         def timed(phase: Phase):
@@ -226,7 +228,7 @@ class Trainer:
         for phase, learner in ((Phase.ACTOR_UPDATE, self.learners["actor"]),
                                (Phase.CRITIC_UPDATE, self.learners.get("critic"))):
             if learner is not None:
-                with timed(phase):
+                with timed(phase), self._counting_tokens(phase):
                     learner_stats.update(learner.update(traj, samples_per_prompt=cfg.rollout.n, generator=g))
         if "kl/mean" in kl_metrics:
             self.kl_ctrl.update(kl_metrics["kl/mean"], cfg.trainer.train_batch_size)
@@ -236,6 +238,7 @@ class Trainer:
         metrics = self._step_metrics(traj, comps, kl_metrics, learner_stats, timings, diff)
         metrics.update(scored.metrics())  # reward/accuracy: the task's "solved" (tinyrl.tasks)
         metrics.update(self._batch_stats)
+        metrics.update(self._padding)
         # Which prompts this step consumed, compactly: a resumed run must show the same digests.
         metrics["data/rows_sha1"] = hashlib.sha1(json.dumps(rows).encode()).hexdigest()[:16]
         return metrics
@@ -253,7 +256,7 @@ class Trainer:
             batch = make_batch([c.prompt_ids for c in comps], [c.response_ids for c in comps],
                                self.inputs.pad_id).to(self.device)
             traj = Trajectory(batch=batch, group_ids=torch.tensor([c.prompt_index for c in comps], device=self.device))
-            with timed(Phase.FORWARD):
+            with timed(Phase.FORWARD), self._counting_tokens(Phase.FORWARD):
                 self._forward(traj)
             traj.rollout_lp = engine_logprobs(comps, traj.mask)  # on the mask's device already
             # With top_p < 1 the engine's log-probs are renormalised over the nucleus, so they
@@ -376,10 +379,21 @@ class Trainer:
                 parts.append(out[0] if isinstance(out, tuple) else out)
             return {}
 
-        self.budgets.run_accumulating(Phase.FORWARD, batch.input_ids.shape[0], seq_len, attempt)
+        self.budgets.run_accumulating(Phase.FORWARD, batch.input_ids.shape[0], seq_len, attempt,
+                                      self.models.row_tokens(batch))
         return torch.cat(parts, dim=0).float()
 
     # ------------------------------------------------------------------ metrics, samples
+
+    @contextlib.contextmanager
+    def _counting_tokens(self, phase: Phase):
+        """perf/padding_ratio/<phase>: tokens the model bodies computed in the phase / real
+        tokens among them (1.0 = no padding computed; model.padding_free)."""
+        before = list(self.models.token_counts)
+        yield
+        computed, real = (a - b for a, b in zip(self.models.token_counts, before))
+        if real:
+            self._padding[f"perf/padding_ratio/{phase}"] = computed / real
 
     def _keep_sample(self, step: int, comps, texts, scores) -> None:
         k = min(self.cfg.trainer.log_samples, len(comps))
