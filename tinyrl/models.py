@@ -244,8 +244,15 @@ class PolicyModels:
             h = hidden[:, -R - 1:-1, :]                      # [B, R, H]
             labels = batch.input_ids[:, -R:]                  # [B, R]
             lm_head = self._causal_lm(model).lm_head.weight   # [V, H]
-            return chunked_token_logprobs(h, lm_head, labels, chunk_size=self.cfg.logprob_chunk,
-                                          temperature=temperature, with_entropy=with_entropy)
+            if not self.cfg.padding_free:
+                return chunked_token_logprobs(h, lm_head, labels, chunk_size=self.cfg.logprob_chunk,
+                                              temperature=temperature, with_entropy=with_entropy)
+            # The LM head on real response tokens only (with Qwen's 151,936-word vocabulary it
+            # is the costliest matmul of the pass); 0 at padding, as the padded path gives.
+            real = batch.response_mask.bool()                 # [B, R]
+            out = chunked_token_logprobs(h[real][None], lm_head, labels[real][None], chunk_size=self.cfg.logprob_chunk,
+                                         temperature=temperature, with_entropy=with_entropy)
+            return tuple(_scatter(t[0], real) for t in out) if with_entropy else _scatter(out[0], real)
 
     def values(self, batch: Batch) -> torch.Tensor:
         """V(s) before each response token: [B, R] (verl: values[:, -R-1:-1]).
@@ -294,6 +301,13 @@ class PolicyModels:
             self.actor.load_state_dict(state["actor"])
             self.critic_backbone.load_state_dict(state["critic"])
         self.value_head.load_state_dict(state["value_head"])
+
+
+def _scatter(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """values [n] at the True places of where [B, R]; 0 elsewhere (differentiable)."""
+    out = values.new_zeros(where.shape)
+    out[where] = values
+    return out
 
 
 def _nf4_config(device: torch.device):
