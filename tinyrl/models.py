@@ -211,17 +211,18 @@ class PolicyModels:
     def _hidden(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         # The transformer body only: logits are computed in chunks from these hidden states.
         body = self._causal_lm(model).model
-        real = int(batch.attention_mask.sum())
         if not self.cfg.padding_free:
             self.token_counts[0] += batch.input_ids.numel()
-            self.token_counts[1] += real
+            # a tensor, read only by the trainer's metrics: no sync here, and fake tensors (the
+            # memory simulation) have no value to read
+            self.token_counts[1] += batch.attention_mask.sum()
             out = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                        position_ids=batch.position_ids, use_cache=False)
             return out.last_hidden_state  # [B, P + R, H]
         # Padding-free (tinyrl.packing): the real tokens in one row, attention per sequence.
         ids, pos, cu, mask = pack(batch.input_ids, batch.attention_mask, batch.position_ids)
         self.token_counts[0] += ids.numel()
-        self.token_counts[1] += real
+        self.token_counts[1] += ids.numel()
         # A dict attention mask is used as is (Qwen2Model.forward: "It may already have been
         # prepared"): no [N, N] mask is built; the sequence bounds go to every attention call.
         masks = {t: None for t in set(self._causal_lm(model).config.layer_types or ["full_attention"])}

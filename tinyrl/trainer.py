@@ -391,7 +391,7 @@ class Trainer:
         tokens among them (1.0 = no padding computed; model.padding_free)."""
         before = list(self.models.token_counts)
         yield
-        computed, real = (a - b for a, b in zip(self.models.token_counts, before))
+        computed, real = (float(a - b) for a, b in zip(self.models.token_counts, before))
         if real:
             self._padding[f"perf/padding_ratio/{phase}"] = computed / real
 
