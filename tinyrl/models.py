@@ -215,7 +215,7 @@ class PolicyModels:
             self.token_counts[0] += batch.input_ids.numel()
             # a tensor, read only by the trainer's metrics: no sync here, and fake tensors (the
             # memory simulation) have no value to read
-            self.token_counts[1] += batch.attention_mask.sum()
+            self.token_counts[1] = self.token_counts[1] + batch.attention_mask.sum()  # not +=: in place on a tensor
             out = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                        position_ids=batch.position_ids, use_cache=False)
             return out.last_hidden_state  # [B, P + R, H]
