@@ -127,8 +127,9 @@ def cpu_memory_rows(cfg, peaks: TensorPeaks, dtype: str, response_len: int) -> l
             continue
         data: dict[str, Any] = {"measured_bytes": got, "measured_as": MEASURED_AS, "dtype": dtype}
         if phase not in budgeted:
-            rows.append(Row(name, "pass", f"measured {human_bytes(got)} of live tensors at the phase's peak; "
-                            "not simulated on CPU (the plan prices rollout by formula), so no ratio",
+            rows.append(Row(name, "pass", f"measured {human_bytes(got)} of live tensors at the phase's peak (the weights, and "
+                            "what the trainer's thread made: an engine's own workers are not counted); not "
+                            "simulated on CPU (the plan prices rollout by formula), so no ratio",
                             basis="measured", data=data))
             continue
         shape = peaks.shapes.get(phase)
