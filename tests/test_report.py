@@ -112,6 +112,58 @@ def test_plots_without_metrics_are_skipped_and_named(tmp_path):
     assert "final val score: none" in summary and "GiB RAM of 24.0 GiB" in summary
 
 
+def add_val_files(run: Path, every: int = 5) -> None:
+    """data.val_files figures as Trainer._validate_files logs them (trainer.val_n = 4), every 5th step:
+    aime's greedy_acc = 0.01 * step, math500's = 0.02 * step; pass@4 = 2 x greedy_acc."""
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    with open(run / "metrics.jsonl", "w") as f:
+        for m in recs:
+            if m["step"] % every == 0:
+                for name, scale in (("aime", 0.01), ("math500", 0.02)):
+                    g = scale * m["step"]
+                    m.update({f"val/{name}/greedy_acc": g, f"val/{name}/pass@1": g / 2, f"val/{name}/pass@4": 2 * g,
+                              f"val/{name}/maj@1": g / 2, f"val/{name}/maj@4": g, f"val/{name}/mean@4": g / 2,
+                              f"val/{name}/response_length": 100.0 + m["step"]})
+            f.write(json.dumps(m) + "\n")
+
+
+def test_validation_files_get_a_plot_per_metric_family_and_a_summary_line_each(tmp_path):
+    run = make_run(tmp_path / "run")
+    add_val_files(run)
+    names = [p.name for p in write_report(run)]
+    assert names[names.index("val_score.png") + 1:names.index("summary.txt")] == [
+        "val_greedy_acc.png", "val_pass_at_k.png", "val_maj_at_k.png", "val_mean_at_n.png",
+        "val_response_length.png"]  # timeline.png skipped: no timeline.jsonl
+    assert all(is_png(run / "report" / n) for n in names if n.startswith("val_"))
+    summary = (run / "report" / "summary.txt").read_text()
+    assert ("val aime (step 10): greedy_acc 0.1000, pass@1 0.0500, pass@4 0.2000, maj@1 0.0500, maj@4 0.1000, "
+            "mean@4 0.0500, response_length 110.0") in summary
+    assert "val math500 (step 10): greedy_acc 0.2000, pass@1 0.1000, pass@4 0.4000" in summary
+    assert "val score (step" not in summary and "val reward_mean" not in summary  # test_path's, not a file
+
+
+def test_a_validation_plot_draws_a_line_per_file_with_its_own_points(tmp_path):
+    from matplotlib.figure import Figure
+
+    from tinyrl.report import _val_plot, val_families
+
+    run = make_run(tmp_path / "run")
+    add_val_files(run)
+    recs = load_metrics(run, [])
+    families = val_families(recs)
+    assert set(families) == {"greedy_acc", "pass", "maj", "mean", "response_length"}
+    ax = Figure().add_subplot()
+    _val_plot("pass", families["pass"])(ax, recs)
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+    assert set(lines) == {"aime pass@1", "aime pass@4", "math500 pass@1", "math500 pass@4"}
+    assert lines["math500 pass@4"][0] == [5.0, 10.0]
+    assert lines["math500 pass@4"][1] == pytest.approx([0.2, 0.4])
+    assert lines["aime pass@1"][1] == pytest.approx([0.025, 0.05])
+    ax = Figure().add_subplot()
+    _val_plot("greedy_acc", families["greedy_acc"])(ax, recs)
+    assert [line.get_label() for line in ax.get_lines()] == ["aime", "math500"]  # one k: the file names
+
+
 def test_missing_run_dir_or_metrics_file_names_it(tmp_path):
     with pytest.raises(TinyRLError) as exc:
         write_report(tmp_path / "nope")

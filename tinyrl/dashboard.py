@@ -78,6 +78,34 @@ def memory_label(kind: Any) -> str:
     return {"cuda": "VRAM", "ram": "RAM"}.get(kind, "mem")
 
 
+def val_files(metrics: dict) -> dict[str, dict[str, Any]]:
+    """train's data.val_files figures, `val/<name>/<metric>` (Trainer._validate_files), by file:
+    {name: {metric: value}}. `val/score` and `val/reward_mean` (data.test_path) name no file."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in metrics.items():
+        parts = key.split("/", 2)
+        if len(parts) == 3 and parts[0] == "val" and parts[1] and parts[2]:
+            out.setdefault(parts[1], {})[parts[2]] = value
+    return out
+
+
+_VAL_RANK = {"greedy_acc": 0, "pass": 1, "maj": 2, "mean": 3, "response_length": 5}
+
+
+def val_metric_order(metric: str) -> tuple:
+    """Sort key: greedy_acc, pass@k (k rising), maj@k, mean@n, others, response_length last."""
+    family, _, k = metric.partition("@")
+    return _VAL_RANK.get(family, 4), int(k) if k.isdigit() else 0, metric
+
+
+def val_line(name: str, figures: dict, step: Any) -> str:
+    """One plain line per validation file on the steps that validate (same order every time)."""
+    parts = [f"val {name} @{fmt(step)}"]
+    for metric in sorted(figures, key=val_metric_order):
+        parts.append(f"{metric} {fmt(figures[metric], '.1f' if metric == 'response_length' else '.3f')}")
+    return " | ".join(parts)
+
+
 def sparkline(values: list[float], width: int) -> str:
     """Unicode block chart of the last `width` values, scaled to their own min..max."""
     vals = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)][-width:]
@@ -159,6 +187,7 @@ class Dashboard:
         self._metrics: dict = {}
         self._sample: dict | None = None
         self._val: tuple[Any, Any] = (None, None)          # (score, step) of the last validation
+        self._val_files: dict[str, tuple[dict, Any]] = {}  # data.val_files: name -> (figures, step)
         self._probs_diff: tuple[Any, Any] = (None, None)   # (value, step): reported only sometimes
         self._rewards: deque = deque(maxlen=240)
         self._step_time_sum, self._step_count = 0.0, 0
@@ -194,6 +223,9 @@ class Dashboard:
             step = metrics.get("step")
             if metrics.get("val/score") is not None:
                 self._val = (metrics["val/score"], step)
+            by_file = val_files(metrics)
+            for name, figures in by_file.items():
+                self._val_files[name] = (figures, step)
             if metrics.get("training/rollout_probs_diff") is not None:
                 self._probs_diff = (metrics["training/rollout_probs_diff"], step)
             if any(k.startswith("critic/") for k in metrics):
@@ -210,6 +242,8 @@ class Dashboard:
                               self._critic_expected) if self.mode == "plain" else None
         if line is not None:
             self._print_plain(line)
+            for name, figures in by_file.items():
+                self._print_plain(val_line(name, figures, step))
 
     def log(self, message: str) -> None:
         if self.mode == "off":
@@ -231,6 +265,7 @@ class Dashboard:
         with self._lock:
             return {
                 "m": dict(self._metrics), "sample": self._sample, "val": self._val,
+                "val_files": dict(self._val_files),
                 "probs_diff": self._probs_diff, "rewards": list(self._rewards),
                 "mean_step": self._step_time_sum / self._step_count if self._step_count else None,
                 "last_update": self._last_update, "phase": self._phase,
@@ -259,7 +294,8 @@ class Dashboard:
         bottom.add_column(ratio=2)
         bottom.add_column(ratio=1)
         bottom.add_row(self._timing_panel(snap), self._critic_panel(snap))
-        return Group(self._header(snap, now), top, bottom, self._sample_panel(snap, width))
+        val = [self._val_files_panel(snap)] if snap["val_files"] else []
+        return Group(self._header(snap, now), top, bottom, *val, self._sample_panel(snap, width))
 
     def _header(self, snap: dict, now: float) -> Panel:
         i, m = self.info, snap["m"]
@@ -366,6 +402,21 @@ class Dashboard:
             ("vf_clipfrac", fmt(m.get("critic/vf_clipfrac"), ".3f")),
             ("explained var", fmt(m.get("critic/explained_var"), ".3f")),
         ]), title="critic", border_style="blue")
+
+    def _val_files_panel(self, snap: dict) -> Panel:
+        """One row per data.val_files file: its latest figures and the step they are from."""
+        files = snap["val_files"]
+        metrics = sorted({k for figures, _ in files.values() for k in figures}, key=val_metric_order)
+        t = Table(box=None, padding=(0, 1), show_edge=False, header_style="dim")
+        t.add_column("file", no_wrap=True)
+        t.add_column("step", justify="right", no_wrap=True)
+        for metric in metrics:
+            t.add_column("greedy" if metric == "greedy_acc" else "len" if metric == "response_length" else metric,
+                         justify="right", no_wrap=True)
+        for name, (figures, step) in files.items():
+            t.add_row(name, f"@{fmt(step)}", *(fmt(figures.get(k), ".1f" if k == "response_length" else ".3f")
+                                               for k in metrics))
+        return Panel(t, title="validation files", border_style="green")
 
     def _sample_panel(self, snap: dict, width: int) -> Panel:
         s = snap["sample"]

@@ -5,6 +5,8 @@ keys), optional RUN_DIR/config.json, RUN_DIR/timeline.jsonl ({"t", "phase", "mem
 and RUN_DIR/memory_plan.json (a CUDA run's plan: planned vs measured per phase, tinyrl.memory.versus).
 Writes RUN_DIR/report/*.png and summary.txt unless told another directory.
 A plot whose metrics are absent is skipped (and named in the summary), never drawn empty.
+train's data.val_files figures (`val/<name>/<metric>`) get one plot per metric family (greedy_acc,
+pass@k, maj@k, mean@n, response_length; a line per file) and a summary line per file.
 Uses matplotlib's object API (Figure + Agg), not pyplot: no global backend switch, no GUI.
 """
 
@@ -16,7 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable
 
-from tinyrl.dashboard import PHASES, memory_label
+from tinyrl.dashboard import PHASES, memory_label, val_files, val_metric_order
 from tinyrl.errors import TinyRLError
 from tinyrl.jsonl import read_records
 from tinyrl.memory import versus
@@ -189,6 +191,53 @@ PLOTS: dict[str, tuple[tuple[str, ...], Callable]] = {
 }
 
 
+_VAL_TITLES = {"greedy_acc": "greedy accuracy", "pass": "pass@k (unbiased estimator)",
+               "maj": "maj@k (majority vote of k samples)", "mean": "mean@n (share of samples correct)",
+               "response_length": "mean response length (tokens)"}
+
+
+def val_families(recs: list[dict]) -> dict[str, list[tuple[str, str]]]:
+    """data.val_files figures by metric family (pass@1 and pass@8 are one: `pass`), each a list of
+    (file name, metric), in val_metric_order. -> {family: [(file, metric), ...]}"""
+    seen = {(name, metric) for r in recs for name, figures in val_files(r).items() for metric in figures
+            if _number(figures[metric]) is not None}
+    out: dict[str, list[tuple[str, str]]] = {}
+    for name, metric in sorted(seen, key=lambda nm: (val_metric_order(nm[1]), nm[0])):
+        out.setdefault(metric.partition("@")[0], []).append((name, metric))
+    return out
+
+
+def _val_plot(family: str, lines: list[tuple[str, str]]) -> Callable:
+    """One plot of a family: a colour per file, a line style per k (pass@1 solid, pass@8 dashed ...)."""
+    def draw(ax, recs: list[dict]) -> None:
+        files = sorted({name for name, _ in lines})
+        ks = sorted({metric for _, metric in lines}, key=val_metric_order)
+        for name, metric in lines:
+            xs, ys = series(recs, f"val/{name}/{metric}")
+            ax.plot(xs, ys, color=f"C{files.index(name) % 10}", marker="o",
+                    linestyle=("-", "--", ":", "-.")[ks.index(metric) % 4],
+                    label=name if len(ks) == 1 else f"{name} {metric}")
+        what = _VAL_TITLES.get(family, family)
+        ax.set(title=f"Validation files: {what}", xlabel="step",
+               ylabel="tokens" if family == "response_length" else "share of problems")
+        if family != "response_length":
+            ax.set_ylim(-0.02, 1.02)  # shares of problems: a fixed 0..1 axis keeps files comparable
+        ax.legend(loc="best")
+    return draw
+
+
+def val_summary(recs: list[dict]) -> list[str]:
+    """Per data.val_files file: its last validation's figures."""
+    last: dict[str, tuple[float, dict]] = {}
+    for r in recs:
+        for name, figures in val_files(r).items():
+            last[name] = (r["step"], figures)
+    return [f"val {name} (step {step:g}): " + ", ".join(
+            f"{k} {figures[k]:.1f}" if k == "response_length" else f"{k} {figures[k]:.4f}"
+            for k in sorted(figures, key=val_metric_order) if _number(figures[k]) is not None)
+            for name, (step, figures) in sorted(last.items())]
+
+
 def _plot_timeline(ax, points: list[dict]) -> None:
     pts = [(_number(p.get("t")), str(p.get("phase", "?")), _number(p.get("memory_bytes"))) for p in points]
     pts = sorted((t, ph, m) for t, ph, m in pts if t is not None)
@@ -252,6 +301,7 @@ def summarize(recs: list[dict], config: dict | None) -> list[str]:
         lines.append("reward/mean: not recorded")
     vx, val = series(recs, "val/score")
     lines.append(f"final val score: {val[-1]:.4f} (step {vx[-1]:g})" if val else "final val score: none (no validation steps)")
+    lines += val_summary(recs)
     _, st = series(recs, "timing/step")
     lines.append(f"median step time: {statistics.median(st):.2f} s" if st else "median step time: not recorded")
     _, tps = series(recs, "perf/tokens_per_s")
@@ -322,6 +372,11 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
             continue
         _save(Figure, matplotlib, draw, recs, out / name, wide=name == "timings.png")
         written.append(out / name)
+    for family, lines in val_families(recs).items():  # data.val_files: val/<name>/<metric>
+        at = "_at_n" if family == "mean" else "_at_k" if "@" in lines[0][1] else ""
+        path = out / f"val_{family}{at}.png"
+        _save(Figure, matplotlib, _val_plot(family, lines), recs, path)
+        written.append(path)
     timeline = run_dir / "timeline.jsonl"
     points = read_records(timeline, notes) if timeline.is_file() else []
     if any(_number(p.get("t")) is not None for p in points):

@@ -142,9 +142,10 @@ def _data(cfg, ctx, m, o):
     o["data.truncation"] = "error"  # tinyrl: a longer prompt is an error, never cut
     for dotted in ("data.generate", "data.generate_train_size", "data.generate_seed"):
         g(dotted)  # the copied files already hold the rows these made
-    if g("data.val_files", []):
-        m.note(cfg, "data.val_files", "tinyrl's extra validation files are not copied; add them to "
-               "data.val_files by hand (verl takes a list)")
+    if g("data.val_files", []):  # copied to data/val_<name>.parquet, listed in ctx.val_files after test.parquet
+        m.note(cfg, "data.val_files", "copied beside test.parquet and listed in verl's data.val_files; verl "
+               "reports validation per data_source (val-core/<data_source>/...), not per file, so files "
+               "sharing a data_source are pooled (verl 0.9.1 trainer/ppo/ray_trainer.py _val_metrics_update)")
 
 
 def _rollout(cfg, ctx, m, o):
