@@ -6,9 +6,9 @@
 The model is what the trainer hands the engine under LoRA: the tiny model (fp32 on CPU, bf16 on
 CUDA) wrapped by peft with "actor" and "critic" adapters on the 7 default targets (rank 32, the
 actor's lora_B made non-zero so merging changes the weights), "actor" active. Variants:
-  baseline   the engine at --baseline-rev (full-vocab log_softmax recorder, unmerged LoRA)
-  unmerged   this engine with merge_adapter=False (logsumexp recorder only)
-  merged     this engine as the trainer builds it (recorder + adapter merged for the rollout)
+  baseline   the engine at --baseline-rev (samples through peft's unmerged LoRA layers)
+  unmerged   this engine with merge_adapter=False (the same path: a check on the baseline)
+  merged     this engine as the trainer builds it (actor adapter merged for the rollout)
   no-lora    the bare base model: the floor the merged engine should approach
 Each variant gets an untimed warm-up call, then the variants run in turn for --rounds rounds
 (alternating, so load from other processes hits them alike); the median counts.
@@ -22,7 +22,6 @@ import argparse
 import importlib.util
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -60,7 +59,6 @@ def _engine_class_at(rev: str):
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("hf_engine_baseline", path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules["hf_engine_baseline"] = module
     spec.loader.exec_module(module)
     return module.HFEngine
 
@@ -95,27 +93,6 @@ def _actor_model(base):
             if ".actor." in name and "lora_B" in name:
                 p.normal_(std=0.02)  # a trained adapter: merging must change the weights
     return model
-
-
-def _recorder_alone(rows: int, device: str, vocab: int = 151_936, calls: int = 50) -> None:
-    """The per-step log-prob recorder at Qwen2.5's vocabulary, old vs new, alternating."""
-    from tinyrl.rollout.hf_engine import _StepLogprobs
-
-    old = vars(importlib.import_module("hf_engine_baseline"))["_StepLogprobs"]
-    scores = torch.randn(rows, vocab, device=device)
-    ids = torch.randint(vocab, (rows, 1), device=device)
-    times: dict[str, list[float]] = {"baseline": [], "logsumexp": []}
-    for _ in range(3):
-        for name, cls in (("baseline", old), ("logsumexp", _StepLogprobs)):
-            recorder = cls()
-            start = time.perf_counter()
-            for _ in range(calls):
-                recorder(ids, scores)
-            recorder.finish(ids[:, -1])
-            times[name].append((time.perf_counter() - start) / calls * 1000)
-    a, b = (statistics.median(times[k]) for k in ("baseline", "logsumexp"))
-    print(f"recorder alone, {rows} x {vocab} fp32 scores: log_softmax {a:.2f} ms/step, "
-          f"logsumexp + gather {b:.2f} ms/step ({a / b:.2f}x)")
 
 
 def _steps(result) -> int:
@@ -181,7 +158,6 @@ def main() -> None:
     adapted = sum(1 for m in model.modules() if hasattr(m, "lora_A") and "actor" in m.lora_A)
     print(f"adapted linears: {adapted}; extra ops/step per adapted linear unmerged: "
           f"{(ops['unmerged'] - ops['no-lora']) / adapted:.1f}, merged: {(ops['merged'] - ops['no-lora']) / adapted:.1f}")
-    _recorder_alone(args.prompts * args.n, device)
     restored = all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if "lora_" not in n)
     print(f"base weights bit-identical after {args.rounds * len(engines)} rollouts: {restored}")
 
