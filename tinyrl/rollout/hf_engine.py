@@ -8,6 +8,13 @@ decoding reports log_softmax of the raw logits. Log-probs are gathered step by s
 [steps, batch, vocab] score tensor of `output_scores` is never kept (Qwen's vocabulary makes
 that tens of GB for an ordinary rollout batch).
 
+Speed (issue 20.5, benchmarks/hf_engine_speed.py): decoding a small batch is bound by per-op
+launch and Python overhead, so the actor adapter is merged into the base weights for the
+rollout (`merged_adapter`: half the ops per decode step with the 7 default targets, the base
+restored bit for bit after). Measured and not taken: a static KV cache alone (more ops per
+step, ~0.94x on CPU; on CUDA transformers 5.19 would also auto-compile the forward,
+generation/utils.py `_valid_auto_compile_criteria`, which needs a GPU to judge).
+
 What this file does not know: vLLM, the RL loss, how prompts are built.
 """
 
