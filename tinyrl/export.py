@@ -1,8 +1,10 @@
-"""`tinyrl export`: a run's latest actor as a plain Hugging Face model directory.
+"""`tinyrl export`: a run's latest actor (`tinyrl train` or `tinyrl sft`) as a plain Hugging Face
+model directory.
 
 LoRA runs: base + the "actor" adapter merged into the weights (merge_and_unload), so the result
 loads with AutoModelForCausalLM alone, no peft needed. Full runs: the trained actor weights.
-The tokenizer is saved beside it.
+The tokenizer is saved beside it (with model.custom_chat_template when the run set one). A run
+started with model.init_from is merged into its own starting model (tinyrl.init_from).
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ def check_out_dir(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
 def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False) -> Path:
     from transformers import AutoModelForCausalLM
 
+    from tinyrl.init_from import base_of_run
     from tinyrl.setup import load_tokenizer
-    from tinyrl.tiny_model import resolve_model_path
 
     config_path = run_dir / "config.json"
     if not config_path.exists():
@@ -48,7 +50,7 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False) -> Path:
     state = ckpt.load_latest(run_dir / "checkpoints")
     if state is None:
         raise TinyRLError(f"{run_dir} has no checkpoint yet", hint="train at least until the first save")
-    model_path = resolve_model_path(cfg.model.name)
+    model_path = base_of_run(cfg, run_dir)  # model.init_from: the run's own starting model
     base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     actor_state = state["models"]["actor"]
     if cfg.model.finetune == "lora":
@@ -64,7 +66,7 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False) -> Path:
         merged = base
     out_dir.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(out_dir)
-    load_tokenizer(model_path).save_pretrained(out_dir)
+    load_tokenizer(model_path, cfg.model.custom_chat_template).save_pretrained(out_dir)
     (out_dir / "tinyrl_export.json").write_text(json.dumps({"run_dir": str(run_dir), "step": state["step"],
                                                             "base": cfg.model.name}, indent=2))
     return out_dir
