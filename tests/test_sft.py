@@ -236,6 +236,19 @@ def test_a_multiturn_file_trains(tmp_path):
     assert history[0]["sft/loss_tokens"] == 8 * sum(trainer.train_rows.loss_masks[0])  # assistant tokens only
 
 
+def test_the_sft_presets_own_data_is_generated_on_first_use(tmp_path, monkeypatch):
+    from tinyrl.sft.trainer import ensure_sft_data
+
+    monkeypatch.chdir(tmp_path)  # the preset's relative path lands here
+    cfg = load_config("countdown-tiny-sft", ["data.generate_train_size=32"])
+    path = ensure_sft_data(cfg)
+    assert path.absolute() == tmp_path / cfg.data.train_path
+    table = pq.read_table(path)
+    assert table.num_rows == 32 and "response" in table.column_names
+    assert "response" in pq.read_table(path.parent / "test.parquet").column_names
+    assert sorted(p.name for p in path.parent.iterdir()) == ["test.parquet", "train.parquet"]  # no temporary left
+
+
 # ------------------------------------------------------------------ model.init_from
 
 
@@ -268,7 +281,14 @@ def test_rl_from_an_sft_run_has_the_sft_model_as_reference_and_start(tmp_path, s
     torch.testing.assert_close(ref_lp, sft_lp, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(actor_lp, sft_lp, atol=1e-5, rtol=1e-5)
     assert (ref_lp - base_lp).abs().max() > 1e-2  # SFT moved the model: the check can fail
-    assert (tmp_path / "rl" / "init_model" / "tinyrl_export.json").is_file()
+    # The SFT run trains on; a resumed RL run keeps the starting model (and reference) it began with.
+    sft.train(max_steps=3)
+    marker = tmp_path / "rl" / "init_model" / "tinyrl_export.json"
+    assert json.loads(marker.read_text())["step"] == 2
+    resumed = Trainer(rl_cfg, tmp_path / "rl", resume=True)
+    assert json.loads(marker.read_text())["step"] == 2
+    with torch.no_grad():
+        torch.testing.assert_close(resumed.models.token_logprobs("reference", batch), sft_lp, atol=1e-5, rtol=1e-5)
 
 
 # ------------------------------------------------------------------ errors users see

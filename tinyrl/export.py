@@ -35,7 +35,9 @@ def check_out_dir(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
                                "files over what is there")
 
 
-def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False) -> Path:
+def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, base_dtype: bool = False) -> Path:
+    """base_dtype: save in the base model's own dtype (bf16 for most checkpoints; the merge is
+    still computed in fp32), half the disk of fp32. model.init_from's starting model uses it."""
     from transformers import AutoModelForCausalLM
 
     from tinyrl.init_from import base_of_run
@@ -44,7 +46,7 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False) -> Path:
     config_path = run_dir / "config.json"
     if not config_path.exists():
         raise TinyRLError(f"{run_dir} is not a run directory (no config.json)",
-                          hint="pass the --out directory of a `tinyrl train` run")
+                          hint="pass the --out directory of a `tinyrl train` or `tinyrl sft` run")
     check_out_dir(run_dir, out_dir, overwrite)
     cfg = config_from_dict(json.loads(config_path.read_text()))
     state = ckpt.load_latest(run_dir / "checkpoints")
@@ -64,6 +66,11 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False) -> Path:
     else:
         base.load_state_dict(actor_state)
         merged = base
+    if base_dtype:
+        from transformers import AutoConfig
+
+        dtype = getattr(AutoConfig.from_pretrained(model_path), "dtype", None) or torch.float32
+        merged = merged.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
     out_dir.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(out_dir)
     load_tokenizer(model_path, cfg.model.custom_chat_template).save_pretrained(out_dir)
