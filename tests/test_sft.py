@@ -249,6 +249,26 @@ def test_the_sft_presets_own_data_is_generated_on_first_use(tmp_path, monkeypatc
     assert sorted(p.name for p in path.parent.iterdir()) == ["test.parquet", "train.parquet"]  # no temporary left
 
 
+def test_val_generate_scores_like_tinyrl_eval_on_the_same_prompts(tmp_path, sft_files):
+    """sft.val_generate: val/score and val/reward_mean are `tinyrl eval`'s greedy figures for
+    the run's checkpoint on the same prompts (the RL trainer's validation, reused)."""
+    from tinyrl.eval import evaluate
+    from tinyrl.sft.trainer import SFTTrainer
+
+    train, test = sft_files
+    run = tmp_path / "run"
+    # 12 steps at 5e-3: the greedy answers are in the format by then (reward 0.1 each, measured)
+    history = SFTTrainer(sft_config(train, "trainer.max_steps=12", "trainer.test_every=12", "sft.val_generate=true",
+                                    f"data.test_path={test}", "data.max_test_prompts=24", "actor.lr=5e-3"), run).train()
+    last = history[-1]
+    pq.write_table(pq.read_table(test).slice(0, 24), tmp_path / "first24.parquet")
+    summary, out = evaluate(str(run), [str(tmp_path / "first24.parquet")], n=0, engine="hf", progress=False)
+    samples = [json.loads(line) for line in (out / "eval_samples.jsonl").read_text().splitlines()]
+    assert last["val/score"] == summary["files"]["first24"]["greedy_acc"]
+    assert last["val/reward_mean"] == pytest.approx(sum(s["reward"] for s in samples) / len(samples))
+    assert 0 < last["val/reward_mean"]  # some answers in the format: the comparison is not 0 == 0
+
+
 # ------------------------------------------------------------------ model.init_from
 
 

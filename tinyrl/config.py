@@ -190,6 +190,9 @@ class SFTConfig:
     messages_key: str = "messages"        # verl data.multiturn.messages_key: the whole conversation
     tools_key: str = "tools"              # verl data.multiturn.tools_key: handed to the chat template if present
     max_length: int = 1024                # tokens of prompt + response (or a conversation); longer rows are an error
+    # Validation also generates greedily from data.test_path's prompts and scores them with the
+    # task's reward (val/score, as `tinyrl train`): needs RL columns there (prompt, reward_model).
+    val_generate: bool = False
 
 
 @dataclass

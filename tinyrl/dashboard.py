@@ -142,6 +142,7 @@ def sft_line(m: dict, total_steps: Any, val_loss: Any) -> str:
     return " | ".join([
         f"step {fmt(m.get('step'))}/{fmt(total_steps)}", f"epoch {fmt(m.get('epoch'))}",
         f"loss {fmt(m.get('sft/loss'), '.4f')}", f"val loss {fmt(val_loss, '.4f')}",
+        f"val score {fmt(m.get('val/score'), '.3f')}",
         f"lr {fmt(m.get('sft/lr'), '.2e')}", f"grad_norm {fmt(m.get('sft/grad_norm'))}",
         f"{fmt(m.get('timing/step'), '.2f')}s", f"{fmt(m.get('perf/tokens_per_s'), ',.0f')} tok/s",
         f"{memory_label(kind)} {fmt_gib(m.get('memory/used_bytes'))}/{fmt_gib(m.get('memory/total_bytes'))} GiB",
@@ -321,6 +322,7 @@ class Dashboard:
         m, (val, val_step) = snap["m"], snap["val"]
         rows = self._kv([("loss", fmt(m.get("sft/loss"), ".4f")),
                          ("val loss", fmt(val, ".4f") + (f" @{val_step}" if val_step is not None else "")),
+                         ("val score", fmt(m.get("val/score"), ".3f")),
                          ("tokens", fmt(m.get("sft/loss_tokens"), ",.0f"))])
         spark = Text(sparkline(snap["rewards"], max(8, width // 3 - 6)), style="green")  # the losses
         return Panel(Group(rows, spark), title="sft loss", border_style="green")

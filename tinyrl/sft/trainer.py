@@ -9,7 +9,10 @@ format, which `tinyrl export`, `tinyrl eval` and model.init_from read.
 
 A step: trainer.train_batch_size rows -> one optimizer step on the token-mean NLL over the loss
 mask (tinyrl.rl.losses.sft_loss), in the ACTOR_UPDATE phase under actor.* settings. Validation
-(every trainer.test_every steps): the same loss on data.test_path, no grad, as val/loss.
+(every trainer.test_every steps): the same loss on data.test_path, no grad, as val/loss; with
+sft.val_generate also the RL trainer's own validation (greedy completions of the same file's
+prompts from the hf engine on the actor, scored by the task: val/score), so an SFT run and an
+RL run from it report accuracy on the same held-out prompts the same way.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class SFTTrainer(Trainer):
         torch.manual_seed(cfg.trainer.seed)
         random.seed(cfg.trainer.seed)
         self.models = PolicyModels(cfg.model, self.model_path, self.device, actor_only=True)
+        self.engine = self._validation_engine() if cfg.trainer.test_every and cfg.sft.val_generate else None
         tokens = cfg.actor.micro_batch_tokens or DEFAULT_MICRO_TOKENS
         self.budgets = BudgetKeeper({Phase.ACTOR_UPDATE: tokens,
                                      Phase.FORWARD: cfg.actor.forward_micro_batch_tokens or 2 * tokens})
@@ -75,6 +79,20 @@ class SFTTrainer(Trainer):
                                           self.models.actor_parameters(), sft_loss_fn(), self.budgets,
                                           self._notice)}
         self._start_run(run_dir, resume, len(self.train_rows), "rows")
+
+    def _validation_engine(self):
+        """sft.val_generate: what Trainer.validate needs, the test prompts rendered as `train`
+        renders them, the task's reward, and the hf engine sampling from the actor itself."""
+        from tinyrl.rollout.factory import make_engine
+        from tinyrl.setup import RunInputs, tokenize_rows
+        from tinyrl.tasks.rewards import build_rewards
+
+        cfg = self.cfg
+        prompts, rows = tokenize_rows(resolve_path(cfg.data.test_path), self.tokenizer, cfg.data.max_prompt_length,
+                                      max_rows=cfg.data.max_test_prompts, chat=cfg.data.chat_template)
+        self.inputs = RunInputs(self.device, self.model_path, self.tokenizer, self.pad_id, [], [], prompts, rows,
+                                build_rewards(cfg))
+        return make_engine("hf", model=self.models.actor, tokenizer=self.tokenizer, device=self.device)
 
     # ------------------------------------------------------------------ the Trainer's hooks
 
@@ -111,8 +129,11 @@ class SFTTrainer(Trainer):
         return metrics
 
     def validate(self) -> dict:
-        """val/loss: the token-mean NLL over data.test_path's loss masks (no grad)."""
-        self._phase(Phase.VALIDATE)
+        """val/loss: the token-mean NLL over data.test_path's loss masks (no grad); with
+        sft.val_generate first the RL trainer's validation (val/score, val/reward_mean)."""
+        out = super().validate() if self.engine is not None else {}  # it opens the VALIDATE phase
+        if self.engine is None:
+            self._phase(Phase.VALIDATE)
         rows = self.val_rows
         everything = rows.batch(list(range(len(rows))), self.pad_id).to(self.device)
         self.models.train(False)
@@ -129,7 +150,7 @@ class SFTTrainer(Trainer):
         with torch.no_grad():
             self.budgets.run_accumulating(Phase.FORWARD, len(everything), everything.batch.input_ids.shape[1], attempt)
         nll, tokens = sum(s for s, _ in sums), sum(t for _, t in sums)
-        return {"val/loss": nll / max(tokens, 1.0)}
+        return {**out, "val/loss": nll / max(tokens, 1.0)}
 
 
 def ensure_sft_data(cfg: Config) -> Path:
