@@ -89,9 +89,8 @@ def map_config(cfg: Config, ctx: Context) -> Mapping:
         m.get(cfg, dotted, None)
     for dotted in ("cost.gpu", "cost.price_per_hour", "cost.currency"):
         m.get(cfg, dotted, None)  # tinyrl's cost estimate only; nothing to train with
-    for dotted in ("sft.format", "sft.prompt_key", "sft.response_key", "sft.messages_key", "sft.tools_key",
-                   "sft.max_length"):
-        m.get(cfg, dotted, None)  # `tinyrl sft`'s data settings; an RL recipe has no SFT part
+    for key in cfg.sft.__dataclass_fields__:
+        m.get(cfg, f"sft.{key}", None)  # `tinyrl sft`'s settings; an RL recipe has no SFT part
     m.overrides = dict(sorted(o.items()))  # grouped by verl section
     for dotted, value in leaves(cfg.to_dict()).items():
         if dotted not in m.used:
