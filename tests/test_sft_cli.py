@@ -1,13 +1,15 @@
 """SFT, then RL, through the real CLI (issue 14): `tinyrl data countdown --sft`, `tinyrl sft`
-(single-turn, --resume, multi-turn with a custom chat template), `tinyrl train --set
+(single-turn, SIGTERM then --resume, multi-turn with a custom chat template), `tinyrl train --set
 model.init_from=...`, `tinyrl export` and `tinyrl report` of the runs."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -40,10 +42,21 @@ def test_sft_then_rl_through_the_cli(tmp_path):
     sft_args = ["sft", "--preset", "countdown-tiny-sft", "--out", str(sft_run), "--no-dashboard", *common,
                 *sets(f"data.train_path={data / 'sft_train.parquet'}", f"data.test_path={data / 'sft_test.parquet'}",
                       "trainer.test_every=2")]
-    tinyrl(*sft_args, "--max-steps", "2")
-    tinyrl(*sft_args, "--max-steps", "3", "--resume")
+    # SIGTERM mid-run: it stops cleanly with a checkpoint and says how to resume (as `train` does)
+    proc = subprocess.Popen([sys.executable, "-m", "tinyrl.cli", *sft_args, "--max-steps", "500"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    deadline = time.monotonic() + 300
+    while not (sft_run / "metrics.jsonl").is_file() or not jsonl.read_records(sft_run / "metrics.jsonl"):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, out + err
+    assert "resume with: tinyrl sft --preset countdown-tiny-sft" in " ".join((out + err).split())
+    stopped = jsonl.read_records(sft_run / "metrics.jsonl")[-1]["step"]
+    tinyrl(*sft_args, "--max-steps", str(stopped + 2), "--resume")
     metrics = jsonl.read_records(sft_run / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == [1, 2, 3] and "val/loss" in metrics[1]
+    assert [m["step"] for m in metrics] == list(range(1, stopped + 3)) and "val/loss" in metrics[1]
 
     chat = multiturn_file(tmp_path / "chat.parquet", rows=8)
     template = tmp_path / "template.jinja"
@@ -59,7 +72,7 @@ def test_sft_then_rl_through_the_cli(tmp_path):
     first = jsonl.read_records(rl_run / "metrics.jsonl")[0]
     assert abs(first["kl/mean"]) < 1e-6  # the actor starts AS the reference: both are the SFT model
     made_from = json.loads((rl_run / "init_model" / "tinyrl_export.json").read_text())
-    assert made_from["step"] == 3
+    assert made_from["step"] == stopped + 2
 
     for run in (sft_run, rl_run):
         tinyrl("export", str(run), "--out", str(tmp_path / f"export-{run.name}"))
