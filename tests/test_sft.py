@@ -5,13 +5,13 @@ Fast: in-process on the tiny model; the end-to-end CLI run is test_sft_cli.py.""
 from __future__ import annotations
 
 import json
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 
+from test_safety import cli  # tinyrl ARGS in this process: (exit code, stderr)
 from tinyrl.config import load_config
 from tinyrl.errors import TinyRLError
 from tinyrl.rl.losses import sft_loss
@@ -312,19 +312,6 @@ def test_rl_from_an_sft_run_has_the_sft_model_as_reference_and_start(tmp_path, s
 
 
 # ------------------------------------------------------------------ errors users see
-
-
-def cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    from tinyrl import cli as cli_mod
-
-    monkeypatch.setattr(sys, "argv", ["tinyrl", *args])
-    monkeypatch.setenv("COLUMNS", "200")
-    try:
-        cli_mod.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    return code, " ".join(capsys.readouterr().err.split())
 
 
 def test_bad_sft_input_is_one_screen_and_exit_2(tmp_path, monkeypatch, capsys, countdown_train):

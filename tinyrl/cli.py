@@ -42,6 +42,11 @@ err = Console(stderr=True)
 
 PresetOpt = typer.Option(..., "--preset", "-p", help="Preset name (see `tinyrl presets`) or path to a .toml file.")
 SetOpt = typer.Option(None, "--set", "-s", help="Override a setting, e.g. --set actor.lr=1e-6 (repeatable).")
+# train and sft
+RunDirOpt = typer.Option(None, "--out", help="Run directory (default: runs/PRESET).")
+MaxStepsOpt = typer.Option(None, help="Stop at this global step (a resumed run counts on).")
+ResumeOpt = typer.Option(False, "--resume", help="Continue from the latest checkpoint in the run directory.")
+NoDashboardOpt = typer.Option(False, "--no-dashboard", help="Plain lines instead of the live dashboard.")
 
 
 @presets_app.callback()
@@ -125,10 +130,10 @@ def tasks_list() -> None:
 def train(
     preset: str = PresetOpt,
     overrides: Optional[list[str]] = SetOpt,
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Run directory (default: runs/PRESET)."),
-    max_steps: Optional[int] = typer.Option(None, help="Stop at this global step (a resumed run counts on)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint in the run directory."),
-    no_dashboard: bool = typer.Option(False, "--no-dashboard", help="Plain lines instead of the live dashboard."),
+    out_dir: Optional[Path] = RunDirOpt,
+    max_steps: Optional[int] = MaxStepsOpt,
+    resume: bool = ResumeOpt,
+    no_dashboard: bool = NoDashboardOpt,
 ) -> None:
     """Train with PPO (+ critic) or GRPO: rollout, reward, log-probs, advantages, updates, sync.
 
@@ -143,10 +148,10 @@ def train(
 def sft(
     preset: str = PresetOpt,
     overrides: Optional[list[str]] = SetOpt,
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Run directory (default: runs/PRESET)."),
-    max_steps: Optional[int] = typer.Option(None, help="Stop at this global step (a resumed run counts on)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint in the run directory."),
-    no_dashboard: bool = typer.Option(False, "--no-dashboard", help="Plain lines instead of the live dashboard."),
+    out_dir: Optional[Path] = RunDirOpt,
+    max_steps: Optional[int] = MaxStepsOpt,
+    resume: bool = ResumeOpt,
+    no_dashboard: bool = NoDashboardOpt,
 ) -> None:
     """Supervised fine-tuning on parquet in verl's SFT formats: prompt/response columns, or
     multi-turn `messages` (loss on assistant turns only, `tools` handed to the chat template).
