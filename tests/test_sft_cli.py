@@ -61,7 +61,8 @@ def test_sft_then_rl_through_the_cli(tmp_path):
     chat = multiturn_file(tmp_path / "chat.parquet", rows=8)
     template = tmp_path / "template.jinja"
     template.write_text(TEMPLATE)
-    tinyrl("sft", "--preset", "countdown-tiny-sft", "--out", str(tmp_path / "chat"), "--no-dashboard", "--max-steps", "1",
+    tinyrl("sft", "--preset", "countdown-tiny-sft", "--out", str(tmp_path / "chat"), "--no-dashboard",
+           "--max-steps", "1",
            *common, *sets(f"data.train_path={chat}", "trainer.test_every=0", f"model.custom_chat_template={template}"))
     assert jsonl.read_records(tmp_path / "chat" / "metrics.jsonl")[0]["sft/loss"] > 0
 

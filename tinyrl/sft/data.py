@@ -154,7 +154,8 @@ def multi_turn(row: dict, tokenizer, cfg) -> list[tuple[str, int]]:
         try:
             tools = json.loads(tools) if tools.strip() else None
         except ValueError as exc:
-            raise TinyRLError(f"{s.tools_key} is text but not JSON: {exc}", hint="store the tool schemas as JSON") from exc
+            raise TinyRLError(f"{s.tools_key} is text but not JSON: {exc}",
+                              hint="store the tool schemas as a list, or as JSON text") from exc
     if not getattr(tokenizer, "chat_template", None):
         raise TinyRLError("multi-turn SFT renders messages with a chat template, and this tokenizer has none",
                           hint="set model.custom_chat_template to a Jinja template (text or file), or use an "
