@@ -201,3 +201,16 @@ def test_formats_and_sparkline():
     assert sparkline([0.0, 0.5, 1.0], 10) == "▁▅█"
     assert sparkline([0.2, 0.2], 10) == "▄▄"
     assert sparkline([None, float("nan"), 0.0, 1.0, 2.0], 2) == "▁█"  # the last 2 finite values
+
+
+def test_vram_panel_holds_each_phases_measured_peak_against_the_plan():
+    """Issue 20 item 6: a CUDA run's memory panel shows measured / planned per phase (the plan
+    from RUN_DIR/memory_plan.json, the peaks from the step's memory/phase/*_peak_bytes)."""
+    plan = {"phases": {"forward": {"planned_allocated_bytes": 10 * GIB},
+                       "actor_update": {"planned_allocated_bytes": 16 * GIB}}}
+    d = Dashboard({**INFO, "memory_plan": plan}, mode="off")
+    d.update(metrics(1, **{"memory/kind": "cuda", "memory/phase/actor_update_peak_bytes": 13.5 * GIB}))
+    text = frame(d)
+    assert re.search(r"actor upd\s+13\.50/16\.00 GiB plan", text)
+    assert re.search(r"forward\s+–/10\.00 GiB plan", text)   # not measured yet this step
+    assert "GiB plan" not in frame(Dashboard(INFO, mode="off"))  # a CPU run has no plan

@@ -46,15 +46,32 @@ def is_png(path: Path) -> bool:
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 
 
+def write_plan(run: Path) -> None:
+    """A CUDA run's plan as preflight keeps it: actor_update 18 GiB on the card, of which 0.5 CUDA
+    context, 0.5 vLLM asleep, 1 allocator headroom -> 16 GiB of tensors planned; rollout 20 GiB,
+    of which 0.5 context and 10 vLLM's reservation -> 9.5 GiB the trainer's."""
+    from tinyrl.memory.versus import write_run_plan
+
+    write_run_plan(run, {"gpu": "rtx4090", "budget_bytes": 21 * GIB, "simulated": True, "phases": {
+        "rollout": {"peak_bytes": 20 * GIB, "micro_batch": 0,
+                    "parts": {"cuda_context": GIB // 2, "vllm_reserved": 10 * GIB, "trainer_weights": 19 * GIB // 2}},
+        "actor_update": {"peak_bytes": 18 * GIB, "micro_batch": 19,
+                         "parts": {"cuda_context": GIB // 2, "vllm_asleep": GIB // 2, "allocator": GIB,
+                                   "activations": 16 * GIB}}}})
+
+
 def test_full_run_writes_every_plot_and_a_summary_with_hand_checked_numbers(tmp_path):
     run = make_run(tmp_path / "run")
+    write_plan(run)
     with open(run / "timeline.jsonl", "w") as f:
         for i, phase in enumerate(["rollout", "rollout", "actor_update", "sync"]):
-            f.write(json.dumps({"t": 2.0 * i, "phase": phase, "memory_bytes": (12 + i) * GIB}) + "\n")
+            f.write(json.dumps({"t": 2.0 * i, "phase": phase, "memory_bytes": (12 + i) * GIB,
+                                "memory_kind": "cuda", "peak_allocated_bytes": (9 + 2 * i) * GIB,
+                                "peak_reserved_bytes": (10 + 2 * i) * GIB}) + "\n")
     files = write_report(run)
     names = [p.name for p in files]
     assert names == ["reward.png", "kl.png", "response_length.png", "memory.png", "timings.png",
-                     "val_score.png", "timeline.png", "summary.txt"]
+                     "val_score.png", "timeline.png", "memory_vs_plan.png", "summary.txt"]
     assert all(p.parent == run / "report" for p in files)
     assert all(is_png(p) for p in files[:-1])
     summary = (run / "report" / "summary.txt").read_text()
@@ -67,6 +84,13 @@ def test_full_run_writes_every_plot_and_a_summary_with_hand_checked_numbers(tmp_
     assert "peak memory: 22.00 GiB VRAM of 24.0 GiB" in summary
     assert "time by phase: rollout 48%" in summary
     assert "plots skipped: none" in summary
+    # planned vs measured: the larger of the two rollout records (9, 11 GiB) against 9.5 planned;
+    # actor_update 13 GiB against 16 planned; sync was not planned
+    table = summary[summary.index("memory vs plan"):].splitlines()
+    assert "planned on rtx4090, budget 21.00" in table[0]
+    assert table[2].split() == ["rollout", "9.50", "11.00", "1.16", "12.00", "9.50"]
+    assert table[3].split() == ["actor_update", "16.00", "13.00", "0.81", "14.00", "17.00"]
+    assert table[4].split() == ["sync", "-", "15.00", "-", "16.00", "-"]
 
 
 def test_plots_without_metrics_are_skipped_and_named(tmp_path):
@@ -83,6 +107,8 @@ def test_plots_without_metrics_are_skipped_and_named(tmp_path):
     assert "kl.png (no kl/mean in metrics.jsonl)" in summary
     assert "val_score.png (no val/score in metrics.jsonl)" in summary
     assert "timeline.png (no timeline.jsonl with points)" in summary
+    assert "memory_vs_plan.png (no memory plan and no per-phase peaks)" in summary
+    assert "memory vs plan: none (no memory_plan.json)" in summary
     assert "final val score: none" in summary and "GiB RAM of 24.0 GiB" in summary
 
 

@@ -228,6 +228,9 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
     info = {"preset": cfg.preset, "model": cfg.model.name, "algorithm": algorithm,
             "engine": engine, "run_dir": str(run_dir), "device": trainer.device.type,
             "total_steps": trainer.total_steps(max_steps), "steps_per_epoch": trainer.steps_per_epoch}
+    from tinyrl.memory.versus import read_run_plan
+
+    info["memory_plan"] = read_run_plan(run_dir)  # None on the CPU: no plan is made there
     with Dashboard(info, mode="plain" if no_dashboard else "auto") as dash:
         trainer.dash = dash
         for notice in notes + trainer.notices:

@@ -358,8 +358,20 @@ class Dashboard:
             ("clipped", fmt(clip * 100, ".1f") + "%" if isinstance(clip, (int, float)) else DASH),
         ])
         rows.add_row(f"{label} use", ProgressBar(total=total if ok else None, completed=used if ok else 0, width=12))
+        for phase, planned in self._planned_phases():
+            measured = m.get(f"memory/phase/{phase}_peak_bytes")
+            rows.add_row(phase.replace("_update", " upd"), f"{fmt_gib(measured)}/{fmt_gib(planned)} GiB plan")
         title = "memory (process RAM)" if label == "RAM" else "memory"
         return Panel(rows, title=f"{title} · length", border_style="cyan")
+
+    def _planned_phases(self) -> list[tuple[str, int]]:
+        """(phase, planned peak allocated bytes) from run_info["memory_plan"] (a CUDA run's
+        RUN_DIR/memory_plan.json, tinyrl.memory.versus); none on the CPU."""
+        plan = self.info.get("memory_plan") or {}
+        phases = plan.get("phases") if isinstance(plan, dict) else None
+        if not isinstance(phases, dict):
+            return []
+        return [(name, ph.get("planned_allocated_bytes")) for name, ph in phases.items() if isinstance(ph, dict)]
 
     def _timing_panel(self, snap: dict) -> Panel:
         m = snap["m"]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from tinyrl.attention import guard_attention_kernels
 from tinyrl.config import ModelConfig
 from tinyrl.errors import TinyRLError
 from tinyrl.rl.logprobs import chunked_token_logprobs
@@ -123,6 +124,7 @@ class PolicyModels:
 
     def _setup(self, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, base: nn.Module,
                critic_base: nn.Module | None, reference: nn.Module | None, actor_only: bool = False) -> None:
+        guard_attention_kernels(device)  # before any attention runs (tinyrl.attention: why)
         self.cfg = cfg
         self.device = device
         self.dtype = dtype

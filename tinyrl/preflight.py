@@ -48,7 +48,7 @@ def preflight(cfg: Config, run_dir: Path, memory_plan: bool = True) -> list[str]
                      f"budgets (actor {cfg.actor.micro_batch_tokens or 'default'}, critic "
                      f"{cfg.critic.micro_batch_tokens or 'default'} tokens)")
         return notes
-    return notes + check_memory(cfg, gpu)
+    return notes + check_memory(cfg, gpu, run_dir)
 
 
 def _card(cfg: Config) -> GPU | None:
@@ -133,8 +133,9 @@ def check_disk(cfg: Config, run_dir: Path, cuda: bool) -> list[str]:
 
 # ------------------------------------------------------------------------------- memory
 
-def check_memory(cfg: Config, gpu: GPU) -> list[str]:
-    """The card's plan: raises when a phase does not fit, fills the settings left at 0."""
+def check_memory(cfg: Config, gpu: GPU, run_dir: Path | None = None) -> list[str]:
+    """The card's plan: raises when a phase does not fit, fills the settings left at 0, and keeps
+    the plan in the run directory (report and dashboard hold the measured peaks against it)."""
     plan, path, cached = mp.load_or_build_plan(cfg, gpu)
     source = (f"memory plan from {path}" if cached else
               f"memory plan SIMULATED now (fake tensors; none cached for this config on {gpu.name}), "
@@ -144,4 +145,9 @@ def check_memory(cfg: Config, gpu: GPU) -> list[str]:
                           + "\n".join(f"  {line}" for line in mp.advice(cfg, plan)),
                           hint="change the settings above with --set, then run again "
                                "(`tinyrl probe-memory` shows every phase)")
-    return [source] + mp.apply_plan(cfg, plan)
+    settings = mp.apply_plan(cfg, plan)
+    if run_dir is not None:
+        from tinyrl.memory.versus import write_run_plan
+
+        write_run_plan(run_dir, mp.plan_dict(cfg, plan))
+    return [source] + settings

@@ -1,7 +1,8 @@
 """`tinyrl report RUN_DIR`: PNG plots and a summary.txt from a run's metrics.jsonl.
 
 Reads (written by the trainer): RUN_DIR/metrics.jsonl (one JSON object per step, the dashboard's
-keys), optional RUN_DIR/config.json and RUN_DIR/timeline.jsonl ({"t", "phase", "memory_bytes"}).
+keys), optional RUN_DIR/config.json, RUN_DIR/timeline.jsonl ({"t", "phase", "memory_bytes", peaks})
+and RUN_DIR/memory_plan.json (a CUDA run's plan: planned vs measured per phase, tinyrl.memory.versus).
 Writes RUN_DIR/report/*.png and summary.txt unless told another directory.
 A plot whose metrics are absent is skipped (and named in the summary), never drawn empty.
 Uses matplotlib's object API (Figure + Agg), not pyplot: no global backend switch, no GUI.
@@ -18,6 +19,7 @@ from typing import Any, Callable
 from tinyrl.dashboard import PHASES, memory_label
 from tinyrl.errors import TinyRLError
 from tinyrl.jsonl import read_records
+from tinyrl.memory import versus
 
 GIB = 1024**3
 _STYLE = {"font.size": 11, "axes.titlesize": 13, "axes.labelsize": 11, "legend.fontsize": 9,
@@ -293,6 +295,35 @@ def summarize(recs: list[dict], config: dict | None) -> list[str]:
     return lines
 
 
+def memory_vs_plan(run_dir: Path, timeline: list[dict]) -> tuple[list[str], list[dict]]:
+    """summary.txt lines and plot rows: each phase's planned vs measured peak (tinyrl.memory.versus)."""
+    plan = versus.read_run_plan(run_dir)
+    measured = versus.measured_peaks(timeline)
+    rows = versus.compare(plan, measured) if plan else []
+    if not plan:
+        why = "a CPU run: no plan is made" if any(m["kind"] == "ram" for m in measured.values()) else "no memory_plan.json"
+        return ["", f"memory vs plan: none ({why})"], []
+    head = (f"memory vs plan (GiB; planned on {plan.get('gpu')}, budget "
+            f"{(plan.get('budget_bytes') or 0) / GIB:.2f}; measured: peak allocated per phase, reserved beside it):")
+    return ["", head] + versus.table_lines(rows), rows
+
+
+def _plot_memory_vs_plan(ax, rows: list[dict]) -> None:
+    names = [r["phase"] for r in rows]
+    xs = range(len(rows))
+    planned = [(r["planned"] or 0) / GIB for r in rows]
+    measured = [(r["measured"] or 0) / GIB for r in rows]
+    ax.bar([x - 0.2 for x in xs], planned, width=0.4, label="planned (allocated)", color="#9ecae1")
+    ax.bar([x + 0.2 for x in xs], measured, width=0.4, label="measured peak allocated", color="#08519c")
+    for x, r in zip(xs, rows):
+        if r["ratio"] is not None:
+            ax.annotate(f"{r['ratio']:.2f}x", (x + 0.2, measured[x]), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(xs), names, rotation=20)
+    ax.set_ylabel("GiB")
+    ax.set_title("Memory per phase: plan vs run")
+    _legend_below(ax)
+
+
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Write the plots and summary.txt; returns the files written (summary.txt last)."""
     run_dir = Path(run_dir)
@@ -329,6 +360,13 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
         except json.JSONDecodeError:
             notes.append("config.json is not valid JSON; preset and model left out")
     lines = [f"tinyrl report for {run_dir}", ""] + summarize(recs, config if isinstance(config, dict) else None)
+    vs_lines, vs_rows = memory_vs_plan(run_dir, points)
+    lines += vs_lines
+    if vs_rows:
+        _save(Figure, matplotlib, _plot_memory_vs_plan, vs_rows, out / "memory_vs_plan.png", by_step=False)
+        written.append(out / "memory_vs_plan.png")
+    else:
+        skipped.append("memory_vs_plan.png (no memory plan and no per-phase peaks)")
     lines += ["", "plots written: " + (", ".join(p.name for p in written) or "none")]
     lines += ["plots skipped: " + (", ".join(skipped) or "none")]
     lines += [f"note: {n}" for n in notes]
