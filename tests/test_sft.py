@@ -115,6 +115,30 @@ def test_multiturn_loss_mask_covers_exactly_the_assistant_turns(tmp_path, chat_t
         assert data.format == "multiturn" and not data.loss_masks[0][-1]  # the last user turn is not trained
 
 
+def test_an_assistant_first_conversation_trains_the_reply_not_the_template_opening(tmp_path, chat_tok):
+    from tinyrl.sft.data import load_sft
+
+    opening = "<|im_start|>system\nDefault.<|im_end|>\n"  # as Qwen's template adds a default system turn
+    tok = chat_tok.__class__.from_pretrained(chat_tok.name_or_path)
+    tok.chat_template = "{% if messages[0]['role'] != 'system' %}" + opening + "{% endif %}" + TEMPLATE
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.Table.from_pylist([{"messages": CONVERSATION[2:5]}]), path)
+    data = load_sft(path, tok, sft_config(path))
+    trained = tok.decode([t for t, m in zip(data.responses[0], data.loss_masks[0]) if m])
+    assert trained == "".join(ASSISTANT_TEXTS)
+    assert tok.decode(data.prompts[0]) == opening + "<|im_start|>assistant\n"
+
+
+def test_single_turn_with_the_chat_template_renders_prompts_as_train_does(sft_files, chat_tok):
+    from tinyrl.setup import tokenize_rows
+    from tinyrl.sft.data import load_sft
+
+    train, _ = sft_files
+    data = load_sft(train, chat_tok, sft_config(train, "data.chat_template=true"))
+    assert data.prompts == tokenize_rows(train, chat_tok, 512, chat=True)[0]
+    assert chat_tok.decode(data.prompts[0]).endswith("<|im_end|>\n<|im_start|>assistant\n")
+
+
 def test_the_loss_equals_transformers_own_loss_over_the_same_labels(tmp_path, tiny_model_dir, chat_tok, sft_files):
     """The trainer's loss on a padded batch (single- and multi-turn) is transformers' causal-LM
     loss with every non-trained label set to -100: an independent computation."""

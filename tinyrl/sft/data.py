@@ -161,15 +161,17 @@ def multi_turn(row: dict, tokenizer, cfg) -> list[tuple[str, int]]:
                           hint="set model.custom_chat_template to a Jinja template (text or file), or use an "
                                "instruct model")
 
-    def render(upto: int, generation_prompt: bool) -> str:
+    def render_messages(these: list[dict], generation_prompt: bool = False) -> str:
         kwargs = {"tools": tools} if tools else {}
-        return tokenizer.apply_chat_template(messages[:upto], tokenize=False,
-                                             add_generation_prompt=generation_prompt, **kwargs)
+        return tokenizer.apply_chat_template(these, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
+
+    def render(upto: int, generation_prompt: bool) -> str:
+        return render_messages(messages[:upto], generation_prompt)
 
     segments, done = [], ""
     for k, message in enumerate(messages, start=1):
         if message["role"] == "assistant":
-            head = render(k - 1, True) if k > 1 else ""
+            head = render(k - 1, True) if k > 1 else _opening(messages, render_messages)
             full = render(k, False)
             _check_prefix(done, head, k)
             _check_prefix(head, full, k)
@@ -180,6 +182,19 @@ def multi_turn(row: dict, tokenizer, cfg) -> list[tuple[str, int]]:
             segments.append((full[len(done):], 0))
         done = full
     return [(text, flag) for text, flag in segments if text]
+
+
+def _opening(messages: list[dict], render_messages) -> str:
+    """What the template writes before a conversation's first message when that message is the
+    assistant's (a default system turn, the assistant header): the rendering of the same turn
+    with a marker for its content, cut at the marker. Not trained. (Templates cannot render an
+    empty conversation, transformers refuses one.)"""
+    marker = "\u2063tinyrl-content\u2063"
+    text = render_messages([{**messages[0], "content": marker}])
+    if marker not in text:
+        raise TinyRLError("the conversation starts with an assistant turn and the chat template does not show "
+                          "where its content begins", hint="start each conversation with a system or user message")
+    return text[:text.index(marker)]
 
 
 def _check_prefix(before: str, after: str, k: int) -> None:
