@@ -129,6 +129,32 @@ def test_an_assistant_first_conversation_trains_the_reply_not_the_template_openi
     assert tok.decode(data.prompts[0]) == opening + "<|im_start|>assistant\n"
 
 
+def test_a_template_that_groups_tool_messages_masks_only_the_assistant(tmp_path, chat_tok):
+    """Qwen2.5's layout for tools: consecutive tool results share one user turn, closed after the
+    last, so the text of the first k messages is not a prefix of k + 1 between assistant turns."""
+    from tinyrl.sft.data import load_sft
+
+    tok = chat_tok.__class__.from_pretrained(chat_tok.name_or_path)
+    tok.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'tool' %}"
+        "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+        "\n<tool_response>{{ m['content'] }}</tool_response>"
+        "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
+        "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    conversation = [{"role": "user", "content": "Add 3 and 5, then 2 and 2."},
+                    {"role": "assistant", "content": "<call> 3 + 5 </call><call> 2 + 2 </call>"},
+                    {"role": "tool", "content": "8"}, {"role": "tool", "content": "4"},
+                    {"role": "assistant", "content": "<answer> 8 and 4 </answer>"}]
+    path = tmp_path / "tools.parquet"
+    pq.write_table(pa.Table.from_pylist([{"messages": conversation}]), path)
+    data = load_sft(path, tok, sft_config(path))
+    ids, mask = data.prompts[0] + data.responses[0], [0] * len(data.prompts[0]) + data.loss_masks[0]
+    assert tok.decode(ids) == tok.apply_chat_template(conversation, tokenize=False)
+    trained = tok.decode([t for t, m in zip(ids, mask) if m])
+    assert trained == "".join(m["content"] + "<|im_end|>\n" for m in conversation if m["role"] == "assistant")
+
+
 def test_single_turn_with_the_chat_template_renders_prompts_as_train_does(sft_files, chat_tok):
     from tinyrl.setup import tokenize_rows
     from tinyrl.sft.data import load_sft

@@ -137,8 +137,9 @@ def single_turn(row: dict, tokenizer, cfg) -> list[tuple[str, int]]:
 
 def multi_turn(row: dict, tokenizer, cfg) -> list[tuple[str, int]]:
     """The conversation as rendered text segments, each with its loss flag (1: an assistant turn's
-    own tokens). Rendering the first k messages must be a prefix of rendering k + 1 (true for the
-    usual templates); a template that rewrites earlier turns is refused, not silently mis-masked."""
+    own tokens). The rendering up to an assistant turn must be a prefix of the rendering with it
+    (true for the usual templates); a template that rewrites earlier turns (Qwen3 drops earlier
+    thinking) is refused, not silently mis-masked."""
     s = cfg.sft
     messages = row[s.messages_key]
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m
@@ -168,19 +169,22 @@ def multi_turn(row: dict, tokenizer, cfg) -> list[tuple[str, int]]:
     def render(upto: int, generation_prompt: bool) -> str:
         return render_messages(messages[:upto], generation_prompt)
 
+    # Rendered only at assistant turns (and once whole): what lies between them is untrained,
+    # so a template may write it differently once later messages exist (Qwen2.5 closes a run
+    # of tool messages only after the last one).
     segments, done = [], ""
     for k, message in enumerate(messages, start=1):
-        if message["role"] == "assistant":
-            head = render(k - 1, True) if k > 1 else _opening(messages, render_messages)
-            full = render(k, False)
-            _check_prefix(done, head, k)
-            _check_prefix(head, full, k)
-            segments += [(head[len(done):], 0), (full[len(head):], 1)]
-        else:
-            full = render(k, False)
-            _check_prefix(done, full, k)
-            segments.append((full[len(done):], 0))
+        if message["role"] != "assistant":
+            continue
+        head = render(k - 1, True) if k > 1 else _opening(messages, render_messages)
+        full = render(k, False)
+        _check_prefix(done, head, k)
+        _check_prefix(head, full, k)
+        segments += [(head[len(done):], 0), (full[len(head):], 1)]
         done = full
+    whole = render(len(messages), False)
+    _check_prefix(done, whole, len(messages))
+    segments.append((whole[len(done):], 0))
     return [(text, flag) for text, flag in segments if text]
 
 
