@@ -5,6 +5,7 @@ Fast: in-process on the tiny model; the end-to-end CLI run is test_sft_cli.py.""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -357,6 +358,11 @@ def test_rl_from_an_sft_run_has_the_sft_model_as_reference_and_start(tmp_path, s
     assert json.loads(marker.read_text())["step"] == 2
     with torch.no_grad():
         torch.testing.assert_close(resumed.models.token_logprobs("reference", batch), sft_lp, atol=1e-5, rtol=1e-5)
+    # With checkpoints, a lost starting model is not silently rebuilt from the source's newer step.
+    resumed.save()
+    shutil.rmtree(tmp_path / "rl" / "init_model")
+    with pytest.raises(TinyRLError, match="starting model .* is missing"):
+        Trainer(rl_cfg, tmp_path / "rl", resume=True)
 
 
 # ------------------------------------------------------------------ errors users see

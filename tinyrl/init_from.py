@@ -61,7 +61,16 @@ def model_path_of(cfg, run_dir: Path | None) -> str:
     if run_dir is None:
         raise TinyRLError("model.init_from needs the run directory to write the starting model into",
                           hint="pass run_dir (the CLI does)")
-    return str(materialize(Path(cfg.model.init_from).expanduser(), Path(run_dir) / INIT_DIR))
+    from tinyrl import checkpoint as ckpt
+
+    source, dest = Path(cfg.model.init_from).expanduser(), Path(run_dir) / INIT_DIR
+    if ckpt.list_checkpoints(Path(run_dir) / "checkpoints") and not _made_from(dest, source):
+        # Its checkpoints are deltas of the model it started from; the source may have trained on.
+        raise TinyRLError(f"{run_dir} has checkpoints but its starting model {dest} is missing or was made from "
+                          f"another run than model.init_from = {cfg.model.init_from}; writing it again could "
+                          "give another starting point and reference than the checkpoints were trained against",
+                          hint=f"restore {dest} from a copy, or start a new run in another --out directory")
+    return str(materialize(source, dest))
 
 
 def base_of_run(cfg, run_dir: Path) -> str:
@@ -84,16 +93,23 @@ def describe(model_dir: str | Path) -> str:
     return f"model.init_from: starting from {info['run_dir']} at step {info['step']} ({model_dir})"
 
 
+def _made_from(dest: Path, source: Path) -> bool:
+    """A finished export of `source` is at `dest`."""
+    if not (dest / MARKER).is_file():
+        return False
+    made_from = json.loads((dest / MARKER).read_text()).get("run_dir", "")
+    return Path(made_from).expanduser().resolve() == source.resolve()
+
+
 def materialize(source: Path, dest: Path) -> Path:
     """Export `source`'s latest actor to `dest` unless a finished export of it is there already.
     Written aside and renamed into place, so a kill leaves no half model that looks finished."""
     from tinyrl.export import export_run
 
+    if _made_from(dest, source):
+        return dest
     if (dest / MARKER).is_file():
-        made_from = json.loads((dest / MARKER).read_text()).get("run_dir", "")
-        if Path(made_from).expanduser().resolve() == source.resolve():
-            return dest
-        log.warning("%s was made from %s, not %s: writing it again", dest, made_from, source)
+        log.warning("%s was made from another run than %s: writing it again", dest, source)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
