@@ -106,13 +106,19 @@ def load_sft(path: Path, tokenizer, cfg, max_rows: int | None = None) -> SFTRows
     if max_rows is not None:
         table = table.slice(0, max_rows)
     rows = table.to_pylist()
-    out = SFTRows([], [], [], fmt)
-    eos = tokenizer.eos_token_id
+    render = single_turn if fmt == "single" else multi_turn
+    segments = []
     for i, row in enumerate(rows):
         try:
-            segments = (single_turn(row, tokenizer, cfg) if fmt == "single" else multi_turn(row, tokenizer, cfg))
-            prompt, response, mask = split_at_loss(tokenize(segments, tokenizer, eos if fmt == "single" else None))
+            segments.append(render(row, tokenizer, cfg))
         except TinyRLError as exc:  # say where: a large file has one bad row
+            raise TinyRLError(f"{path} row {i} (counting from 0): {exc.message}", hint=exc.hint) from exc
+    out = SFTRows([], [], [], fmt)
+    eos = tokenizer.eos_token_id if fmt == "single" else None
+    for i, tokens in enumerate(tokenize(segments, tokenizer, eos)):
+        try:
+            prompt, response, mask = split_at_loss(tokens)
+        except TinyRLError as exc:
             raise TinyRLError(f"{path} row {i} (counting from 0): {exc.message}", hint=exc.hint) from exc
         out.prompts.append(prompt)
         out.responses.append(response)
@@ -208,19 +214,24 @@ def _check_prefix(before: str, after: str, k: int) -> None:
                           hint="use a chat template that appends each message (model.custom_chat_template)")
 
 
-def tokenize(segments: list[tuple[str, int]], tokenizer, eos: int | None) -> tuple[list[int], list[int]]:
-    """Token ids and a 0/1 loss flag per id. Segments are tokenized one by one (as generation sees
-    them: a prompt, then what is generated after it); `eos` is appended, trained, unless the text
-    ended with it already."""
-    ids, flags = [], []
-    for text, flag in segments:
-        part = tokenizer(text, add_special_tokens=False)["input_ids"]
-        ids += part
-        flags += [flag] * len(part)
-    if eos is not None and (not ids or ids[-1] != eos):
-        ids.append(eos)
-        flags.append(1)
-    return ids, flags
+def tokenize(rows: list[list[tuple[str, int]]], tokenizer, eos: int | None) -> list[tuple[list[int], list[int]]]:
+    """Per row: token ids and a 0/1 loss flag per id. Segments are tokenized one by one (as
+    generation sees them: a prompt, then what is generated after it), all rows in one batched
+    call; `eos` is appended, trained, unless the text ended with it already."""
+    texts = [text for segments in rows for text, _ in segments]
+    ids = iter(tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+    out = []
+    for segments in rows:
+        row_ids, flags = [], []
+        for _, flag in segments:
+            part = next(ids)
+            row_ids += part
+            flags += [flag] * len(part)
+        if eos is not None and (not row_ids or row_ids[-1] != eos):
+            row_ids.append(eos)
+            flags.append(1)
+        out.append((row_ids, flags))
+    return out
 
 
 def split_at_loss(tokens: tuple[list[int], list[int]]) -> tuple[list[int], list[int], list[int]]:
