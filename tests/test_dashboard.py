@@ -137,6 +137,51 @@ def test_live_frame_survives_missing_and_odd_values():
     assert re.search(r"VRAM used\s+– GiB", text) and re.search(r"kl coef\s+–", text)
 
 
+def val_figures(name: str, greedy: float, pass8: float) -> dict:
+    """What Trainer._validate_files logs for one data.val_files file with trainer.val_n = 8."""
+    return {f"val/{name}/greedy_acc": greedy, f"val/{name}/pass@1": pass8 / 4, f"val/{name}/pass@8": pass8,
+            f"val/{name}/maj@8": pass8 / 2, f"val/{name}/mean@8": pass8 / 4,
+            f"val/{name}/response_length": 123.4}
+
+
+def test_live_frame_has_a_row_per_validation_file_with_its_latest_figures():
+    d = Dashboard(INFO, mode="off")
+    d.update(metrics(1))
+    assert "validation files" not in frame(d)  # no data.val_files: no panel taking room
+    d.update(metrics(5, **{"val/score": 0.2}, **val_figures("aime", 0.1, 0.4), **val_figures("math500", 0.3, 0.8)))
+    d.update(metrics(6))  # not a validation step: the last figures stay
+    d.update(metrics(10, **val_figures("aime", 0.125, 0.5)))  # only aime validated at 10
+    text = frame(d, width=140)
+    assert "validation files" in text
+    header = next(line for line in text.splitlines() if "greedy" in line)
+    assert re.search(r"file\s+step\s+greedy\s+pass@1\s+pass@8\s+maj@8\s+mean@8\s+len", header)
+    assert re.search(r"aime\s+@10\s+0\.125\s+0\.125\s+0\.500\s+0\.250\s+0\.125\s+123\.4", text)
+    assert re.search(r"math500\s+@5\s+0\.300\s+0\.200\s+0\.800\s+0\.400\s+0\.200\s+123\.4", text)
+    assert re.search(r"val score\s+0\.200 @5", text)  # val/score is test_path's, not a file row
+    assert not re.search(r"^\W*(score|reward_mean)\b", text, re.M)
+
+
+def test_plain_mode_prints_a_line_per_validation_file_on_validation_steps_only():
+    d, buf = plain_dash()
+    with d:
+        d.update(metrics(1))
+        d.update(metrics(2, **val_figures("aime", 0.1, 0.4), **val_figures("gsm8k", 0.3, 0.8)))
+        d.update(metrics(3))
+    lines = buf.getvalue().splitlines()
+    assert [x.split(" | ")[0] for x in lines] == ["step 1/40", "step 2/40", "val aime @2", "val gsm8k @2", "step 3/40"]
+    assert lines[2] == ("val aime @2 | greedy_acc 0.100 | pass@1 0.100 | pass@8 0.400 | maj@8 0.200 | "
+                        "mean@8 0.100 | response_length 123.4")
+
+
+def test_val_files_groups_only_per_file_keys():
+    got = dashboard.val_files({"val/score": 1, "val/reward_mean": 2, "val/aime/pass@8": 0.5,
+                               "val/aime/greedy_acc": 0.25, "reward/mean": 3, "val/m/maj@8": 0.1})
+    assert got == {"aime": {"pass@8": 0.5, "greedy_acc": 0.25}, "m": {"maj@8": 0.1}}
+    order = ["response_length", "maj@16", "pass@16", "mean@16", "pass@2", "greedy_acc", "maj@2"]
+    assert sorted(order, key=dashboard.val_metric_order) == [
+        "greedy_acc", "pass@2", "pass@16", "maj@2", "maj@16", "mean@16", "response_length"]
+
+
 def test_grpo_frame_says_there_is_no_critic():
     d = Dashboard({**INFO, "algorithm": "grpo"}, mode="off")
     d.update({k: v for k, v in metrics(1).items() if not k.startswith("critic/")})
@@ -201,3 +246,16 @@ def test_formats_and_sparkline():
     assert sparkline([0.0, 0.5, 1.0], 10) == "▁▅█"
     assert sparkline([0.2, 0.2], 10) == "▄▄"
     assert sparkline([None, float("nan"), 0.0, 1.0, 2.0], 2) == "▁█"  # the last 2 finite values
+
+
+def test_vram_panel_holds_each_phases_measured_peak_against_the_plan():
+    """Issue 20 item 6: a CUDA run's memory panel shows measured / planned per phase (the plan
+    from RUN_DIR/memory_plan.json, the peaks from the step's memory/phase/*_peak_bytes)."""
+    plan = {"phases": {"forward": {"planned_allocated_bytes": 10 * GIB},
+                       "actor_update": {"planned_allocated_bytes": 16 * GIB}}}
+    d = Dashboard({**INFO, "memory_plan": plan}, mode="off")
+    d.update(metrics(1, **{"memory/kind": "cuda", "memory/phase/actor_update_peak_bytes": 13.5 * GIB}))
+    text = frame(d)
+    assert re.search(r"actor upd\s+13\.50/16\.00 GiB plan", text)
+    assert re.search(r"forward\s+–/10\.00 GiB plan", text)   # not measured yet this step
+    assert "GiB plan" not in frame(Dashboard(INFO, mode="off"))  # a CPU run has no plan

@@ -13,6 +13,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -23,8 +24,10 @@ import pytest
 import yaml
 
 from tinyrl.config import list_presets, load_config
+from tinyrl.errors import TinyRLError
 from tinyrl.data.countdown import generate_countdown
 from tinyrl.data.io import load_prompts
+from tinyrl.eval import parse_data_args
 from tinyrl.export_verl import export_verl
 from tinyrl.export_verl.mapping import VERL_VERSION, Context, map_config
 from tinyrl.rewards.registry import load_reward_fn
@@ -60,7 +63,9 @@ def lookup(tree: dict, key: str):
 
 
 # verl/workers/config/model.py: `target_modules: Optional[Any] = "all-linear"  # ... and ["q_proj","k_proj"]`
-STR_OR_LIST = {"actor_rollout_ref.model.target_modules", "critic.model.target_modules"}
+# verl/utils/dataset/rl_dataset.py (RLHFDataset): `if not isinstance(data_files, list | ListConfig): data_files = [data_files]`
+STR_OR_LIST = {"actor_rollout_ref.model.target_modules", "critic.model.target_modules", "data.train_files",
+               "data.val_files"}
 
 
 def same_kind(default, text: str, key: str = "") -> bool:
@@ -89,7 +94,8 @@ def downloaded_data(preset: str, tmp_path: Path) -> list[str]:
     if cfg.data.generate or resolve_path(cfg.data.train_path).exists():
         return []
     train, test = get_task(cfg.task.name).generate(tmp_path / "data", 64, 16, progress=False)
-    return [f"data.train_path={train}", f"data.test_path={test}"]
+    val = [f"{name}={test}" for name, _ in parse_data_args(cfg.data.val_files)]  # e.g. aime: downloaded too
+    return [f"data.train_path={train}", f"data.test_path={test}", f"data.val_files={json.dumps(val)}"]
 
 
 VARIANTS = [[], ["algorithm.adv_estimator=dr_grpo", "rollout.n=4", "algorithm.kl_in_reward=false"],
@@ -139,6 +145,47 @@ def test_bash_hands_verl_the_arguments_intact(tmp_path):
     assert args["actor_rollout_ref.rollout.n"] == "8" and args["trainer.total_epochs"] == "3"  # "$@" last
     assert args["algorithm.norm_adv_by_std_in_grpo"] == "true"
     assert args["trainer.save_freq"] == "50" and args["actor_rollout_ref.actor.use_kl_loss"] == "true"
+
+
+def run_script(script: Path, tmp_path: Path) -> dict[str, str]:
+    """The script's arguments as verl receives them (bash expanded $HERE), through a fake python3."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "python3").write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import json,sys; "
+                                  "print(json.dumps(sys.argv[1:]))' \"$@\"\n")
+    (fake / "python3").chmod(0o755)
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return dict(a.split("=", 1) for a in json.loads(done.stdout)[2:])
+
+
+def test_validation_files_are_copied_and_listed_in_verls_data_val_files(tmp_path, verl_yaml):
+    from tinyrl.tasks import math as mt
+
+    data = tmp_path / "data"
+    train, test = mt.generate(data, 64, 40, seed=1, progress=False)
+    aime, _ = mt.generate(tmp_path / "aime", 4, 30, seed=2, progress=False)  # its test file: 30 rows
+    gsm = mt.generate(tmp_path / "gsm", 4, 8, seed=3, progress=False)[1]
+    cfg = load_config("math-tiny", [f"data.train_path={train}", f"data.test_path={test}", "data.max_test_prompts=20",
+                                    f'data.val_files=["aime={tmp_path / "aime" / "test.parquet"}", "gsm 8k={gsm}"]'])
+    out = export_verl(cfg, tmp_path / "my out")
+    args = run_script(out / "run_verl.sh", tmp_path)
+    value = args["data.val_files"]
+    assert value.startswith("[") and value.endswith("]")
+    assert same_kind(lookup(verl_yaml, "data.val_files"), value, "data.val_files")
+    listed = [Path(x) for x in re.findall(r"'([^']*)'", value)]
+    here = (tmp_path / "my out").resolve()
+    assert listed == [here / "data" / "test.parquet", here / "data" / "val_aime.parquet",
+                      here / "data" / "val_gsm_8k.parquet"]
+    # each file holds the rows tinyrl validates on: its first data.max_test_prompts (20) rows
+    for copied, source, rows in zip(listed[1:], [tmp_path / "aime" / "test.parquet", gsm], [20, 8]):
+        assert pq.read_table(copied).to_pylist() == pq.read_table(source).to_pylist()[:rows]
+    script = (out / "run_verl.sh").read_text()
+    assert "data.val_files = " in script and "per data_source" in script  # what verl does with them: said
+    cfg.data.val_files = [f"aime={tmp_path / 'nowhere.parquet'}"]
+    with pytest.raises(TinyRLError, match="aime = .*nowhere.parquet does not exist"):
+        export_verl(cfg, tmp_path / "out2")
 
 
 def test_settings_verl_lacks_are_listed_not_dropped(tmp_path, monkeypatch):

@@ -172,3 +172,108 @@ def test_auto_on_cuda_without_vllm_is_an_error_not_a_silent_fallback(model, tok,
     with pytest.raises(TinyRLError) as err:
         factory.make_engine("auto", model=model, tokenizer=tok, model_path="unused", device="cuda")
     assert "rollout.engine=hf" in err.value.hint and "vLLM does not import" in str(err.value)
+
+
+# -- the actor adapter merged for sampling (issue 20.5) -------------------------------------------
+
+def _trained_actor(model, dtype=torch.float32):
+    """A peft model as PolicyModels builds it, the actor's lora_B non-zero (a trained adapter)."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=targets, task_type="CAUSAL_LM")
+    peft_model = get_peft_model(copy.deepcopy(model).to(dtype), lora, adapter_name="actor")
+    peft_model.add_adapter("critic", lora)
+    peft_model.set_adapter("actor")
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if ".actor." in name and "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    return peft_model
+
+
+def _base_weights(peft_model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in peft_model.named_parameters() if "lora_" not in n}
+
+
+def test_merged_sampling_is_the_unmerged_actor_and_skips_the_lora_layers(model, tok, prompts):
+    actor = _trained_actor(model)
+    lora_calls = []
+    for name, m in actor.named_modules():
+        if name.endswith("lora_A.actor"):
+            m.register_forward_hook(lambda *_: lora_calls.append(1))
+    s = SamplingSettings(n=2, max_new_tokens=20, seed=5)
+    merged = HFEngine(actor, tok, "cpu").generate(prompts, s)
+    assert not lora_calls, "merged sampling must not run the adapter's own layers"
+    unmerged = HFEngine(actor, tok, "cpu", merge_adapter=False).generate(prompts, s)
+    assert lora_calls
+    assert [c.response_ids for c in merged.completions] == [c.response_ids for c in unmerged.completions]
+    for m, u in zip(merged.completions, unmerged.completions):
+        torch.testing.assert_close(torch.tensor(m.logprobs), torch.tensor(u.logprobs), atol=1e-5, rtol=0)
+        # ... and both are the log-probs of the trainer's own (unmerged) forward pass
+        torch.testing.assert_close(torch.tensor(m.logprobs), _recompute(actor, m.prompt_ids, m.response_ids),
+                                   atol=1e-4, rtol=0)
+    # the adapter matters: the bare base samples something else
+    with actor.disable_adapter():
+        bare = HFEngine(actor, tok, "cpu", merge_adapter=False).generate(prompts, s)
+    assert [c.response_ids for c in bare.completions] != [c.response_ids for c in merged.completions]
+
+
+def test_bf16_rollouts_give_the_base_weights_back_bit_for_bit(model, tok, prompts):
+    # peft's own unmerge (weight -= delta) does not in bf16: the shared frozen base would drift.
+    actor = _trained_actor(model, torch.bfloat16)
+    before = _base_weights(actor)
+    engine = HFEngine(actor, tok, "cpu")
+    for seed in range(3):
+        engine.generate(prompts, SamplingSettings(n=2, max_new_tokens=8, seed=seed))
+    after = _base_weights(actor)
+    assert all(torch.equal(after[n], w) for n, w in before.items())
+    assert not any(getattr(m, "merged", False) for m in actor.modules())
+
+
+def test_a_failed_rollout_still_restores_the_base(model, tok, prompts, monkeypatch):
+    actor = _trained_actor(model, torch.bfloat16)
+    before = _base_weights(actor)
+    engine = HFEngine(actor, tok, "cpu")
+    seen_merged = []
+
+    def boom(*args, **kwargs):
+        seen_merged.append(any(not torch.equal(p, before[n]) for n, p in actor.named_parameters() if n in before))
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(engine, "_generate_chunk", boom)
+    with pytest.raises(RuntimeError, match="simulated"):
+        engine.generate(prompts, SamplingSettings(n=1, max_new_tokens=4, seed=0))
+    assert seen_merged == [True]  # the failure happened while merged
+    assert all(torch.equal(p, before[n]) for n, p in actor.named_parameters() if n in before)
+    assert not any(getattr(m, "merged", False) for m in actor.modules())
+
+
+def test_after_a_rollout_the_actor_adapter_trains_and_nothing_else_has_gradients(model, tok, prompts):
+    actor = _trained_actor(model)
+    flags = {n: p.requires_grad for n, p in actor.named_parameters()}
+    actor.train()
+    HFEngine(actor, tok, "cpu").generate(prompts, SamplingSettings(n=2, max_new_tokens=8, seed=0))
+    assert {n: p.requires_grad for n, p in actor.named_parameters()} == flags
+    ids = torch.tensor([prompts[0]])
+    actor(ids).logits.float().logsumexp(-1).mean().backward()
+    for name, p in actor.named_parameters():
+        if ".actor." in name and "lora_" in name:
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+        else:
+            assert p.grad is None, name
+
+
+def test_unmergeable_adapters_keep_the_unmerged_path(model, tok, prompts):
+    from tinyrl.rollout.hf_engine import merged_adapter
+
+    actor = _trained_actor(model)
+    with merged_adapter(actor, "actor") as count:
+        assert count == 14  # 2 layers x 7 targets
+    with merged_adapter(actor, "critic") as count:
+        assert count == 0  # not the active adapter: merging it would sample the wrong policy
+    with actor.disable_adapter(), merged_adapter(actor, "actor") as count:
+        assert count == 0
+    with merged_adapter(model, "actor") as count:  # a plain model (full fine-tuning)
+        assert count == 0

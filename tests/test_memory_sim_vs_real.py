@@ -4,7 +4,8 @@ Real: tinyrl's step (simulate.run_phase) on real bf16 tensors on CPU, peak = byt
 before the step (weights, Adam state, grads, inputs) + the highest point of the CPU
 allocator's own allocation/free events during it (torch.profiler, probe.measure_peak): an
 accounting independent of the dispatch-level one the simulation uses. Simulated: fake
-tensors, 1 and 2 layers traced and extrapolated to the real depth.
+tensors, 2 and 3 layers traced and extrapolated to the real depth; its CUDA allocator headroom
+is left out (the CPU allocator keeps no cached blocks).
 """
 
 import os
@@ -37,10 +38,13 @@ def test_simulated_peak_within_15_percent_of_real(case, tmp_path):
     old = os.environ.get("TINYRL_CACHE")
     os.environ["TINYRL_CACHE"] = str(tmp_path)  # trace afresh: no cached answer
     try:
-        simulated = sim.simulate_phase(
+        parts = sim.simulate_phase(
             spec, step.phase, step.micro_batch, step.seq_len, response_len=step.response_len,
             finetune=step.finetune, lora_rank=step.lora_rank, logprob_chunk=step.logprob_chunk,
-        )["peak"]
+        )
+        # The CUDA caching allocator's headroom (simulate.HEADROOM_BLOCKS) has no counterpart in
+        # the CPU allocator measured here: tensors against tensors.
+        simulated = parts["peak"] - parts["allocator"]
     finally:
         if old is None:
             del os.environ["TINYRL_CACHE"]

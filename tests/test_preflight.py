@@ -113,6 +113,14 @@ def test_on_a_card_the_plan_fills_only_what_was_left_at_0(monkeypatch, tmp_path)
     assert cfg.rollout.vllm.max_num_seqs == plan.vllm_max_num_seqs > 0
     again = tiny("trainer.device=cuda", "rollout.engine=vllm", "actor.micro_batch_tokens=0")
     assert any(n.startswith("memory plan from") for n in pf.preflight(again, tmp_path / "run"))
+    # the run keeps the plan it trains with: report and dashboard hold the measured peaks against it
+    from tinyrl.memory.versus import read_run_plan
+
+    kept = read_run_plan(tmp_path / "run")["phases"]["actor_update"]
+    parts = plan.phases["actor_update"].parts
+    assert kept["micro_batch"] == plan.phases["actor_update"].micro_batch
+    assert kept["planned_allocated_bytes"] == (plan.phases["actor_update"].peak - parts["cuda_context"]
+                                               - parts["vllm_asleep"] - parts["allocator"])
 
 
 def test_apply_plan_sets_zeros_keeps_the_rest_and_warns_when_above_the_plan():

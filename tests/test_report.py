@@ -46,15 +46,32 @@ def is_png(path: Path) -> bool:
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 
 
+def write_plan(run: Path) -> None:
+    """A CUDA run's plan as preflight keeps it: actor_update 18 GiB on the card, of which 0.5 CUDA
+    context, 0.5 vLLM asleep, 1 allocator headroom -> 16 GiB of tensors planned; rollout 20 GiB,
+    of which 0.5 context and 10 vLLM's reservation -> 9.5 GiB the trainer's."""
+    from tinyrl.memory.versus import write_run_plan
+
+    write_run_plan(run, {"gpu": "rtx4090", "budget_bytes": 21 * GIB, "simulated": True, "phases": {
+        "rollout": {"peak_bytes": 20 * GIB, "micro_batch": 0,
+                    "parts": {"cuda_context": GIB // 2, "vllm_reserved": 10 * GIB, "trainer_weights": 19 * GIB // 2}},
+        "actor_update": {"peak_bytes": 18 * GIB, "micro_batch": 19,
+                         "parts": {"cuda_context": GIB // 2, "vllm_asleep": GIB // 2, "allocator": GIB,
+                                   "activations": 16 * GIB}}}})
+
+
 def test_full_run_writes_every_plot_and_a_summary_with_hand_checked_numbers(tmp_path):
     run = make_run(tmp_path / "run")
+    write_plan(run)
     with open(run / "timeline.jsonl", "w") as f:
         for i, phase in enumerate(["rollout", "rollout", "actor_update", "sync"]):
-            f.write(json.dumps({"t": 2.0 * i, "phase": phase, "memory_bytes": (12 + i) * GIB}) + "\n")
+            f.write(json.dumps({"t": 2.0 * i, "phase": phase, "memory_bytes": (12 + i) * GIB,
+                                "memory_kind": "cuda", "peak_allocated_bytes": (9 + 2 * i) * GIB,
+                                "peak_reserved_bytes": (10 + 2 * i) * GIB}) + "\n")
     files = write_report(run)
     names = [p.name for p in files]
     assert names == ["reward.png", "kl.png", "response_length.png", "memory.png", "timings.png",
-                     "val_score.png", "timeline.png", "summary.txt"]
+                     "val_score.png", "timeline.png", "memory_vs_plan.png", "summary.txt"]
     assert all(p.parent == run / "report" for p in files)
     assert all(is_png(p) for p in files[:-1])
     summary = (run / "report" / "summary.txt").read_text()
@@ -67,6 +84,13 @@ def test_full_run_writes_every_plot_and_a_summary_with_hand_checked_numbers(tmp_
     assert "peak memory: 22.00 GiB VRAM of 24.0 GiB" in summary
     assert "time by phase: rollout 48%" in summary
     assert "plots skipped: none" in summary
+    # planned vs measured: the larger of the two rollout records (9, 11 GiB) against 9.5 planned;
+    # actor_update 13 GiB against 16 planned; sync was not planned
+    table = summary[summary.index("memory vs plan"):].splitlines()
+    assert "planned on rtx4090, budget 21.00" in table[0]
+    assert table[2].split() == ["rollout", "9.50", "11.00", "1.16", "12.00", "9.50"]
+    assert table[3].split() == ["actor_update", "16.00", "13.00", "0.81", "14.00", "17.00"]
+    assert table[4].split() == ["sync", "-", "15.00", "-", "16.00", "-"]
 
 
 def test_plots_without_metrics_are_skipped_and_named(tmp_path):
@@ -83,7 +107,61 @@ def test_plots_without_metrics_are_skipped_and_named(tmp_path):
     assert "kl.png (no kl/mean in metrics.jsonl)" in summary
     assert "val_score.png (no val/score in metrics.jsonl)" in summary
     assert "timeline.png (no timeline.jsonl with points)" in summary
+    assert "memory_vs_plan.png (no memory plan and no per-phase peaks)" in summary
+    assert "memory vs plan: none (no memory_plan.json)" in summary
     assert "final val score: none" in summary and "GiB RAM of 24.0 GiB" in summary
+
+
+def add_val_files(run: Path, every: int = 5) -> None:
+    """data.val_files figures as Trainer._validate_files logs them (trainer.val_n = 4), every 5th step:
+    aime's greedy_acc = 0.01 * step, math500's = 0.02 * step; pass@4 = 2 x greedy_acc."""
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    with open(run / "metrics.jsonl", "w") as f:
+        for m in recs:
+            if m["step"] % every == 0:
+                for name, scale in (("aime", 0.01), ("math500", 0.02)):
+                    g = scale * m["step"]
+                    m.update({f"val/{name}/greedy_acc": g, f"val/{name}/pass@1": g / 2, f"val/{name}/pass@4": 2 * g,
+                              f"val/{name}/maj@1": g / 2, f"val/{name}/maj@4": g, f"val/{name}/mean@4": g / 2,
+                              f"val/{name}/response_length": 100.0 + m["step"]})
+            f.write(json.dumps(m) + "\n")
+
+
+def test_validation_files_get_a_plot_per_metric_family_and_a_summary_line_each(tmp_path):
+    run = make_run(tmp_path / "run")
+    add_val_files(run)
+    names = [p.name for p in write_report(run)]
+    assert names[names.index("val_score.png") + 1:names.index("summary.txt")] == [
+        "val_greedy_acc.png", "val_pass_at_k.png", "val_maj_at_k.png", "val_mean_at_n.png",
+        "val_response_length.png"]  # timeline.png skipped: no timeline.jsonl
+    assert all(is_png(run / "report" / n) for n in names if n.startswith("val_"))
+    summary = (run / "report" / "summary.txt").read_text()
+    assert ("val aime (step 10): greedy_acc 0.1000, pass@1 0.0500, pass@4 0.2000, maj@1 0.0500, maj@4 0.1000, "
+            "mean@4 0.0500, response_length 110.0") in summary
+    assert "val math500 (step 10): greedy_acc 0.2000, pass@1 0.1000, pass@4 0.4000" in summary
+    assert "val score (step" not in summary and "val reward_mean" not in summary  # test_path's, not a file
+
+
+def test_a_validation_plot_draws_a_line_per_file_with_its_own_points(tmp_path):
+    from matplotlib.figure import Figure
+
+    from tinyrl.report import _val_plot, val_families
+
+    run = make_run(tmp_path / "run")
+    add_val_files(run)
+    recs = load_metrics(run, [])
+    families = val_families(recs)
+    assert set(families) == {"greedy_acc", "pass", "maj", "mean", "response_length"}
+    ax = Figure().add_subplot()
+    _val_plot("pass", families["pass"])(ax, recs)
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+    assert set(lines) == {"aime pass@1", "aime pass@4", "math500 pass@1", "math500 pass@4"}
+    assert lines["math500 pass@4"][0] == [5.0, 10.0]
+    assert lines["math500 pass@4"][1] == pytest.approx([0.2, 0.4])
+    assert lines["aime pass@1"][1] == pytest.approx([0.025, 0.05])
+    ax = Figure().add_subplot()
+    _val_plot("greedy_acc", families["greedy_acc"])(ax, recs)
+    assert [line.get_label() for line in ax.get_lines()] == ["aime", "math500"]  # one k: the file names
 
 
 def test_missing_run_dir_or_metrics_file_names_it(tmp_path):

@@ -214,12 +214,98 @@ def test_hf_source_without_network_or_package_says_what_to_do(tmp_path, monkeypa
 
     class Offline:  # installed, but the Hub cannot be reached (as on this machine)
         @staticmethod
-        def load_dataset(name, split):
+        def load_dataset(path, name=None, split=None):
             raise ConnectionError("Couldn't reach the Hub")
 
     monkeypatch.setitem(sys.modules, "datasets", Offline)
     with pytest.raises(TinyRLError, match="could not load 'someone/some-set' .split test.*ConnectionError"):
         mt.convert("hf:someone/some-set:test", tmp_path, "dapo")
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    """The real `datasets` package with load_dataset answering from Datasets built here (no network):
+    {(path, config, split): Dataset}. The call must fit load_dataset's real signature."""
+    import inspect
+    import os
+
+    try:
+        import datasets
+    except ImportError:
+        if os.environ.get("CI"):  # the [test] extra installs it
+            pytest.fail("datasets is not installed: pip install -e '.[test]'")
+        pytest.skip("datasets not installed (pip install -e '.[test]')")
+    served, calls = {}, []
+    real = inspect.signature(datasets.load_dataset)
+
+    def load_dataset(*args, **kwargs):
+        bound = real.bind(*args, **kwargs).arguments
+        key = (bound["path"], bound.get("name"), bound.get("split"))
+        calls.append(key)
+        return served[key]
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return datasets, served, calls
+
+
+# Made-up problems in the published column layouts (no benchmark text is copied).
+MATH500_LIKE = {"problem": ["What is $1/4 + 1/4$?", "Compute $2^{10}$.", "Give the point $(1+2, 2+2)$."],
+                "solution": ["It is $\\boxed{\\frac{1}{2}}$.", "$\\boxed{1024}$", "$\\boxed{(3, 4)}$"],
+                "answer": ["\\frac{1}{2}", "1024", "(3, 4)"], "subject": ["Algebra"] * 3, "level": [1, 2, 3],
+                "unique_id": ["a/1.json", "a/2.json", "a/3.json"]}
+GSM8K_LIKE = {"question": ["Ann has 3 pens and buys 4. How many?", "What is 1,000 + 234?"],
+              "answer": ["3 + 4 = <<3+4=7>>7\n#### 7", "1000 + 234 = 1234\n#### 1,234"]}
+# (a correct completion, a completion with the same value written otherwise, a wrong one) per row
+MATH500_ANSWERS = [("Answer: \\frac{1}{2}", "Answer: 0.5", "Answer: 1/3"), ("Answer: 1024", "Answer: 1024.0", "Answer: 1000"),
+                   ("Answer: (3, 4)", "Answer: (3,4)", "Answer: (4, 3)")]
+
+
+def test_hf_source_converts_a_real_dataset_and_the_parquet_scores_with_the_math_reward(tmp_path, hub):
+    from typer.testing import CliRunner
+
+    from tinyrl.cli import app
+    from tinyrl.config import TaskConfig
+
+    datasets, served, calls = hub
+    served[("HuggingFaceH4/MATH-500", None, "test")] = datasets.Dataset.from_dict(MATH500_LIKE)
+    served[("openai/gsm8k", "main", "test")] = datasets.Dataset.from_dict(GSM8K_LIKE)
+    runner = CliRunner()
+    done = runner.invoke(app, ["data", "math", "--from", "hf:HuggingFaceH4/MATH-500:test", "--out", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    done = runner.invoke(app, ["data", "math", "--from", "hf:openai/gsm8k:main:test", "--out", str(tmp_path),
+                               "--template", "boxed"])
+    assert done.exit_code == 0, done.output
+    assert calls == [("HuggingFaceH4/MATH-500", None, "test"), ("openai/gsm8k", "main", "test")]
+    score = mt.reward(TaskConfig(name="math"))  # DAPO values: +1 / -1
+    rows = load_prompts(tmp_path / "math-500-test.parquet").to_dict("records")
+    assert [ground_truth(r) for r in rows] == MATH500_LIKE["answer"]
+    assert [prompt_text(r) for r in rows] == [mt.prompt_of(p, "dapo") for p in MATH500_LIKE["problem"]]
+    for row, (right, same, wrong) in zip(rows, MATH500_ANSWERS, strict=True):
+        assert (score(right, row), score(same, row), score(wrong, row)) == (1.0, 1.0, -1.0)
+    rows = load_prompts(tmp_path / "gsm8k-test.parquet").to_dict("records")
+    assert [ground_truth(r) for r in rows] == ["7", "1234"]
+    boxed = mt.reward(TaskConfig(name="math", answer_format="boxed"))
+    assert [boxed("so \\boxed{7}", rows[0]), boxed("\\boxed{1234}", rows[1]), boxed("\\boxed{1243}", rows[1])] == \
+        [1.0, 1.0, -1.0]
+
+
+def test_hf_source_in_verls_schema_is_kept_and_scores(tmp_path, hub):
+    """DAPO-Math-17k's layout through `datasets` (nested prompt messages and reward_model)."""
+    from tinyrl.config import TaskConfig
+
+    datasets, served, calls = hub
+    served[("BytedTsinghua-SIA/DAPO-Math-17k", None, "train")] = datasets.Dataset.from_dict({
+        "data_source": ["math_dapo"] * 2, "ability": ["MATH"] * 2,
+        "prompt": [[{"role": "user", "content": mt.prompt_of(q, "dapo")}] for q in ("What is 6 * 7?", "Half of 3?")],
+        "reward_model": [{"style": "rule", "ground_truth": "42"}, {"style": "rule", "ground_truth": "\\frac{3}{2}"}],
+        "extra_info": [{"index": "u-1"}, {"index": "u-2"}]})
+    path, n = mt.convert("hf:BytedTsinghua-SIA/DAPO-Math-17k", tmp_path, "dapo", name="dapo-math-17k")
+    assert (path.name, n) == ("dapo-math-17k.parquet", 2)
+    rows = load_prompts(path).to_dict("records")
+    assert prompt_text(rows[0]) == mt.prompt_of("What is 6 * 7?", "dapo")
+    score = mt.reward(TaskConfig(name="math"))
+    assert [score("Answer: 42", rows[0]), score("Answer: 1.5", rows[1]), score("Answer: 3/4", rows[1])] == \
+        [1.0, 1.0, -1.0]
 
 
 def test_verl_dapo_parquet_reads_as_is(tmp_path):

@@ -78,6 +78,34 @@ def memory_label(kind: Any) -> str:
     return {"cuda": "VRAM", "ram": "RAM"}.get(kind, "mem")
 
 
+def val_files(metrics: dict) -> dict[str, dict[str, Any]]:
+    """train's data.val_files figures, `val/<name>/<metric>` (Trainer._validate_files), by file:
+    {name: {metric: value}}. `val/score` and `val/reward_mean` (data.test_path) name no file."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in metrics.items():
+        parts = key.split("/", 2)
+        if len(parts) == 3 and parts[0] == "val" and parts[1] and parts[2]:
+            out.setdefault(parts[1], {})[parts[2]] = value
+    return out
+
+
+_VAL_RANK = {"greedy_acc": 0, "pass": 1, "maj": 2, "mean": 3, "response_length": 5}
+
+
+def val_metric_order(metric: str) -> tuple:
+    """Sort key: greedy_acc, pass@k (k rising), maj@k, mean@n, others, response_length last."""
+    family, _, k = metric.partition("@")
+    return _VAL_RANK.get(family, 4), int(k) if k.isdigit() else 0, metric
+
+
+def val_line(name: str, figures: dict, step: Any) -> str:
+    """One plain line per validation file on the steps that validate (same order every time)."""
+    parts = [f"val {name} @{fmt(step)}"]
+    for metric in sorted(figures, key=val_metric_order):
+        parts.append(f"{metric} {fmt(figures[metric], '.1f' if metric == 'response_length' else '.3f')}")
+    return " | ".join(parts)
+
+
 def sparkline(values: list[float], width: int) -> str:
     """Unicode block chart of the last `width` values, scaled to their own min..max."""
     vals = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)][-width:]
@@ -112,6 +140,8 @@ def task_of(prompt: str) -> str:
 def plain_line(m: dict, total_steps: Any, val: Any, critic: bool) -> str:
     """One stable, greppable line per step (same fields in the same order every step)."""
     kind = m.get("memory/kind")
+    if "sft/loss" in m:
+        return sft_line(m, total_steps, val)
     parts = [
         f"step {fmt(m.get('step'))}/{fmt(total_steps)}",
         f"epoch {fmt(m.get('epoch'))}",
@@ -134,6 +164,19 @@ def plain_line(m: dict, total_steps: Any, val: Any, critic: bool) -> str:
     return " | ".join(parts)
 
 
+def sft_line(m: dict, total_steps: Any, val_loss: Any) -> str:
+    """`tinyrl sft`'s line: losses instead of rewards, no rollout."""
+    kind = m.get("memory/kind")
+    return " | ".join([
+        f"step {fmt(m.get('step'))}/{fmt(total_steps)}", f"epoch {fmt(m.get('epoch'))}",
+        f"loss {fmt(m.get('sft/loss'), '.4f')}", f"val loss {fmt(val_loss, '.4f')}",
+        f"val score {fmt(m.get('val/score'), '.3f')}",
+        f"lr {fmt(m.get('sft/lr'), '.2e')}", f"grad_norm {fmt(m.get('sft/grad_norm'))}",
+        f"{fmt(m.get('timing/step'), '.2f')}s", f"{fmt(m.get('perf/tokens_per_s'), ',.0f')} tok/s",
+        f"{memory_label(kind)} {fmt_gib(m.get('memory/used_bytes'))}/{fmt_gib(m.get('memory/total_bytes'))} GiB",
+    ])
+
+
 class Dashboard:
     """Live Rich view (terminal) or plain lines (pipes, CI); the trainer's only output channel.
 
@@ -153,12 +196,13 @@ class Dashboard:
         self.mode = mode
         algo = str(self.info.get("algorithm", "")).lower()
         # Estimators that train no value model never report critic/* keys.
-        self._critic_expected = needs_critic(algo) if algo in ADV_ESTIMATORS else True
+        self._critic_expected = needs_critic(algo) if algo in ADV_ESTIMATORS else algo != "sft"
         self._lock = threading.Lock()
         self._start = _clock()
         self._metrics: dict = {}
         self._sample: dict | None = None
         self._val: tuple[Any, Any] = (None, None)          # (score, step) of the last validation
+        self._val_files: dict[str, tuple[dict, Any]] = {}  # data.val_files: name -> (figures, step)
         self._probs_diff: tuple[Any, Any] = (None, None)   # (value, step): reported only sometimes
         self._rewards: deque = deque(maxlen=240)
         self._step_time_sum, self._step_count = 0.0, 0
@@ -194,11 +238,16 @@ class Dashboard:
             step = metrics.get("step")
             if metrics.get("val/score") is not None:
                 self._val = (metrics["val/score"], step)
+            by_file = val_files(metrics)
+            for name, figures in by_file.items():
+                self._val_files[name] = (figures, step)
+            if metrics.get("val/loss") is not None:  # `tinyrl sft`
+                self._val = (metrics["val/loss"], step)
             if metrics.get("training/rollout_probs_diff") is not None:
                 self._probs_diff = (metrics["training/rollout_probs_diff"], step)
             if any(k.startswith("critic/") for k in metrics):
                 self._critic_expected = True
-            self._rewards.append(metrics.get("reward/mean"))
+            self._rewards.append(metrics.get("reward/mean", metrics.get("sft/loss")))
             # The trainer's own step time excludes dashboard and logging; wall time is the fallback.
             took = metrics.get("timing/step")
             if not isinstance(took, (int, float)) or not math.isfinite(took):
@@ -210,6 +259,8 @@ class Dashboard:
                               self._critic_expected) if self.mode == "plain" else None
         if line is not None:
             self._print_plain(line)
+            for name, figures in by_file.items():
+                self._print_plain(val_line(name, figures, step))
 
     def log(self, message: str) -> None:
         if self.mode == "off":
@@ -231,6 +282,7 @@ class Dashboard:
         with self._lock:
             return {
                 "m": dict(self._metrics), "sample": self._sample, "val": self._val,
+                "val_files": dict(self._val_files),
                 "probs_diff": self._probs_diff, "rewards": list(self._rewards),
                 "mean_step": self._step_time_sum / self._step_count if self._step_count else None,
                 "last_update": self._last_update, "phase": self._phase,
@@ -254,12 +306,15 @@ class Dashboard:
         top = Table.grid(expand=True, padding=(0, 1))
         for _ in range(3):
             top.add_column(ratio=1)
-        top.add_row(self._reward_panel(snap, width), self._policy_panel(snap), self._memory_panel(snap))
+        sft = "sft/loss" in snap["m"]
+        top.add_row(self._sft_panel(snap, width) if sft else self._reward_panel(snap, width),
+                    self._sft_optimizer_panel(snap) if sft else self._policy_panel(snap), self._memory_panel(snap))
         bottom = Table.grid(expand=True, padding=(0, 1))
         bottom.add_column(ratio=2)
         bottom.add_column(ratio=1)
         bottom.add_row(self._timing_panel(snap), self._critic_panel(snap))
-        return Group(self._header(snap, now), top, bottom, self._sample_panel(snap, width))
+        val = [self._val_files_panel(snap)] if snap["val_files"] else []
+        return Group(self._header(snap, now), top, bottom, *val, self._sample_panel(snap, width))
 
     def _header(self, snap: dict, now: float) -> Panel:
         i, m = self.info, snap["m"]
@@ -299,6 +354,21 @@ class Dashboard:
         spark = Text(sparkline(snap["rewards"], max(8, width // 3 - 6)), style=reward_style(mean))
         return Panel(Group(rows, spark), title="reward", border_style="green")
 
+    def _sft_panel(self, snap: dict, width: int) -> Panel:
+        m, (val, val_step) = snap["m"], snap["val"]
+        rows = self._kv([("loss", fmt(m.get("sft/loss"), ".4f")),
+                         ("val loss", fmt(val, ".4f") + (f" @{val_step}" if val_step is not None else "")),
+                         ("val score", fmt(m.get("val/score"), ".3f")),
+                         ("tokens", fmt(m.get("sft/loss_tokens"), ",.0f"))])
+        spark = Text(sparkline(snap["rewards"], max(8, width // 3 - 6)), style="green")  # the losses
+        return Panel(Group(rows, spark), title="sft loss", border_style="green")
+
+    def _sft_optimizer_panel(self, snap: dict) -> Panel:
+        m = snap["m"]
+        return Panel(self._kv([("lr", fmt(m.get("sft/lr"), ".2e")), ("grad_norm", fmt(m.get("sft/grad_norm"))),
+                               ("skipped", fmt(m.get("sft/skipped_steps"), ".0f"))]),
+                     title="optimizer", border_style="magenta")
+
     def _policy_panel(self, snap: dict) -> Panel:
         m, (diff, diff_step) = snap["m"], snap["probs_diff"]
         return Panel(self._kv([
@@ -324,8 +394,20 @@ class Dashboard:
             ("clipped", fmt(clip * 100, ".1f") + "%" if isinstance(clip, (int, float)) else DASH),
         ])
         rows.add_row(f"{label} use", ProgressBar(total=total if ok else None, completed=used if ok else 0, width=12))
+        for phase, planned in self._planned_phases():
+            measured = m.get(f"memory/phase/{phase}_peak_bytes")
+            rows.add_row(phase.replace("_update", " upd"), f"{fmt_gib(measured)}/{fmt_gib(planned)} GiB plan")
         title = "memory (process RAM)" if label == "RAM" else "memory"
         return Panel(rows, title=f"{title} · length", border_style="cyan")
+
+    def _planned_phases(self) -> list[tuple[str, int]]:
+        """(phase, planned peak allocated bytes) from run_info["memory_plan"] (a CUDA run's
+        RUN_DIR/memory_plan.json, tinyrl.memory.versus); none on the CPU."""
+        plan = self.info.get("memory_plan") or {}
+        phases = plan.get("phases") if isinstance(plan, dict) else None
+        if not isinstance(phases, dict):
+            return []
+        return [(name, ph.get("planned_allocated_bytes")) for name, ph in phases.items() if isinstance(ph, dict)]
 
     def _timing_panel(self, snap: dict) -> Panel:
         m = snap["m"]
@@ -347,13 +429,29 @@ class Dashboard:
     def _critic_panel(self, snap: dict) -> Panel:
         m = snap["m"]
         if not snap["critic"]:
-            return Panel(Text("no critic: this algorithm uses\ngroup baselines", style="dim"),
+            why = "supervised fine-tuning" if "sft/loss" in m else "this algorithm uses\ngroup baselines"
+            return Panel(Text(f"no critic: {why}", style="dim"),
                          title="critic", border_style="grey50")
         return Panel(self._kv([
             ("vf_loss", fmt(m.get("critic/vf_loss"))),
             ("vf_clipfrac", fmt(m.get("critic/vf_clipfrac"), ".3f")),
             ("explained var", fmt(m.get("critic/explained_var"), ".3f")),
         ]), title="critic", border_style="blue")
+
+    def _val_files_panel(self, snap: dict) -> Panel:
+        """One row per data.val_files file: its latest figures and the step they are from."""
+        files = snap["val_files"]
+        metrics = sorted({k for figures, _ in files.values() for k in figures}, key=val_metric_order)
+        t = Table(box=None, padding=(0, 1), show_edge=False, header_style="dim")
+        t.add_column("file", no_wrap=True)
+        t.add_column("step", justify="right", no_wrap=True)
+        for metric in metrics:
+            t.add_column("greedy" if metric == "greedy_acc" else "len" if metric == "response_length" else metric,
+                         justify="right", no_wrap=True)
+        for name, (figures, step) in files.items():
+            t.add_row(name, f"@{fmt(step)}", *(fmt(figures.get(k), ".1f" if k == "response_length" else ".3f")
+                                               for k in metrics))
+        return Panel(t, title="validation files", border_style="green")
 
     def _sample_panel(self, snap: dict, width: int) -> Panel:
         s = snap["sample"]

@@ -32,11 +32,15 @@ RUN_LOGS_BYTES = 64 * MiB
 CHECKPOINTS_NEEDED = 2  # the newest plus the one being written (or kept while it is written)
 
 
-def preflight(cfg: Config, run_dir: Path) -> list[str]:
+def preflight(cfg: Config, run_dir: Path, memory_plan: bool = True) -> list[str]:
     """Raises TinyRLError for what would fail later; returns notes worth showing. May fill
-    cfg's micro-batch budgets and vLLM settings (only those left at 0) from the memory plan."""
+    cfg's micro-batch budgets and vLLM settings (only those left at 0) from the memory plan.
+    memory_plan=False (`tinyrl sft`: the plan models RL's phases): the card and the disk only."""
     gpu = _card(cfg)
     notes = check_disk(cfg, run_dir, cuda=gpu is not None)
+    if gpu is not None and not memory_plan:
+        return notes + [f"sft: no memory plan (it models RL's phases); micro-batches of "
+                        f"{cfg.actor.micro_batch_tokens or 'the default'} tokens, halved on out-of-memory"]
     if gpu is None:
         if cfg.trainer.device == "auto" and nvidia_driver_version():
             notes.append(f"WARNING: this machine has an NVIDIA driver but the run is on the CPU: {why_no_cuda()}")
@@ -44,7 +48,7 @@ def preflight(cfg: Config, run_dir: Path) -> list[str]:
                      f"budgets (actor {cfg.actor.micro_batch_tokens or 'default'}, critic "
                      f"{cfg.critic.micro_batch_tokens or 'default'} tokens)")
         return notes
-    return notes + check_memory(cfg, gpu)
+    return notes + check_memory(cfg, gpu, run_dir)
 
 
 def _card(cfg: Config) -> GPU | None:
@@ -129,8 +133,9 @@ def check_disk(cfg: Config, run_dir: Path, cuda: bool) -> list[str]:
 
 # ------------------------------------------------------------------------------- memory
 
-def check_memory(cfg: Config, gpu: GPU) -> list[str]:
-    """The card's plan: raises when a phase does not fit, fills the settings left at 0."""
+def check_memory(cfg: Config, gpu: GPU, run_dir: Path | None = None) -> list[str]:
+    """The card's plan: raises when a phase does not fit, fills the settings left at 0, and keeps
+    the plan in the run directory (report and dashboard hold the measured peaks against it)."""
     plan, path, cached = mp.load_or_build_plan(cfg, gpu)
     source = (f"memory plan from {path}" if cached else
               f"memory plan SIMULATED now (fake tensors; none cached for this config on {gpu.name}), "
@@ -140,4 +145,9 @@ def check_memory(cfg: Config, gpu: GPU) -> list[str]:
                           + "\n".join(f"  {line}" for line in mp.advice(cfg, plan)),
                           hint="change the settings above with --set, then run again "
                                "(`tinyrl probe-memory` shows every phase)")
-    return [source] + mp.apply_plan(cfg, plan)
+    settings = mp.apply_plan(cfg, plan)
+    if run_dir is not None:
+        from tinyrl.memory.versus import write_run_plan
+
+        write_run_plan(run_dir, mp.plan_dict(cfg, plan))
+    return [source] + settings

@@ -1,9 +1,12 @@
 """`tinyrl report RUN_DIR`: PNG plots and a summary.txt from a run's metrics.jsonl.
 
 Reads (written by the trainer): RUN_DIR/metrics.jsonl (one JSON object per step, the dashboard's
-keys), optional RUN_DIR/config.json and RUN_DIR/timeline.jsonl ({"t", "phase", "memory_bytes"}).
+keys), optional RUN_DIR/config.json, RUN_DIR/timeline.jsonl ({"t", "phase", "memory_bytes", peaks})
+and RUN_DIR/memory_plan.json (a CUDA run's plan: planned vs measured per phase, tinyrl.memory.versus).
 Writes RUN_DIR/report/*.png and summary.txt unless told another directory.
 A plot whose metrics are absent is skipped (and named in the summary), never drawn empty.
+train's data.val_files figures (`val/<name>/<metric>`) get one plot per metric family (greedy_acc,
+pass@k, maj@k, mean@n, response_length; a line per file) and a summary line per file.
 Uses matplotlib's object API (Figure + Agg), not pyplot: no global backend switch, no GUI.
 """
 
@@ -15,9 +18,10 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable
 
-from tinyrl.dashboard import PHASES, memory_label
+from tinyrl.dashboard import PHASES, memory_label, val_files, val_metric_order
 from tinyrl.errors import TinyRLError
 from tinyrl.jsonl import read_records
+from tinyrl.memory import versus
 
 GIB = 1024**3
 _STYLE = {"font.size": 11, "axes.titlesize": 13, "axes.labelsize": 11, "legend.fontsize": 9,
@@ -176,6 +180,16 @@ def _plot_val(ax, recs: list[dict]) -> None:
     ax.legend(loc="upper left")
 
 
+def _plot_sft_loss(ax, recs: list[dict]) -> None:
+    xs, loss = series(recs, "sft/loss")
+    ax.plot(xs, loss, color="tab:blue", marker=_marker(xs), markersize=3, label="training loss (batch)")
+    vx, val = series(recs, "val/loss")
+    if vx:
+        ax.plot(vx, val, color="tab:orange", marker="o", label="validation loss")
+    ax.set(title="SFT loss", xlabel="step", ylabel="token-mean NLL (nats)")
+    ax.legend(loc="upper right")
+
+
 # name -> (metric keys, any one of which makes the plot worth drawing; how to draw it)
 PLOTS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "reward.png": (("reward/mean",), _plot_reward),
@@ -184,7 +198,58 @@ PLOTS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "memory.png": (("memory/used_bytes", "memory/peak_bytes"), _plot_memory),
     "timings.png": (tuple(f"timing/{p}" for p in PHASES), _plot_timings),
     "val_score.png": (("val/score",), _plot_val),
+    "sft_loss.png": (("sft/loss",), _plot_sft_loss),
 }
+# Plots of one kind of run only: not listed as skipped for the other kind (`tinyrl sft` or `train`).
+SFT_ONLY = {"sft_loss.png"}
+RL_ONLY = {"reward.png", "kl.png", "response_length.png", "val_score.png"}
+
+
+_VAL_TITLES = {"greedy_acc": "greedy accuracy", "pass": "pass@k (unbiased estimator)",
+               "maj": "maj@k (majority vote of k samples)", "mean": "mean@n (share of samples correct)",
+               "response_length": "mean response length (tokens)"}
+
+
+def val_families(recs: list[dict]) -> dict[str, list[tuple[str, str]]]:
+    """data.val_files figures by metric family (pass@1 and pass@8 are one: `pass`), each a list of
+    (file name, metric), in val_metric_order. -> {family: [(file, metric), ...]}"""
+    seen = {(name, metric) for r in recs for name, figures in val_files(r).items() for metric in figures
+            if _number(figures[metric]) is not None}
+    out: dict[str, list[tuple[str, str]]] = {}
+    for name, metric in sorted(seen, key=lambda nm: (val_metric_order(nm[1]), nm[0])):
+        out.setdefault(metric.partition("@")[0], []).append((name, metric))
+    return out
+
+
+def _val_plot(family: str, lines: list[tuple[str, str]]) -> Callable:
+    """One plot of a family: a colour per file, a line style per k (pass@1 solid, pass@8 dashed ...)."""
+    def draw(ax, recs: list[dict]) -> None:
+        files = sorted({name for name, _ in lines})
+        ks = sorted({metric for _, metric in lines}, key=val_metric_order)
+        for name, metric in lines:
+            xs, ys = series(recs, f"val/{name}/{metric}")
+            ax.plot(xs, ys, color=f"C{files.index(name) % 10}", marker="o",
+                    linestyle=("-", "--", ":", "-.")[ks.index(metric) % 4],
+                    label=name if len(ks) == 1 else f"{name} {metric}")
+        what = _VAL_TITLES.get(family, family)
+        ax.set(title=f"Validation files: {what}", xlabel="step",
+               ylabel="tokens" if family == "response_length" else "share of problems")
+        if family != "response_length":
+            ax.set_ylim(-0.02, 1.02)  # shares of problems: a fixed 0..1 axis keeps files comparable
+        ax.legend(loc="best")
+    return draw
+
+
+def val_summary(recs: list[dict]) -> list[str]:
+    """Per data.val_files file: its last validation's figures."""
+    last: dict[str, tuple[float, dict]] = {}
+    for r in recs:
+        for name, figures in val_files(r).items():
+            last[name] = (r["step"], figures)
+    return [f"val {name} (step {step:g}): " + ", ".join(
+            f"{k} {figures[k]:.1f}" if k == "response_length" else f"{k} {figures[k]:.4f}"
+            for k in sorted(figures, key=val_metric_order) if _number(figures[k]) is not None)
+            for name, (step, figures) in sorted(last.items())]
 
 
 def _plot_timeline(ax, points: list[dict]) -> None:
@@ -242,14 +307,21 @@ def summarize(recs: list[dict], config: dict | None) -> list[str]:
     steps = [r["step"] for r in recs]
     lines.append(f"steps: {len(recs)} recorded, step {steps[0]:g} to {steps[-1]:g}")
     xs, rw = series(recs, "reward/mean")
-    if rw:
+    sx, sl = series(recs, "sft/loss")
+    if sl:  # `tinyrl sft`: losses, not rewards
+        vx, vl = series(recs, "val/loss")
+        lines.append(f"sft/loss: first {sl[0]:.4f} (step {sx[0]:g}), last {sl[-1]:.4f} (step {sx[-1]:g})")
+        lines.append(f"final val loss: {vl[-1]:.4f} (step {vx[-1]:g})" if vl else "final val loss: none")
+    elif rw:
         best = max(range(len(rw)), key=rw.__getitem__)
         lines.append(f"reward/mean: first {rw[0]:.4f} (step {xs[0]:g}), last {rw[-1]:.4f} (step {xs[-1]:g}), "
                      f"best {rw[best]:.4f} (step {xs[best]:g})")
     else:
         lines.append("reward/mean: not recorded")
     vx, val = series(recs, "val/score")
-    lines.append(f"final val score: {val[-1]:.4f} (step {vx[-1]:g})" if val else "final val score: none (no validation steps)")
+    if not sl:
+        lines.append(f"final val score: {val[-1]:.4f} (step {vx[-1]:g})" if val else "final val score: none (no validation steps)")
+    lines += val_summary(recs)
     _, st = series(recs, "timing/step")
     lines.append(f"median step time: {statistics.median(st):.2f} s" if st else "median step time: not recorded")
     _, tps = series(recs, "perf/tokens_per_s")
@@ -273,6 +345,35 @@ def summarize(recs: list[dict], config: dict | None) -> list[str]:
     return lines
 
 
+def memory_vs_plan(run_dir: Path, timeline: list[dict]) -> tuple[list[str], list[dict]]:
+    """summary.txt lines and plot rows: each phase's planned vs measured peak (tinyrl.memory.versus)."""
+    plan = versus.read_run_plan(run_dir)
+    measured = versus.measured_peaks(timeline)
+    rows = versus.compare(plan, measured) if plan else []
+    if not plan:
+        why = "a CPU run: no plan is made" if any(m["kind"] == "ram" for m in measured.values()) else "no memory_plan.json"
+        return ["", f"memory vs plan: none ({why})"], []
+    head = (f"memory vs plan (GiB; planned on {plan.get('gpu')}, budget "
+            f"{(plan.get('budget_bytes') or 0) / GIB:.2f}; measured: peak allocated per phase, reserved beside it):")
+    return ["", head] + versus.table_lines(rows), rows
+
+
+def _plot_memory_vs_plan(ax, rows: list[dict]) -> None:
+    names = [r["phase"] for r in rows]
+    xs = range(len(rows))
+    planned = [(r["planned"] or 0) / GIB for r in rows]
+    measured = [(r["measured"] or 0) / GIB for r in rows]
+    ax.bar([x - 0.2 for x in xs], planned, width=0.4, label="planned (allocated)", color="#9ecae1")
+    ax.bar([x + 0.2 for x in xs], measured, width=0.4, label="measured peak allocated", color="#08519c")
+    for x, r in zip(xs, rows):
+        if r["ratio"] is not None:
+            ax.annotate(f"{r['ratio']:.2f}x", (x + 0.2, measured[x]), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(xs), names, rotation=20)
+    ax.set_ylabel("GiB")
+    ax.set_title("Memory per phase: plan vs run")
+    _legend_below(ax)
+
+
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Write the plots and summary.txt; returns the files written (summary.txt last)."""
     run_dir = Path(run_dir)
@@ -285,12 +386,20 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
     out.mkdir(parents=True, exist_ok=True)
 
     written, skipped = [], []
+    other_kind = RL_ONLY if series(recs, "sft/loss")[0] else SFT_ONLY
     for name, (keys, draw) in PLOTS.items():
         if not any(series(recs, k)[0] for k in keys):
+            if name in other_kind:
+                continue
             skipped.append(f"{name} (no {' / '.join(keys[:2])}{' ...' if len(keys) > 2 else ''} in metrics.jsonl)")
             continue
         _save(Figure, matplotlib, draw, recs, out / name, wide=name == "timings.png")
         written.append(out / name)
+    for family, lines in val_families(recs).items():  # data.val_files: val/<name>/<metric>
+        at = "_at_n" if family == "mean" else "_at_k" if "@" in lines[0][1] else ""
+        path = out / f"val_{family}{at}.png"
+        _save(Figure, matplotlib, _val_plot(family, lines), recs, path)
+        written.append(path)
     timeline = run_dir / "timeline.jsonl"
     points = read_records(timeline, notes) if timeline.is_file() else []
     if any(_number(p.get("t")) is not None for p in points):
@@ -306,6 +415,13 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
         except json.JSONDecodeError:
             notes.append("config.json is not valid JSON; preset and model left out")
     lines = [f"tinyrl report for {run_dir}", ""] + summarize(recs, config if isinstance(config, dict) else None)
+    vs_lines, vs_rows = memory_vs_plan(run_dir, points)
+    lines += vs_lines
+    if vs_rows:
+        _save(Figure, matplotlib, _plot_memory_vs_plan, vs_rows, out / "memory_vs_plan.png", by_step=False)
+        written.append(out / "memory_vs_plan.png")
+    else:
+        skipped.append("memory_vs_plan.png (no memory plan and no per-phase peaks)")
     lines += ["", "plots written: " + (", ".join(p.name for p in written) or "none")]
     lines += ["plots skipped: " + (", ".join(skipped) or "none")]
     lines += [f"note: {n}" for n in notes]

@@ -13,10 +13,10 @@ Trainer (tinyrl.trainer), in a temporary run directory, with the configured engi
 Memory, honestly: on CUDA the measured figure is the trainer's own per-phase peak of allocated
 bytes (timeline.jsonl, reset at each phase start: tinyrl.runlog); the plan is the cached one
 (probe-memory's, else simulated on fake tensors), compared without the CUDA context and vLLM's
-share, which torch's allocator does not count. On the CPU the plan is SIMULATED for a "card" of
-this machine's RAM and the measured figure is the process's resident memory (RSS, sampled every
-few ms in each phase) above what it held before the trainer was built: it includes allocator
-caches and code loaded on first use, so the ratio is a sanity bound there, not a verdict.
+share, which torch's allocator does not count. On the CPU both sides are live tensor bytes: the
+trainer's tensors counted per phase by the simulation's own tracker, against the simulation of
+the same step at the shapes the trainer ran (tinyrl.doctor.cpu_memory says what is and is not
+counted; RSS growth, which adds allocator caches and code, is not compared).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -90,8 +89,10 @@ def _trial(cfg: Config, workdir: Path, cuda: bool) -> list[Row]:
         preflight(cfg, run_dir)  # as `train`: on CUDA the plan fills the micro-batch budgets
     except TinyRLError as exc:
         return [Row("two-step run", "fail", f"not started: {exc.message}", fix=exc.hint, basis="measured")]
-    _import_heavy(cfg)  # before the RSS baseline: code loaded once is not the run's memory
-    sampler = PhaseMemory(cuda)
+    _import_heavy(cfg)  # code loaded once is not the run's memory (nor its first step's time)
+    from tinyrl.doctor.cpu_memory import TensorPeaks, measuring
+
+    peaks = None if cuda else TensorPeaks()
     started = time.perf_counter()
     trainer, history, error = None, [], None
     setup_s, sleeps = 0.0, {"sleep": [], "wake": [], "freed": []}
@@ -101,13 +102,12 @@ def _trial(cfg: Config, workdir: Path, cuda: bool) -> list[Row]:
         trainer = Trainer(cfg, run_dir)
         setup_s = time.perf_counter() - started
         sleeps = _time_sleep_wake(trainer.engine, cuda)
-        trainer.run.on_phase.append(sampler.phase)
-        sampler.start()
-        history = trainer.train(STEPS)
+        if peaks is not None:
+            peaks.attach(trainer)
+        with measuring(peaks):
+            history = trainer.train(STEPS)
     except Exception as exc:  # noqa: BLE001  (any failure is the finding; the doctor goes on)
         error = exc
-    finally:
-        sampler.stop()
     seconds = time.perf_counter() - started
     if trainer is None:
         return [_error_row("two-step run", error, "the trainer could not be built")]
@@ -117,7 +117,13 @@ def _trial(cfg: Config, workdir: Path, cuda: bool) -> list[Row]:
         rows.append(_parity_row(cfg, history, error, trainer.notices))
         rows.append(sync_row(trainer))
         rows.append(_nonfinite_row(history))
-        rows += memory_rows(cfg, run_dir, sampler, cuda)
+        if peaks is None:
+            rows += memory_rows(cfg, run_dir)
+        else:
+            from tinyrl.doctor.cpu_memory import cpu_memory_rows
+
+            longest = max((int(h.get("response_length/max", 0)) for h in history), default=0)
+            rows += cpu_memory_rows(cfg, peaks, _dtype_name(trainer.models.dtype), longest)
     finally:
         trainer.engine.close()
     return rows
@@ -329,79 +335,32 @@ def _nonfinite_row(history: list[dict]) -> Row:
 
 # ------------------------------------------------------------------------------- memory
 
-class PhaseMemory:
-    """Peak memory per phase. CPU: a thread samples the process's RSS every few ms, and the
-    run log's phase observer (RunLog.on_phase) moves it from phase to phase; baseline = RSS when
-    start() is called. CUDA: nothing to sample; the trainer's timeline holds the peaks."""
-
-    INTERVAL_S = 0.005
-
-    def __init__(self, cuda: bool):
-        import psutil
-
-        self.cuda = cuda
-        self.proc = psutil.Process()
-        self.baseline = self.proc.memory_info().rss
-        self.peaks: dict[str, int] = {}
-        self.current: str | None = None
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="doctor-rss")
-
-    def start(self) -> None:
-        if not self.cuda:
-            self._thread.start()
-
-    def phase(self, name: str) -> None:
-        self._sample()  # the last reading of the phase that ends
-        with self._lock:
-            self.current = name
-        self._sample()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _sample(self) -> None:
-        rss = self.proc.memory_info().rss
-        with self._lock:
-            if self.current is not None:
-                self.peaks[self.current] = max(self.peaks.get(self.current, 0), rss)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.INTERVAL_S):
-            self._sample()
-
-
-def memory_rows(cfg: Config, run_dir: Path, sampler: PhaseMemory, cuda: bool) -> list[Row]:
+def memory_rows(cfg: Config, run_dir: Path) -> list[Row]:
+    """CUDA: the allocator's per-phase peaks (timeline.jsonl) against the card's plan."""
     from tinyrl.phases import PLANNED_PHASES
 
     try:
-        plan, source = _plan(cfg, cuda)
+        plan, source = _plan(cfg)
     except TinyRLError as exc:
         return [Row("memory plan", "fail", exc.message, fix=exc.hint, basis="simulated")]
-    measured = _timeline_peaks(run_dir) if cuda else {p: b - sampler.baseline for p, b in sampler.peaks.items()}
+    measured = _timeline_peaks(run_dir)
     rows = []
     for phase in map(str, PLANNED_PHASES):
         ph = plan.phases.get(phase)
         if ph is None:
             continue
-        planned = sum(v for k, v in ph.parts.items() if k not in (NOT_ALLOCATED if cuda else ("cuda_context",)))
+        planned = sum(v for k, v in ph.parts.items() if k not in NOT_ALLOCATED)
         got = measured.get(phase)
         name = f"memory: {phase}"
         data = {"planned_bytes": planned, "measured_bytes": got, "plan_source": source,
-                "planned_micro_batch": ph.micro_batch, "measured_as": "cuda peak allocated" if cuda else "RSS growth"}
+                "planned_micro_batch": ph.micro_batch, "measured_as": "cuda peak allocated"}
         if got is None:
             rows.append(skipped(name, "the phase did not run", f"planned {human_bytes(planned)}", **data))
             continue
         ratio = got / planned if planned else float("inf")
         data["ratio"] = ratio
         found = f"measured {human_bytes(got)} / planned {human_bytes(planned)} = {ratio:.2f}x ({source})"
-        if not cuda:
-            rows.append(Row(name, "pass", found + "; CPU: RSS growth, a bound, not a verdict",
-                            basis="simulated vs measured", data=data))
-        elif phase == "rollout":  # vLLM's pool is not torch's: the allocated peak is the trainer's side only
+        if phase == "rollout":  # vLLM's pool is not torch's: the allocated peak is the trainer's side only
             rows.append(Row(name, "pass", found + "; the trainer's side only (vLLM's pool not counted)",
                             basis="simulated vs measured", data=data))
         elif ratio > 1.15:
@@ -417,21 +376,13 @@ def memory_rows(cfg: Config, run_dir: Path, sampler: PhaseMemory, cuda: bool) ->
     return rows
 
 
-def _plan(cfg: Config, cuda: bool):
+def _plan(cfg: Config):
+    from tinyrl.hardware import detect_gpu
     from tinyrl.memory import from_config as mp
 
-    if cuda:
-        from tinyrl.hardware import detect_gpu
-
-        plan, path, cached = mp.load_or_build_plan(cfg, detect_gpu())
-        how = "probe-memory's plan" if not plan.simulated else "simulated plan"
-        return plan, f"{how}, {path.name}"
-    import psutil
-
-    from tinyrl.hardware import GPU
-
-    card = GPU("cpu-ram", psutil.virtual_memory().total, 0.0, 0.0, "0.0")
-    return mp.plan_for_config(cfg, card, simulate=True), "simulated plan for this machine's RAM as the card"
+    plan, path, cached = mp.load_or_build_plan(cfg, detect_gpu())
+    how = "probe-memory's plan" if not plan.simulated else "simulated plan"
+    return plan, f"{how}, {path.name}"
 
 
 def _timeline_peaks(run_dir: Path) -> dict[str, int]:

@@ -1,7 +1,7 @@
 """`tinyrl export-verl`: hand a preset or a run to verl (multi-GPU) with the same settings.
 
 Writes OUT/run_verl.sh (`python3 -m verl.trainer.main_ppo key=value ...`, the settings verl cannot
-take listed at its top), OUT/data/{train,test}.parquet, OUT/reward_fn.py (tinyrl's reward behind
+take listed at its top), OUT/data/{train,test}.parquet (and val_<name>.parquet per data.val_files entry), OUT/reward_fn.py (tinyrl's reward behind
 verl's compute_score signature) and OUT/tinyrl_config.json (the resolved tinyrl config).
 """
 
@@ -54,14 +54,16 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
     out.mkdir(parents=True, exist_ok=True)
     spec, whole_row = files.reward_spec(cfg, out)
     train, _ = files.write_data(cfg, out / "data", with_row=whole_row)
+    extra_val = files.write_val_files(cfg, out / "data", with_row=whole_row)
     steps = files.row_count(train) // cfg.trainer.train_batch_size
     if steps < 1:
         raise TinyRLError(f"{cfg.data.train_path} has fewer rows than one batch "
                           f"(trainer.train_batch_size = {cfg.trainer.train_batch_size})",
                           hint="lower trainer.train_batch_size or use more data")
     files.write_reward_fn(cfg, out, spec, whole_row, VERL_VERSION)
+    val_files = [files.HERE + "data/test.parquet"] + [files.HERE + f"data/{p.name}" for p in extra_val]
     ctx = Context(model_path=path, train_files=files.HERE + "data/train.parquet",
-                  val_files=files.HERE + "data/test.parquet", reward_path=files.HERE + "reward_fn.py",
+                  val_files=val_files if extra_val else val_files[0], reward_path=files.HERE + "reward_fn.py",
                   steps_per_epoch=steps, gpus=gpus, nodes=nodes,
                   critic_model_path=model_path(cfg, None)[0])  # the value head is not in an export
     mapping = map_config(cfg, ctx)

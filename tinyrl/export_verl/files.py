@@ -68,6 +68,31 @@ def write_data(cfg: Config, data_dir: Path, with_row: bool) -> tuple[Path, Path]
     return train, test
 
 
+def write_val_files(cfg: Config, data_dir: Path, with_row: bool) -> list[Path]:
+    """data.val_files (`name=path` each) as data/val_<name>.parquet, each cut to its first
+    data.max_test_prompts rows as tinyrl validates (tinyrl.setup.load_inputs); verl reads the
+    list in data.val_files (verl 0.9.1 utils/dataset/rl_dataset.py: a str or a list of files)."""
+    from tinyrl.data.io import load_prompts
+    from tinyrl.eval import parse_data_args
+
+    out = []
+    for name, path in parse_data_args(cfg.data.val_files):
+        source = resolve_path(str(path))
+        if not source.is_file():
+            raise TinyRLError(f"data.val_files: {name} = {path} does not exist; nothing for verl to validate on",
+                              hint="make or download it (`tinyrl data math --from ... --out DIR`), "
+                              "or drop it from data.val_files")
+        load_prompts(source, max_rows=1)  # the same checks (and errors) as training
+        target = data_dir / f"val_{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.parquet"
+        if target in out or target.name == "test.parquet":
+            target = data_dir / f"val_{len(out)}_{target.name[4:]}"
+        pq.write_table(pq.read_table(source).slice(0, cfg.data.max_test_prompts), target)
+        if with_row:
+            _add_rows(target)
+        out.append(target)
+    return out
+
+
 def _add_rows(path: Path) -> None:
     frame = pq.read_table(path).to_pandas()
     rows = [_plain(r) for r in frame.to_dict("records")]

@@ -89,6 +89,8 @@ def map_config(cfg: Config, ctx: Context) -> Mapping:
         m.get(cfg, dotted, None)
     for dotted in ("cost.gpu", "cost.price_per_hour", "cost.currency"):
         m.get(cfg, dotted, None)  # tinyrl's cost estimate only; nothing to train with
+    for key in cfg.sft.__dataclass_fields__:
+        m.get(cfg, f"sft.{key}", None)  # `tinyrl sft`'s settings; an RL recipe has no SFT part
     m.overrides = dict(sorted(o.items()))  # grouped by verl section
     for dotted, value in leaves(cfg.to_dict()).items():
         if dotted not in m.used:
@@ -101,8 +103,16 @@ def _model(cfg, ctx, m, o):
     g = lambda k, d=_MISSING: m.get(cfg, k, d)  # noqa: E731
     g("model.name")  # Context.model_path: the base, the built tiny model, or an exported actor
     o[f"{AR}.model.path"] = ctx.model_path
+    if g("model.init_from", ""):
+        m.note(cfg, "model.init_from", "verl starts from model.path: run `tinyrl export RUN_DIR --out DIR` on "
+               "that run and pass `--actor DIR` here (it is then the actor's start and the reference)")
+    custom = g("model.custom_chat_template", "")
     if not g("data.chat_template", False):  # with it, verl renders `prompt` as tinyrl does
         o[f"{AR}.model.custom_chat_template"] = RAW_CHAT_TEMPLATE
+    elif custom:
+        from tinyrl.setup import read_chat_template
+
+        o[f"{AR}.model.custom_chat_template"] = read_chat_template(custom)
     o[f"{AR}.model.enable_gradient_checkpointing"] = g("model.gradient_checkpointing")
     o[f"{AR}.model.use_remove_padding"] = g("model.padding_free")  # verl's packed (unpadded) passes
     lora = g("model.finetune") == "lora"
@@ -143,9 +153,10 @@ def _data(cfg, ctx, m, o):
     o["data.truncation"] = "error"  # tinyrl: a longer prompt is an error, never cut
     for dotted in ("data.generate", "data.generate_train_size", "data.generate_seed"):
         g(dotted)  # the copied files already hold the rows these made
-    if g("data.val_files", []):
-        m.note(cfg, "data.val_files", "tinyrl's extra validation files are not copied; add them to "
-               "data.val_files by hand (verl takes a list)")
+    if g("data.val_files", []):  # copied to data/val_<name>.parquet, listed in ctx.val_files after test.parquet
+        m.note(cfg, "data.val_files", "copied beside test.parquet and listed in verl's data.val_files; verl "
+               "reports validation per data_source (val-core/<data_source>/...), not per file, so files "
+               "sharing a data_source are pooled (verl 0.9.1 trainer/ppo/ray_trainer.py _val_metrics_update)")
 
 
 def _rollout(cfg, ctx, m, o):

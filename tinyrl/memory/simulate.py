@@ -417,22 +417,35 @@ def simulate_phase(spec: dict, phase: str, micro_batch: int, seq_len: int, *,
         "gradients": cats["grad"],
         "optimizer": cats["opt"],
         "activations": cats["act"] + cats["temp"] + cats["other"],
-        "allocator": allocator_headroom(cats["largest_alloc"]),
+        "allocator": allocator_headroom(cats["largest_alloc"], step.phase),
         "logprob_chunk": logprob_chunk_trace(spec, step),
-        "peak": cats["total"] + allocator_headroom(cats["largest_alloc"]),
+        "peak": cats["total"] + allocator_headroom(cats["largest_alloc"], step.phase),
     }
 
 
-def allocator_headroom(largest_alloc: int) -> int:
-    """What the CUDA caching allocator needs beyond the bytes tensors hold: ONE block as large as
-    the step's largest transient allocation. The allocator serves a request from a single free
-    cached block (best fit, split); once a step has freed and re-split its big blocks (the
-    log-prob chunk's fp32 logits, a layer's fp32 LoRA output over the whole micro-batch), what is
-    free is scattered in pieces, and a cap (the card, or set_per_process_memory_fraction in the
-    probe) refuses the new segment. The fake trace counts tensors, never blocks. Sized against the
-    H100 probe of issue 20 (see tests/test_memory_plan_vs_h100.py); PYTORCH_CUDA_ALLOC_CONF=
-    expandable_segments:True would make most of it unnecessary, and is not assumed."""
-    return int(largest_alloc)
+# Blocks of the largest transient size the allocator needs beyond the traced tensors, per phase.
+# A no-grad forward frees each layer's blocks before the next layer asks for the same sizes: one.
+# A training phase asks for that size twice over per layer in backward -- the checkpointed
+# layer's recomputed forward (for LoRA: peft's fp32 [B, T, intermediate] adapter output, the
+# largest block of a 3B step) and its gradient -- while long-lived blocks (saved hidden states,
+# weight gradients) are placed into the freed ones in between: two.
+# Calibrated, not derived: the H100 of issue 20 held 19 sequences of the 3B preset's actor and
+# critic update and not 20 under a 21.59 GiB budget, i.e. between 1.52 and 2.10 blocks of 1.0 GiB
+# beyond the traced tensors (tests/test_memory_plan_vs_h100.py); its 3B forward (47 held, 48 not)
+# fits one block. One measured card: re-measure with benchmarks/gpu_check.py.
+HEADROOM_BLOCKS = {Phase.FORWARD: 1, Phase.ACTOR_UPDATE: 2, Phase.CRITIC_UPDATE: 2}
+
+
+def allocator_headroom(largest_alloc: int, phase: str = Phase.FORWARD) -> int:
+    """What the CUDA caching allocator needs beyond the bytes tensors hold: blocks as large as the
+    step's largest transient allocation (HEADROOM_BLOCKS says how many per phase). The allocator
+    serves a request from a single free cached block (best fit, split); once a step has freed and
+    re-split its big blocks (the log-prob chunk's fp32 logits, a layer's fp32 LoRA output over the
+    whole micro-batch), what is free is scattered in pieces, and a cap (the card, or
+    set_per_process_memory_fraction in the probe) refuses the new segment. The fake trace counts
+    tensors, never blocks. PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True would make most of it
+    unnecessary, and is not assumed."""
+    return int(largest_alloc) * HEADROOM_BLOCKS.get(Phase(phase), 1)
 
 
 def logprob_chunk_trace(spec: dict, step: Step) -> int:

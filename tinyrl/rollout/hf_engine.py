@@ -8,6 +8,13 @@ decoding reports log_softmax of the raw logits. Log-probs are gathered step by s
 [steps, batch, vocab] score tensor of `output_scores` is never kept (Qwen's vocabulary makes
 that tens of GB for an ordinary rollout batch).
 
+Speed (issue 20.5, benchmarks/hf_engine_speed.py): decoding a small batch is bound by per-op
+launch and Python overhead, so the actor adapter is merged into the base weights for the
+rollout (`merged_adapter`: half the ops per decode step with the 7 default targets, the base
+restored bit for bit after). Measured and not taken: a static KV cache alone (more ops per
+step, ~0.94x on CPU; on CUDA transformers 5.19 would also auto-compile the forward,
+generation/utils.py `_valid_auto_compile_criteria`, which needs a GPU to judge).
+
 What this file does not know: vLLM, the RL loss, how prompts are built.
 """
 
@@ -26,6 +33,10 @@ class _StepLogprobs:
 
     At step t it keeps log_softmax(scores_t) [B, V]; at step t+1 the token sampled at t is
     the last column of `input_ids`, so it gathers that token's log-prob and drops the matrix.
+    Not logsumexp + gather instead: torch's logsumexp is composite (amax, then a [B, V]
+    `(x - max).exp_()` temporary, then sum; ATen ReduceOps.cpp `logsumexp_out_impl`), so it
+    writes the same [B, V] matrix in more passes than log_softmax's one fused kernel; measured
+    on CPU at Qwen's vocabulary (32 x 151,936) it was 0.5x-1.1x as fast, i.e. no win (issue 20.5).
     """
 
     def __init__(self) -> None:
@@ -59,12 +70,14 @@ class HFEngine:
         *,
         max_batch_sequences: int = 256,
         adapter_name: str = "actor",
+        merge_adapter: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.max_batch_sequences = max_batch_sequences  # sequences per generate() call
         self.adapter_name = adapter_name
+        self.merge_adapter = merge_adapter  # off: sample through peft's LoRA layers (the slow path)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.stop_ids = _stop_ids(model, tokenizer)
 
@@ -76,7 +89,8 @@ class HFEngine:
         n = 1 if sampling.greedy else sampling.n
         per_call = max(1, self.max_batch_sequences // n)
         result = RolloutResult()
-        with self._generation_mode(), self._seeded(sampling.seed):
+        merged = merged_adapter(self.model, self.adapter_name) if self.merge_adapter else contextlib.nullcontext()
+        with self._generation_mode(), merged, self._seeded(sampling.seed):
             for start in range(0, len(prompt_ids), per_call):
                 chunk = prompt_ids[start : start + per_call]
                 result.completions.extend(self._generate_chunk(chunk, start, n, sampling))
@@ -204,6 +218,65 @@ class HFEngine:
                     f"rollouts must sample from the {self.adapter_name!r} adapter, but "
                     f"{active!r} is active: call model.set_adapter({self.adapter_name!r}) first"
                 )
+
+
+@contextlib.contextmanager
+def merged_adapter(model: torch.nn.Module, adapter_name: str) -> Iterator[int]:
+    """Fold `adapter_name` into the base weights for the block, then put every base weight
+    back bit for bit; yields how many layers were merged (0: nothing to do or not mergeable).
+
+    Why: an unmerged peft LoRA linear runs base + dropout + A + B + scale + add every decode
+    step (peft 0.21.2 tuners/lora/layer.py `Linear.forward`), i.e. ~4 extra kernels and 4
+    extra module calls per adapted linear; for Qwen2.5-3B with the 7 default targets that is
+    252 linears and ~1,000 extra launches per token, and decoding a 32-row batch is launch-
+    bound. Merged, each is one plain matmul (peft's own `merged` branch: base_layer only).
+
+    Exact restore: peft's unmerge subtracts the delta again (`weight.data -= delta`), which in
+    bf16 does not give the original weight back and would drift the frozen base (shared with
+    the critic and the reference) a little every rollout. So each base weight is copied to host
+    memory first and copied back after, whatever happens inside (exceptions included). Host,
+    not a second GPU copy: the memory plan's rollout phase (memory/plan.py `_rollout`) has no
+    room for a second copy of the adapted weights. One layer's delta exists at a time.
+
+    While merged the weights are W + B A * scale rounded once to W's dtype, so in bf16 the
+    sampler's log-probs differ from the trainer's unmerged forward by bf16 rounding; the
+    trainer's probs-diff guard (rollout.max_probs_diff) watches exactly that gap.
+    """
+    layers = _mergeable_lora_layers(model, adapter_name)
+    saved: list[tuple[torch.nn.Module, torch.Tensor, torch.Tensor]] = []
+    try:
+        with torch.no_grad():
+            for layer in layers:
+                weight = layer.get_base_layer().weight
+                saved.append((layer, weight, weight.detach().to("cpu", copy=True)))
+                weight.add_(layer.get_delta_weight(adapter_name).to(weight.dtype))
+                layer.merged_adapters.append(adapter_name)  # peft's forward: base layer only
+        yield len(layers)
+    finally:
+        with torch.no_grad():
+            for layer, weight, original in reversed(saved):
+                weight.copy_(original)
+                layer.merged_adapters.remove(adapter_name)
+
+
+def _mergeable_lora_layers(model: torch.nn.Module, adapter_name: str) -> list[torch.nn.Module]:
+    """Plain LoRA linears holding `adapter_name` as the one active adapter, or [] when any
+    adapted layer is something else (a quantized base, DoRA or another variant, a LoRA bias,
+    already merged, adapters disabled): those keep peft's unmerged path."""
+    try:
+        from peft.tuners.lora.layer import Linear as LoraLinear, LoraLayer
+    except ImportError:
+        return []
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer) and adapter_name in m.lora_A]
+    for m in layers:
+        weight = getattr(m.get_base_layer(), "weight", None)
+        plain = (type(m) is LoraLinear and adapter_name not in m.lora_variant
+                 and not m.lora_bias.get(adapter_name, False) and not m.merged and not m.disable_adapters
+                 and list(m.active_adapters) == [adapter_name]
+                 and isinstance(weight, torch.Tensor) and weight.dtype.is_floating_point)
+        if not plain:
+            return []
+    return layers
 
 
 def _stop_ids(model, tokenizer) -> list[int]:

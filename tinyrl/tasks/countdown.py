@@ -48,10 +48,18 @@ def extract_answer(completion: str, task_cfg: Any = None) -> str | None:
 
 
 def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: str = "base",
-             progress: bool = True) -> tuple[Path, Path]:
+             progress: bool = True, sft: bool = False) -> tuple[Path, Path]:
     from tinyrl.data.countdown import generate_countdown
 
-    return generate_countdown(out_dir, train_size, test_size, seed=seed, template=template, progress=progress)
+    return generate_countdown(out_dir, train_size, test_size, seed=seed, template=template, progress=progress,
+                              sft=sft)
+
+
+def generate_sft(out_dir, train_size: int, test_size: int, seed: int = 0, template: str = "base",
+                 progress: bool = True) -> tuple[Path, Path]:
+    """The same tasks with reference responses: -> (sft_train.parquet, sft_test.parquet)."""
+    train, test = generate(out_dir, train_size, test_size, seed=seed, template=template, progress=progress, sft=True)
+    return train.with_name("sft_train.parquet"), test.with_name("sft_test.parquet")
 
 
 def data_command(
@@ -60,6 +68,9 @@ def data_command(
     test_size: int = typer.Option(1_024, help="Test tasks (TinyZero: 1,024)."),
     seed: int = typer.Option(0, help="Random seed; the same seed gives the same files."),
     template: str = typer.Option("base", help="Prompt template: base | qwen-instruct."),
+    sft: bool = typer.Option(False, "--sft", help="Also write sft_train.parquet and sft_test.parquet: the same "
+                             "tasks with a `response` column, the reference solution in the answer format "
+                             "(for `tinyrl sft`)."),
 ) -> None:
     """Write Countdown tasks in TinyZero's parquet schema (every task solvable)."""
     from rich.console import Console
@@ -70,8 +81,11 @@ def data_command(
         raise TinyRLError(f"--train-size and --test-size must be between 1 and {MAX_ROWS:,} "
                           f"(got {train_size:,} and {test_size:,})",
                           hint="TinyZero uses --train-size 327680 --test-size 1024")
-    train, test = generate(out_dir, train_size, test_size, seed=seed, template=template)
+    train, test = generate(out_dir, train_size, test_size, seed=seed, template=template, sft=sft)
     Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
+    if sft:
+        Console().print(f"wrote {train.with_name('sft_train.parquet')} and {test.with_name('sft_test.parquet')} "
+                        "(the same tasks with reference responses, for `tinyrl sft`)")
 
 
 def _task_line(prompt: str) -> str | None:
@@ -88,6 +102,7 @@ TASK = Task(
     extract_answer=extract_answer,
     data_command=data_command,
     generate=generate,
+    generate_sft=generate_sft,
     data_hint="`tinyrl data countdown --out DIR`",
     task_line=_task_line,
     answer_patterns=(r"<answer>.*?</answer>",),

@@ -199,23 +199,25 @@ def _answer_text(value: Any, key: str) -> str | None:
 
 
 def read_table(source: str) -> tuple[Any, str]:
-    """(pandas frame, a name for it) from a file or `hf:NAME[:split]`."""
+    """(pandas frame, a name for it) from a file or `hf:NAME[:split]` (`hf:NAME:CONFIG:SPLIT` for a
+    set with configurations, e.g. hf:openai/gsm8k:main:test)."""
     import pandas as pd
 
     if source.startswith("hf:"):
         name, _, split = source[3:].partition(":")
+        config, _, split = split.rpartition(":")
         try:
             import datasets
         except ImportError as e:
             raise TinyRLError(f"--from {source} needs the `datasets` package", hint="pip install 'tinyrl[datasets]' "
                               "(or download the file yourself and give --from FILE)") from e
         try:
-            ds = datasets.load_dataset(name, split=split or "train")
+            ds = datasets.load_dataset(name, config or None, split=split or "train")
         except Exception as e:  # noqa: BLE001 - network, auth, unknown name: all the user's to fix
             raise TinyRLError(f"could not load {name!r} (split {split or 'train'}) from the Hugging Face Hub: "
                               f"{type(e).__name__}: {str(e)[:300]}",
-                              hint="check the name and split and the network (HF_HUB_OFFLINE unset), or "
-                              "download the file and give --from FILE") from e
+                              hint="check the name and split and the network (HF_HUB_OFFLINE unset); a set with "
+                              "configurations needs hf:NAME:CONFIG:SPLIT; or download the file and give --from FILE") from e
         return ds.to_pandas(), f"{name.split('/')[-1]}-{split or 'train'}".lower()
     path = Path(source).expanduser()
     if not path.is_file():
@@ -267,7 +269,8 @@ def convert(source: str, out_dir: Path, template: str, name: str | None = None,
 def data_command(
     out_dir: Path = typer.Option(..., "--out", help="Output directory."),
     source: Optional[str] = typer.Option(None, "--from", help="A problem/answer table (.parquet/.jsonl/.json/.csv) "
-                                         "or hf:NAME[:split]; without it, generated problems (train + test)."),
+                                         "or hf:NAME[:split] (hf:NAME:CONFIG:SPLIT, e.g. hf:openai/gsm8k:main:test); "
+                                         "without it, generated problems (train + test)."),
     template: str = typer.Option("dapo", help="Prompt template: dapo (\"Answer:\" line) | boxed (\\boxed{})."),
     name: Optional[str] = typer.Option(None, help="Output file name without .parquet (default: the input's name)."),
     problem_key: Optional[str] = typer.Option(None, help="Column holding the problem (default: problem/question)."),

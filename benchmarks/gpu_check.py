@@ -1,0 +1,196 @@
+"""One-command GPU check (issue 20): what a CUDA card really does with a preset, against the plan.
+
+    python benchmarks/gpu_check.py                          # countdown-4090 (3B LoRA), 2 PPO steps
+    python benchmarks/gpu_check.py --preset countdown-0.5b-4090 --steps 3
+    python benchmarks/gpu_check.py --skip-probe --set trainer.train_batch_size=8
+
+On a CUDA card: a random-weight model of the preset's architecture is built from
+tinyrl/model_specs (no download; memory and speed do not depend on the weights, rewards do) and
+saved with the tiny tokenizer; then
+  1. the plan: simulated (fake tensors) vs the real probe, micro-batch per training phase and
+     their ratio, under the budget of the preset's own card (--budget to change it);
+  2. --steps PPO steps through the real Trainer: seconds and peak allocated memory per phase
+     against the plan (tinyrl.memory.versus);
+  3. the HF engine's decode rate (tokens/s of one timed generate call after training);
+  4. the critic adapter trained (its lora_B are not all 0) and the value head moved, under a
+     text-hash reward (check_reward: random weights never earn the task's);
+  5. optimizer steps skipped because the gradient norm was not finite (should be 0).
+Exit 1 when a check fails. Without CUDA it runs the reduced CPU version (countdown-tiny, the tiny
+model, fp32, no probe), which shows the script works, not what any card does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import tinyrl  # noqa: F401  (before transformers/peft)
+import torch
+
+from tinyrl.config import load_config
+from tinyrl.hardware import detect_gpu, get_gpu
+from tinyrl.memory import from_config as mp
+from tinyrl.memory import versus
+
+GiB = 2**30
+
+
+def check_reward(completion: str, example) -> float:
+    """A reward that varies with the text (random weights never solve the task, and all-zero
+    rewards with an untrained critic give zero returns and advantages: nothing would train, so
+    the critic check would prove nothing). Pseudo-random in [0, 1), the same for the same text."""
+    return (sum(map(ord, completion)) % 97) / 97
+
+
+def build_random_model(model_name: str, out: Path) -> str:
+    """A bf16 Qwen2 of `model_name`'s shipped architecture with random weights, saved with the tiny
+    tokenizer (its ids lie inside Qwen's vocabulary). Random weights rarely stop: every response
+    runs to max length, the worst case for memory."""
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+
+    from tinyrl.memory.simulate import default_dtype, qwen2_config
+    from tinyrl.model_specs import load_spec
+    from tinyrl.tiny_model import build_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(build_tiny_model())
+    config = qwen2_config(load_spec(model_name))
+    config.use_cache = True
+    with torch.device("cuda"), default_dtype(torch.bfloat16):
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    del model
+    torch.cuda.empty_cache()
+    return str(out)
+
+
+def plan_rows(cfg, budget_bytes: int) -> list[tuple]:
+    """(phase, simulated micro-batch, measured micro-batch, simulated / measured)."""
+    card = detect_gpu()
+    simulated = mp.plan_for_config(cfg, card, simulate=True, budget_bytes=budget_bytes)
+    measured = mp.cuda_probe(cfg, card, simulated)
+    rows = []
+    for name in mp.TRAINING_PHASES:
+        if name in simulated.phases:
+            s, m = simulated.phases[name].micro_batch, measured.phases[name].micro_batch
+            rows.append((name, s, m, s / m if m else float("inf")))
+    return rows
+
+
+def run_steps(cfg, run_dir: Path, steps: int):
+    from tinyrl.preflight import preflight
+    from tinyrl.trainer import Trainer
+
+    preflight(cfg, run_dir)  # as `train` does: on CUDA the plan fills the micro-batch budgets
+    trainer = Trainer(cfg, run_dir)
+    history = trainer.train(steps)
+    return trainer, history
+
+
+def decode_rate(trainer, cfg) -> tuple[str, float]:
+    """(engine name, tokens/s of one timed generate call of the step's prompts)."""
+    from tinyrl.rollout.base import SamplingSettings
+
+    prompts = trainer.inputs.train_prompts[:cfg.trainer.train_batch_size]
+    sampling = SamplingSettings(n=cfg.rollout.n, temperature=1.0, top_p=1.0,
+                                max_new_tokens=cfg.rollout.max_response_length, seed=1)
+    trainer.engine.wake(trainer.models.actor)
+    start = time.perf_counter()
+    result = trainer.engine.generate(prompts, sampling)
+    seconds = time.perf_counter() - start
+    trainer.engine.sleep()
+    return trainer.engine.name, sum(len(c.response_ids) for c in result.completions) / seconds
+
+
+def critic_trained(trainer) -> tuple[bool, str]:
+    models = trainer.models
+    head = max(float(p.detach().abs().max()) for p in models.value_head.parameters())
+    if not models.lora:
+        return head > 0, f"full fine-tune; value head max |w| {head:.2e}"
+    lora_b = [p for n, p in models.actor.named_parameters() if ".critic." in n and "lora_B" in n]
+    b = max(float(p.detach().abs().max()) for p in lora_b)
+    return b > 0 and head > 0, f"critic lora_B max |w| {b:.2e}, value head max |w| {head:.2e}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="countdown-4090")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--budget", type=float, default=None, help="GiB; default: 90%% of the preset's card")
+    ap.add_argument("--skip-probe", action="store_true", help="no real probe (it takes minutes on a 3B)")
+    ap.add_argument("--set", dest="sets", action="append", default=[], help="config override key=value")
+    args = ap.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    work = Path(tempfile.mkdtemp(prefix="tinyrl-gpu-check-"))
+    lines, failed = [], []
+    try:
+        if cuda:
+            preset, sets = args.preset, ["trainer.device=cuda", "rollout.engine=hf"]
+            model_dir = build_random_model(load_config(preset).model.name, work / "model")
+            sets.append(f"model.name={model_dir}")
+            print(f"card: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+                  f"cuDNN {torch.backends.cudnn.version()}; random-weight {preset} model in {model_dir}")
+        else:
+            preset, sets = "countdown-tiny", ["trainer.device=cpu", "rollout.engine=hf"]
+            print("no CUDA card: the reduced CPU check (countdown-tiny, tiny model, fp32, no probe). "
+                  "It shows the script runs; the figures say nothing about a card.")
+        small = [f"trainer.max_steps={args.steps}", "trainer.test_every=0", "trainer.save_every=0",
+                 f"reward.fn={Path(__file__).resolve()}:check_reward"]
+        cfg = load_config(preset, sets + small + args.sets)
+        from tinyrl.doctor.trial import ensure_data
+
+        ensure_data(cfg, work)
+        if cuda and not args.skip_probe:
+            budget = int((args.budget or 0.9 * get_gpu(cfg.cost.gpu).memory_bytes / GiB) * GiB)
+            lines.append(f"plan vs real probe (budget {budget / GiB:.2f} GiB):")
+            lines.append(f"  {'phase':<14} {'simulated':>9} {'measured':>9} {'sim/real':>8}")
+            for name, s, m, ratio in plan_rows(cfg, budget):
+                lines.append(f"  {name:<14} {s:>9} {m:>9} {ratio:>8.2f}")
+                if s > m:
+                    failed.append(f"{name}: the plan promises {s} sequences, the card held {m}")
+        trainer, history = run_steps(cfg, work / "run", args.steps)
+        last = history[-1]
+        rows = versus.compare(versus.read_run_plan(work / "run"),
+                              versus.measured_peaks(list(_timeline(work / "run"))))
+        peaks = {r["phase"]: r for r in rows}
+        what = "peak allocated GiB vs planned" if cuda else "CPU: the process's RSS high-water mark, GiB"
+        lines.append(f"{args.steps} PPO steps (seconds per phase, mean; {what}):")
+        for key in sorted(k for k in last if k.startswith("timing/") and k != "timing/step"):
+            phase = key.split("/", 1)[1]
+            secs = sum(h.get(key, 0.0) for h in history) / len(history)
+            r = peaks.get(phase, {})
+            peak = "-" if r.get("measured") is None else f"{r['measured'] / GiB:.2f}"
+            plan = "-" if r.get("planned") is None else f"{r['planned'] / GiB:.2f}"
+            lines.append(f"  {phase:<14} {secs:>8.2f} s   peak {peak:>6}   plan {plan:>6}")
+        engine, rate = decode_rate(trainer, cfg)
+        lines.append(f"{engine} engine decode: {rate:,.0f} tokens/s")
+        ok, what = critic_trained(trainer)
+        lines.append(f"critic adapter trained: {'yes' if ok else 'NO'} ({what})")
+        if not ok:
+            failed.append("the critic did not train")
+        skips = {k: int(v) for k, v in last.items() if k.endswith("/skipped_steps")}
+        lines.append("non-finite skips: " + (", ".join(f"{k} {v}" for k, v in skips.items()) or "none recorded"))
+        if any(skips.values()):
+            failed.append("optimizer steps were skipped for a non-finite gradient norm")
+        trainer.engine.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("\n".join(lines))
+    print("FAILED: " + "; ".join(failed) if failed else "all checks passed")
+    return 1 if failed else 0
+
+
+def _timeline(run_dir: Path):
+    from tinyrl.jsonl import read_records
+
+    path = run_dir / "timeline.jsonl"
+    return read_records(path) if path.is_file() else []
+
+
+if __name__ == "__main__":
+    sys.exit(main())
