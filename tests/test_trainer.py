@@ -96,3 +96,19 @@ def test_an_nf4_base_makes_vllm_quantize_the_same_checkpoint(tmp_path):
     assert kwargs["quantization"] == "bitsandbytes"
     plain = Trainer._vllm_settings(SimpleNamespace(cfg=load_config("countdown-4090"), device=torch.device("cuda")))
     assert "quantization" not in plain
+
+
+@pytest.mark.parametrize("padding_free", ["true", "false"])
+def test_training_passes_compute_no_padding(tmp_path, padding_free):
+    # Mixed lengths (Countdown prompts differ in length; the untrained tiny model's responses
+    # mostly run to the 24-token cap): with model.padding_free the old/ref/value passes and both
+    # updates compute only real tokens; the padded layout of the same run computes padding
+    # (measured 1.02 here: prompts differ by a few tokens), so the metric can tell them apart.
+    m = Trainer(tiny_config(tmp_path, f"model.padding_free={padding_free}", "trainer.max_steps=1"),
+                tmp_path / "run").train()[-1]
+    ratios = {k: v for k, v in m.items() if k.startswith("perf/padding_ratio/")}
+    assert set(ratios) == {f"perf/padding_ratio/{p}" for p in ("forward", "actor_update", "critic_update")}
+    if padding_free == "true":
+        assert all(v == 1.0 for v in ratios.values()), ratios  # the issue asks <= 1.05
+    else:
+        assert all(v > 1.0 for v in ratios.values()), ratios

@@ -35,6 +35,7 @@ class ModelConfig:
     quantize: str = "none"                # none | nf4 (QLoRA base, CUDA + bitsandbytes only)
     gradient_checkpointing: bool = True
     logprob_chunk: int = 1024             # tokens per lm_head chunk when computing log-probs
+    padding_free: bool = True             # training passes on the real tokens only (tinyrl.packing)
     # Start from a run's latest weights (a `tinyrl sft` run, usually): its actor merged into the
     # base, written to RUN_DIR/init_model once; that model is the new run's base AND reference.
     init_from: str = ""

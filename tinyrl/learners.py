@@ -32,8 +32,11 @@ def actor_loss_fn(cfg: Config) -> LossFn:
 
     def loss(models: PolicyModels, part: Trajectory):
         lp, entropy = models.token_logprobs("actor", part.batch, cfg.rollout.temperature, with_entropy=True)
+        # No old log-probs: the trainer skipped their pass (trainer.one_pass_update), this one
+        # optimizer step starts from the parameters that would have computed them.
+        old_lp = lp.detach() if part.old_lp is None else part.old_lp
         return losses.actor_objective(
-            lp, entropy, part.old_lp, part.advantages, part.mask,
+            lp, entropy, old_lp, part.advantages, part.mask,
             ref_logprob=part.ref_lp if alg.use_kl_loss else None, is_weights=part.is_weights,
             eps_low=a.clip_ratio_low, eps_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
             agg_mode=a.loss_agg_mode, max_len=cfg.rollout.max_response_length,
@@ -80,7 +83,8 @@ class Learner:
                         self.opt.zero_grad(set_to_none=True)
                         return self.accumulate_gradients(mini, slices)
 
-                    acc = self.budgets.run_accumulating(self.phase, len(mini), mini.batch.input_ids.shape[1], attempt)
+                    acc = self.budgets.run_accumulating(self.phase, len(mini), mini.batch.input_ids.shape[1], attempt,
+                                                        self.models.row_tokens(mini.batch))
                     acc["grad_norm"] = self._step()
                     stats_all.append(acc)
         self.sched.step()

@@ -21,10 +21,20 @@ from tinyrl.memory.probe import free_memory, is_oom
 log = logging.getLogger(__name__)
 
 
-def micro_slices(n_rows: int, seq_len: int, budget_tokens: int) -> list[slice]:
-    """Consecutive row slices of at most budget_tokens // seq_len rows (at least one row)."""
-    rows = max(1, budget_tokens // max(1, seq_len))
-    return [slice(i, min(i + rows, n_rows)) for i in range(0, n_rows, rows)]
+def micro_slices(n_rows: int, seq_len: int, budget_tokens: int, row_tokens: list[int] | None = None) -> list[slice]:
+    """Consecutive row slices of at most budget_tokens // seq_len rows (at least one row); with
+    row_tokens (padding-free passes compute only each row's real tokens), slices whose real
+    tokens fit the budget instead (at least one row)."""
+    if row_tokens is None:
+        rows = max(1, budget_tokens // max(1, seq_len))
+        return [slice(i, min(i + rows, n_rows)) for i in range(0, n_rows, rows)]
+    slices, start, used = [], 0, 0
+    for i, n in enumerate(row_tokens):
+        if i > start and used + n > budget_tokens:
+            slices.append(slice(start, i))
+            start, used = i, 0
+        used += n
+    return slices + [slice(start, n_rows)] if n_rows else slices
 
 
 def loss_weight(response_mask: torch.Tensor, agg_mode: str) -> float:
@@ -56,11 +66,12 @@ class BudgetKeeper:
         self.oom_events: list[tuple[str, int, int]] = []  # (phase, old, new)
 
     def run_accumulating(self, phase: str, n_rows: int, seq_len: int,
-                         attempt: Callable[[list[slice]], dict]) -> dict:
+                         attempt: Callable[[list[slice]], dict], row_tokens: list[int] | None = None) -> dict:
         """Call attempt(slices) (zero grads, forward/backward each slice, return stats);
-        on OOM halve the budget and call it again with smaller slices."""
+        on OOM halve the budget and call it again with smaller slices. row_tokens: each row's
+        real token count when the passes are padding-free (the budget then counts those)."""
         while True:
-            slices = micro_slices(n_rows, seq_len, self.budgets[phase])
+            slices = micro_slices(n_rows, seq_len, self.budgets[phase], row_tokens)
             try:
                 return attempt(slices)
             except (RuntimeError, MemoryError) as exc:

@@ -6,7 +6,9 @@ Full: the actor is the whole model, the critic a separate model + value head, th
 frozen copy (only sensible for small models).
 
 What it knows: how to get hidden states, token log-probs (chunked over the sequence, never a full
-fp32 [B, T, V] logits tensor) and values for a padded batch. It knows nothing of RL losses.
+fp32 [B, T, V] logits tensor) and values for a padded batch; with model.padding_free (default)
+the bodies see only the batch's real tokens, packed in one row (tinyrl.packing), and the LM head
+only real response tokens; results come back padded, [B, R]. It knows nothing of RL losses.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch import nn
 from tinyrl.attention import guard_attention_kernels
 from tinyrl.config import ModelConfig
 from tinyrl.errors import TinyRLError
+from tinyrl.packing import pack, unpack, use_packed_attention
 from tinyrl.rl.logprobs import chunked_token_logprobs
 
 log = logging.getLogger(__name__)
@@ -131,6 +134,7 @@ class PolicyModels:
         self.lora = cfg.finetune == "lora"
         self.actor_only = actor_only
         self._role = "actor"
+        self.token_counts = [0, 0]  # [tokens the bodies computed, real tokens]: perf/padding_ratio
         if self.lora:
             self.actor = self._with_adapters(base)
             self.critic_backbone = None if actor_only else self.actor
@@ -148,6 +152,9 @@ class PolicyModels:
             if head is not self._causal_lm(critic_base).model.get_input_embeddings().weight:
                 head.requires_grad_(False)
         self.value_head = None if actor_only else ValueHead(base.config.hidden_size).to(device)
+        if cfg.padding_free:
+            for m in {id(x): x for x in (self.actor, self.critic_backbone, self.reference) if x is not None}.values():
+                use_packed_attention(m)
         if cfg.gradient_checkpointing:
             backbones = [m for m in (self.actor, self.critic_backbone) if m is not None]
             for m in {id(m): m for m in backbones}.values():
@@ -215,9 +222,23 @@ class PolicyModels:
     def _hidden(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         # The transformer body only: logits are computed in chunks from these hidden states.
         body = self._causal_lm(model).model
-        out = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                   position_ids=batch.position_ids, use_cache=False)
-        return out.last_hidden_state  # [B, P + R, H]
+        if not self.cfg.padding_free:
+            self.token_counts[0] += batch.input_ids.numel()
+            # a tensor, read only by the trainer's metrics: no sync here, and fake tensors (the
+            # memory simulation) have no value to read
+            self.token_counts[1] = self.token_counts[1] + batch.attention_mask.sum()  # not +=: in place on a tensor
+            out = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       position_ids=batch.position_ids, use_cache=False)
+            return out.last_hidden_state  # [B, P + R, H]
+        # Padding-free (tinyrl.packing): the real tokens in one row, attention per sequence.
+        ids, pos, cu, mask = pack(batch.input_ids, batch.attention_mask, batch.position_ids)
+        self.token_counts[0] += ids.numel()
+        self.token_counts[1] += ids.numel()
+        # A dict attention mask is used as is (Qwen2Model.forward: "It may already have been
+        # prepared"): no [N, N] mask is built; the sequence bounds go to every attention call.
+        masks = {t: None for t in set(self._causal_lm(model).config.layer_types or ["full_attention"])}
+        out = body(input_ids=ids, attention_mask=masks, position_ids=pos, use_cache=False, cu_seq_lens_q=cu)
+        return unpack(out.last_hidden_state, mask)  # [B, P + R, H], zeros at padding
 
     def token_logprobs(self, role: str, batch: Batch, temperature: float = 1.0,
                        with_entropy: bool = False):
@@ -235,8 +256,15 @@ class PolicyModels:
             h = hidden[:, -R - 1:-1, :]                      # [B, R, H]
             labels = batch.input_ids[:, -R:]                  # [B, R]
             lm_head = self._causal_lm(model).lm_head.weight   # [V, H]
-            return chunked_token_logprobs(h, lm_head, labels, chunk_size=self.cfg.logprob_chunk,
-                                          temperature=temperature, with_entropy=with_entropy)
+            if not self.cfg.padding_free:
+                return chunked_token_logprobs(h, lm_head, labels, chunk_size=self.cfg.logprob_chunk,
+                                              temperature=temperature, with_entropy=with_entropy)
+            # The LM head on real response tokens only (with Qwen's 151,936-word vocabulary it
+            # is the costliest matmul of the pass); 0 at padding, as the padded path gives.
+            real = batch.response_mask.bool()                 # [B, R]
+            out = chunked_token_logprobs(h[real][None], lm_head, labels[real][None], chunk_size=self.cfg.logprob_chunk,
+                                         temperature=temperature, with_entropy=with_entropy)
+            return tuple(_scatter(t[0], real) for t in out) if with_entropy else _scatter(out[0], real)
 
     def values(self, batch: Batch) -> torch.Tensor:
         """V(s) before each response token: [B, R] (verl: values[:, -R-1:-1]).
@@ -245,6 +273,11 @@ class PolicyModels:
         hidden = self._hidden(self.critic_backbone, batch)
         R = batch.response_len
         return self.value_head(hidden[:, -R - 1:-1, :])
+
+    def row_tokens(self, batch: Batch) -> list[int] | None:
+        """Tokens each row costs in a pass when padding-free (its real ones); None when padded
+        (every row costs the batch width)."""
+        return batch.attention_mask.sum(-1).tolist() if self.cfg.padding_free else None
 
     def train(self, mode: bool = True) -> None:
         for m in (self.actor, self.critic_backbone, self.value_head):
@@ -289,6 +322,13 @@ class PolicyModels:
                 self.critic_backbone.load_state_dict(state["critic"])
         if not self.actor_only:
             self.value_head.load_state_dict(state["value_head"])
+
+
+def _scatter(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """values [n] at the True places of where [B, R]; 0 elsewhere (differentiable)."""
+    out = values.new_zeros(where.shape)
+    out[where] = values
+    return out
 
 
 def _nf4_config(device: torch.device):

@@ -26,7 +26,7 @@ CHANGEABLE = (
     "trainer.out_dir", "trainer.memory_budget_gib", "trainer.device",
     "data.test_path", "data.max_test_prompts",
     "actor.micro_batch_tokens", "actor.forward_micro_batch_tokens", "critic.micro_batch_tokens",
-    "model.gradient_checkpointing", "model.logprob_chunk",
+    "model.gradient_checkpointing", "model.logprob_chunk", "model.padding_free",
     "rollout.engine", "rollout.vllm.", "reward.timeout_s", "cost.",
     "data.val_files", "trainer.val_n", "task.verify_timeout_s", "sft.val_generate",
 )

@@ -20,6 +20,7 @@ only wires a Trajectory through them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -84,6 +85,7 @@ class Trainer:
         self.engine = make_engine(cfg.rollout.engine, model=self.models.actor, tokenizer=self.inputs.tokenizer,
                                   model_path=self.inputs.model_path, device=self.device, **self._vllm_settings())
         self.rollout_is = resolve_rollout_is(cfg.algorithm.rollout_is, self.engine.name)
+        self.one_pass_update = one_pass_update(cfg, self.engine.name, self.rollout_is)
         self._start_run(run_dir, resume, len(self.inputs.train_prompts), "prompts")
 
     def _open_run(self, cfg: Config, run_dir: Path, resume: bool, dashboard) -> None:
@@ -217,6 +219,7 @@ class Trainer:
         timings: dict[str, float] = {}
         t_step = time.perf_counter()
         self._phase_memory = {}
+        self._padding: dict[str, float] = {}  # perf/padding_ratio/<phase>, from _counting_tokens
         rows = self._prompt_rows(step)
 
         def timed(phase: Phase):
@@ -247,7 +250,7 @@ class Trainer:
         for phase, learner in ((Phase.ACTOR_UPDATE, self.learners["actor"]),
                                (Phase.CRITIC_UPDATE, self.learners.get("critic"))):
             if learner is not None:
-                with timed(phase):
+                with timed(phase), self._counting_tokens(phase):
                     learner_stats.update(learner.update(traj, samples_per_prompt=cfg.rollout.n, generator=g))
         if "kl/mean" in kl_metrics:
             self.kl_ctrl.update(kl_metrics["kl/mean"], cfg.trainer.train_batch_size)
@@ -257,6 +260,7 @@ class Trainer:
         metrics = self._step_metrics(traj, comps, kl_metrics, learner_stats, timings, diff)
         metrics.update(scored.metrics())  # reward/accuracy: the task's "solved" (tinyrl.tasks)
         metrics.update(self._batch_stats)
+        metrics.update(self._padding)
         # Which prompts this step consumed, compactly: a resumed run must show the same digests.
         metrics["data/rows_sha1"] = hashlib.sha1(json.dumps(rows).encode()).hexdigest()[:16]
         return metrics
@@ -274,12 +278,14 @@ class Trainer:
             batch = make_batch([c.prompt_ids for c in comps], [c.response_ids for c in comps],
                                self.inputs.pad_id).to(self.device)
             traj = Trajectory(batch=batch, group_ids=torch.tensor([c.prompt_index for c in comps], device=self.device))
-            with timed(Phase.FORWARD):
+            with timed(Phase.FORWARD), self._counting_tokens(Phase.FORWARD):
                 self._forward(traj)
-            traj.rollout_lp = engine_logprobs(comps, traj.old_lp)  # on old_lp's device already
+            traj.rollout_lp = engine_logprobs(comps, traj.mask)  # on the mask's device already
             # With top_p < 1 the engine's log-probs are renormalised over the nucleus, so they
-            # are not comparable with the trainer's full-vocabulary ones: no guard then.
-            if traj.rollout_lp is None or cfg.rollout.top_p < 1.0:
+            # are not comparable with the trainer's full-vocabulary ones: no guard then. Nor
+            # without old log-probs (one_pass_update: only with the hf engine, which samples from
+            # the trainer's own model object, so there is no weight sync that could go stale).
+            if traj.rollout_lp is None or cfg.rollout.top_p < 1.0 or traj.old_lp is None:
                 return comps, traj, None, rows, scored
             diff = float(probs_diff(traj.old_lp, traj.rollout_lp, traj.mask))
             if diff <= cfg.rollout.max_probs_diff:
@@ -349,8 +355,10 @@ class Trainer:
         self.models.train(False)
         temp = cfg.rollout.temperature
         with torch.no_grad():
-            with self.models.role("actor"):
-                traj.old_lp = self._forward_rows(lambda b: self.models.token_logprobs("actor", b, temp), traj.batch)
+            if not self.one_pass_update:  # else the actor learner uses its own log-probs, detached
+                with self.models.role("actor"):
+                    traj.old_lp = self._forward_rows(lambda b: self.models.token_logprobs("actor", b, temp),
+                                                     traj.batch)
             if cfg.algorithm.kl_in_reward or cfg.algorithm.use_kl_loss:
                 traj.ref_lp = self._forward_rows(lambda b: self.models.token_logprobs("reference", b, temp), traj.batch)
             if self.with_critic:
@@ -366,8 +374,10 @@ class Trainer:
             token_rewards, kl_mean = klmod.apply_kl_in_reward(token_rewards, traj.old_lp, traj.ref_lp, traj.mask,
                                                               self.kl_ctrl.value, alg.kl_penalty)
             kl_metrics["kl/mean"] = float(kl_mean)
-        elif traj.ref_lp is not None:
-            kl_metrics["kl/mean"] = float(masked_mean(klmod.kl_penalty(traj.old_lp, traj.ref_lp, "k1"), traj.mask))
+        elif traj.ref_lp is not None and (traj.old_lp is not None or traj.rollout_lp is not None):
+            # one_pass_update: the hf engine's log-probs are the same policy's (the parity guard's numbers)
+            policy_lp = traj.old_lp if traj.old_lp is not None else traj.rollout_lp
+            kl_metrics["kl/mean"] = float(masked_mean(klmod.kl_penalty(policy_lp, traj.ref_lp, "k1"), traj.mask))
         traj.advantages, traj.returns = adv.compute_advantages(
             alg.adv_estimator, token_rewards=token_rewards, scores=traj.scores, values=traj.values,
             group_ids=traj.group_ids, mask=traj.mask, gamma=alg.gamma, lam=alg.lam)
@@ -391,10 +401,21 @@ class Trainer:
                 parts.append(out[0] if isinstance(out, tuple) else out)
             return {}
 
-        self.budgets.run_accumulating(Phase.FORWARD, batch.input_ids.shape[0], seq_len, attempt)
+        self.budgets.run_accumulating(Phase.FORWARD, batch.input_ids.shape[0], seq_len, attempt,
+                                      self.models.row_tokens(batch))
         return torch.cat(parts, dim=0).float()
 
     # ------------------------------------------------------------------ metrics, samples
+
+    @contextlib.contextmanager
+    def _counting_tokens(self, phase: Phase):
+        """perf/padding_ratio/<phase>: tokens the model bodies computed in the phase / real
+        tokens among them (1.0 = no padding computed; model.padding_free)."""
+        before = list(self.models.token_counts)
+        yield
+        computed, real = (float(a - b) for a, b in zip(self.models.token_counts, before))
+        if real:
+            self._padding[f"perf/padding_ratio/{phase}"] = computed / real
 
     def _keep_sample(self, step: int, comps, texts, scores) -> None:
         k = min(self.cfg.trainer.log_samples, len(comps))
@@ -504,6 +525,20 @@ class Trainer:
         self.saves.last_saved = self.step
         self._restored(state)
         self._notice(f"resumed from step {self.step}")
+
+
+def one_pass_update(cfg: Config, engine_name: str, rollout_is: str) -> bool:
+    """True when the separate old-log-prob forward can be skipped: the actor takes ONE optimizer
+    step over the whole batch (one epoch, one mini-batch), so its parameters when it computes
+    the loss are those that would have computed the old log-probs, and old = current detached
+    (the ratio is exactly 1 with the gradient of log pi; TRL does the same with num_iterations=1).
+    Not when something needs old log-probs before the update: a KL in the reward, rollout
+    importance sampling, or the parity guard of an engine that holds its own copy of the weights
+    (vLLM). The hf engine samples from the trainer's model object: nothing to guard.
+    Dropout would make the two differ (train vs eval mode): the tiny and Qwen2 models have none."""
+    mini = cfg.actor.ppo_mini_batch_size
+    return (cfg.actor.ppo_epochs == 1 and mini in (0, cfg.trainer.train_batch_size)
+            and not cfg.algorithm.kl_in_reward and rollout_is == "off" and engine_name == "hf")
 
 
 def resolve_rollout_is(setting: str, engine_name: str) -> str:

@@ -114,6 +114,7 @@ def _model(cfg, ctx, m, o):
 
         o[f"{AR}.model.custom_chat_template"] = read_chat_template(custom)
     o[f"{AR}.model.enable_gradient_checkpointing"] = g("model.gradient_checkpointing")
+    o[f"{AR}.model.use_remove_padding"] = g("model.padding_free")  # verl's packed (unpadded) passes
     lora = g("model.finetune") == "lora"
     if not lora:  # tinyrl ignores the LoRA settings of a full fine-tune, and so does verl at rank 0
         for dotted in ("model.lora_rank", "model.lora_alpha", "model.lora_targets", "model.lora_dropout"):
@@ -281,6 +282,7 @@ def _critic(cfg, ctx, m, o):
         return
     o["critic.model.path"] = ctx.critic_model_path or ctx.model_path
     o["critic.model.enable_gradient_checkpointing"] = cfg.model.gradient_checkpointing
+    o["critic.model.use_remove_padding"] = cfg.model.padding_free
     _learner(cfg, m, o, "critic", "critic")
     o["critic.cliprange_value"] = m.get(cfg, "critic.cliprange_value")
 

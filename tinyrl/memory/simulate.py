@@ -200,7 +200,11 @@ def model_config(step: Step):
     return ModelConfig(name="", finetune=step.finetune, lora_rank=step.lora_rank,
                        lora_alpha=2 * step.lora_rank, lora_dropout=0.0, lora_targets=list(step.lora_targets),
                        dtype=step.dtype, gradient_checkpointing=step.gradient_checkpointing,
-                       logprob_chunk=step.logprob_chunk)
+                       logprob_chunk=step.logprob_chunk,
+                       # Packing reads real lengths (data-dependent: fake tensors cannot). The padded
+                       # layout of a budget-sized micro-batch computes the budget's tokens, as the
+                       # packed one does at most, so its peaks stand for both.
+                       padding_free=False)
 
 
 def build_models(spec: dict, step: Step, layers: int | None = None, device: str = "meta"):
