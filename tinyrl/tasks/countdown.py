@@ -48,10 +48,30 @@ def extract_answer(completion: str, task_cfg: Any = None) -> str | None:
 
 
 def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: str = "base",
-             progress: bool = True) -> tuple[Path, Path]:
+             progress: bool = True, **options) -> tuple[Path, Path]:
+    """`options`: operands, max_number (the easier settings, see `_generate_options`)."""
     from tinyrl.data.countdown import generate_countdown
 
-    return generate_countdown(out_dir, train_size, test_size, seed=seed, template=template, progress=progress)
+    return generate_countdown(out_dir, train_size, test_size, seed=seed, template=template, progress=progress,
+                              **options)
+
+
+def _generate_options(t: Any) -> dict:
+    return {"operands": tuple(t.operands), "max_number": t.max_number}
+
+
+def _config_problems(t: Any) -> list[str]:
+    from tinyrl.data.countdown import option_problems
+
+    return option_problems(t.operands, t.max_number)
+
+
+def _operand_counts(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise TinyRLError(f"--operands {text!r} is not a comma-separated list of integers",
+                          hint="e.g. --operands 3,4 (TinyZero) or --operands 2,3") from e
 
 
 def data_command(
@@ -60,6 +80,8 @@ def data_command(
     test_size: int = typer.Option(1_024, help="Test tasks (TinyZero: 1,024)."),
     seed: int = typer.Option(0, help="Random seed; the same seed gives the same files."),
     template: str = typer.Option("base", help="Prompt template: base | qwen-instruct."),
+    operands: str = typer.Option("3,4", help="Numbers per task, one count drawn per task (TinyZero: 3,4)."),
+    max_number: int = typer.Option(100, help="Largest number in a task (TinyZero: 100)."),
 ) -> None:
     """Write Countdown tasks in TinyZero's parquet schema (every task solvable)."""
     from rich.console import Console
@@ -70,7 +92,8 @@ def data_command(
         raise TinyRLError(f"--train-size and --test-size must be between 1 and {MAX_ROWS:,} "
                           f"(got {train_size:,} and {test_size:,})",
                           hint="TinyZero uses --train-size 327680 --test-size 1024")
-    train, test = generate(out_dir, train_size, test_size, seed=seed, template=template)
+    train, test = generate(out_dir, train_size, test_size, seed=seed, template=template,
+                           operands=_operand_counts(operands), max_number=max_number)
     Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
 
 
@@ -91,4 +114,6 @@ TASK = Task(
     data_hint="`tinyrl data countdown --out DIR`",
     task_line=_task_line,
     answer_patterns=(r"<answer>.*?</answer>",),
+    config_problems=_config_problems,
+    generate_options=_generate_options,
 )
