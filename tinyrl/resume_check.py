@@ -28,7 +28,7 @@ CHANGEABLE = (
     "actor.micro_batch_tokens", "actor.forward_micro_batch_tokens", "critic.micro_batch_tokens",
     "model.gradient_checkpointing", "model.logprob_chunk",
     "rollout.engine", "rollout.vllm.", "reward.timeout_s", "cost.",
-    "data.val_files", "trainer.val_n", "task.verify_timeout_s",
+    "data.val_files", "trainer.val_n", "task.verify_timeout_s", "trainer.val_before_train",
 )
 
 

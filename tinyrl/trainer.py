@@ -60,6 +60,7 @@ class Trainer:
         self._phase_memory: dict[str, int] = {}  # memory in use as each phase began, this step
         self._last_sample: dict | None = None       # shown by the dashboard after each step
         self.stopped_by: int | None = None          # the signal that stopped train() early, if any
+        self.val_before: dict | None = None         # trainer.val_before_train's metrics (step 0)
         if resume:  # before anything heavy: a setting that cannot change fails in a second
             from tinyrl.resume_check import check_resume
 
@@ -155,13 +156,17 @@ class Trainer:
             self._notice(f"rollout engine {self.engine.name}: this platform has no sleep mode, so the "
                          "engine stays awake (and keeps its memory) during training")
         history = []
+        test_every = self.cfg.trainer.test_every
+        if test_every and self.cfg.trainer.val_before_train and self.step == 0 and total > 0:
+            self.val_before = self._validate_before_train()
         with interrupts.training() as stops:  # SIGINT/SIGTERM: stop cleanly with a checkpoint
             while self.step < total:
                 with stops.step(self):  # a signal before the step's first update abandons it
                     metrics = self.train_step()
                 if stops.abandoned:
                     break
-                if self.cfg.trainer.test_every and self.step % self.cfg.trainer.test_every == 0:
+                # the last step validates too: "after training" is always measured
+                if test_every and (self.step % test_every == 0 or self.step == total):
                     metrics.update(self.validate())
                 self.run.metrics(metrics)
                 for sink in self.sinks:
@@ -181,6 +186,17 @@ class Trainer:
         for sink in self.sinks:
             sink.close()
         return history
+
+    def _validate_before_train(self) -> dict:
+        """trainer.val_before_train (verl's key): the starting model on the same test prompts,
+        logged as step 0 (not a training step: train() does not return it), so a run's accuracy
+        before and after training compare directly."""
+        metrics = {"step": 0, **self.validate()}
+        self.run.metrics(metrics)
+        for sink in self.sinks:
+            sink.log(metrics, 0)
+        self._notice(f"before training: val/score {metrics['val/score']:.4f} on {len(self.inputs.test_prompts)} "
+                     "test prompts (greedy)")
 
     def _prompt_rows(self, step: int) -> list[int]:
         """Row indices of a global step: a seeded permutation per epoch, so resume replays it."""
