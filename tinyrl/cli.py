@@ -134,7 +134,33 @@ def train(
 
     Writes RUN_DIR/config.json, metrics.jsonl (+ .parquet), samples.jsonl, timeline.jsonl and
     checkpoints/. Kill it any time; --resume continues at the same step with the same data.
+    Start from an SFT run with --set model.init_from=RUN_DIR (it is the reference too).
     """
+    _run_command("train", preset, overrides, out_dir, max_steps, resume, no_dashboard)
+
+
+@app.command()
+def sft(
+    preset: str = PresetOpt,
+    overrides: Optional[list[str]] = SetOpt,
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Run directory (default: runs/PRESET)."),
+    max_steps: Optional[int] = typer.Option(None, help="Stop at this global step (a resumed run counts on)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint in the run directory."),
+    no_dashboard: bool = typer.Option(False, "--no-dashboard", help="Plain lines instead of the live dashboard."),
+) -> None:
+    """Supervised fine-tuning on parquet in verl's SFT formats: prompt/response columns, or
+    multi-turn `messages` (loss on assistant turns only, `tools` handed to the chat template).
+
+    The same loop, checkpoints, --resume, dashboard, metrics and `tinyrl report` as `train`
+    (train/val loss, every trainer.test_every steps on data.test_path). Then RL from it:
+    `tinyrl train --preset P --set model.init_from=RUN_DIR`; `tinyrl export RUN_DIR` merges it.
+    """
+    _run_command("sft", preset, overrides, out_dir, max_steps, resume, no_dashboard)
+
+
+def _run_command(command: str, preset: str, overrides: Optional[list[str]], out_dir: Optional[Path],
+                 max_steps: Optional[int], resume: bool, no_dashboard: bool) -> None:
+    """`train` and `sft`: the same checks, loop and endings; only the trainer differs."""
     from tinyrl import interrupts
     from tinyrl.config import load_config
     from tinyrl.setup import check_train_path
@@ -149,9 +175,9 @@ def train(
     if max_steps is not None and max_steps < 1:
         raise TinyRLError(f"--max-steps {max_steps} must be at least 1", hint="e.g. --max-steps 3")
     check_train_path(cfg)  # a mistyped data path fails here, before anything is loaded or written
-    resume_cmd = _resume_command(preset, overrides, run_dir, max_steps)
+    resume_cmd = _resume_command(preset, overrides, run_dir, max_steps, command)
     try:
-        _train(cfg, run_dir, resume, max_steps, no_dashboard, resume_cmd)
+        _train(cfg, run_dir, resume, max_steps, no_dashboard, resume_cmd, command)
     except interrupts.Interrupted as exc:
         again = resume_cmd if (run_dir / "config.json").exists() else "the same command"
         err.print(f"stopped by {interrupts.SIGNAL_NAMES.get(exc.signum, exc.signum)} before training began; "
@@ -159,17 +185,19 @@ def train(
         sys.exit(interrupts.exit_code(exc.signum))
 
 
-def _resume_command(preset: str, overrides: Optional[list[str]], run_dir: Path, max_steps: Optional[int]) -> str:
+def _resume_command(preset: str, overrides: Optional[list[str]], run_dir: Path, max_steps: Optional[int],
+                    command: str = "train") -> str:
     import shlex
 
-    args = ["tinyrl", "train", "--preset", preset, "--out", str(run_dir), "--resume"]
+    args = ["tinyrl", command, "--preset", preset, "--out", str(run_dir), "--resume"]
     args += ["--max-steps", str(max_steps)] if max_steps else []
     for item in overrides or []:
         args += ["--set", item]
     return shlex.join(args)
 
 
-def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashboard: bool, resume_cmd: str) -> None:
+def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashboard: bool, resume_cmd: str,
+           command: str = "train") -> None:
     from tinyrl import interrupts
     from tinyrl.dashboard import Dashboard
 
@@ -181,11 +209,19 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
     from tinyrl.preflight import preflight
 
     with err.status("checking the card, the disk and the memory plan ..."):
-        notes = preflight(cfg, run_dir)  # fills 0 settings from the plan before config.json is written
-    with err.status(f"preparing {cfg.preset}: model {cfg.model.name}, data, reward, rollout engine ..."):
-        trainer = Trainer(cfg, run_dir, resume=resume)
-    info = {"preset": cfg.preset, "model": cfg.model.name, "algorithm": cfg.algorithm.adv_estimator,
-            "engine": trainer.engine.name, "run_dir": str(run_dir), "device": trainer.device.type,
+        notes = preflight(cfg, run_dir, memory_plan=command != "sft")  # fills 0 settings from the plan before config.json is written
+    if command == "sft":
+        from tinyrl.sft.trainer import SFTTrainer
+
+        with err.status(f"preparing {cfg.preset}: model {cfg.model.name}, SFT data ..."):
+            trainer = SFTTrainer(cfg, run_dir, resume=resume)
+        algorithm, engine = "sft", "none"
+    else:
+        with err.status(f"preparing {cfg.preset}: model {cfg.model.name}, data, reward, rollout engine ..."):
+            trainer = Trainer(cfg, run_dir, resume=resume)
+        algorithm, engine = cfg.algorithm.adv_estimator, trainer.engine.name
+    info = {"preset": cfg.preset, "model": cfg.model.name, "algorithm": algorithm,
+            "engine": engine, "run_dir": str(run_dir), "device": trainer.device.type,
             "total_steps": trainer.total_steps(max_steps), "steps_per_epoch": trainer.steps_per_epoch}
     with Dashboard(info, mode="plain" if no_dashboard else "auto") as dash:
         trainer.dash = dash

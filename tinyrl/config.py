@@ -35,6 +35,12 @@ class ModelConfig:
     quantize: str = "none"                # none | nf4 (QLoRA base, CUDA + bitsandbytes only)
     gradient_checkpointing: bool = True
     logprob_chunk: int = 1024             # tokens per lm_head chunk when computing log-probs
+    # Start from a run's latest weights (a `tinyrl sft` run, usually): its actor merged into the
+    # base, written to RUN_DIR/init_model once; that model is the new run's base AND reference.
+    init_from: str = ""
+    # A Jinja chat template (the text, or a path to a file holding it) used instead of the
+    # tokenizer's own (verl: model.custom_chat_template): base models often have none.
+    custom_chat_template: str = ""
 
 
 @dataclass
@@ -178,6 +184,23 @@ class TrainerConfig:
 
 
 @dataclass
+class SFTConfig:
+    """`tinyrl sft`: the columns of its parquet files (verl's SFT formats) and their length.
+    The rest comes from the usual sections: data.train_path / data.test_path (the validation
+    loss), actor.* (lr, warmup, clip, micro-batch budget), trainer.* (batch = rows per step)."""
+
+    format: str = "auto"                  # auto (by the columns) | single (prompt/response) | multiturn (messages)
+    prompt_key: str = "prompt"            # verl data.prompt_key: text, or [{'role', 'content'}] as RL data
+    response_key: str = "response"        # verl data.response_key: the target completion (text)
+    messages_key: str = "messages"        # verl data.multiturn.messages_key: the whole conversation
+    tools_key: str = "tools"              # verl data.multiturn.tools_key: handed to the chat template if present
+    max_length: int = 1024                # tokens of prompt + response (or a conversation); longer rows are an error
+    # Validation also generates greedily from data.test_path's prompts and scores them with the
+    # task's reward (val/score, as `tinyrl train`): needs RL columns there (prompt, reward_model).
+    val_generate: bool = False
+
+
+@dataclass
 class CostConfig:
     gpu: str = "rtx4090"
     price_per_hour: float = 0.0           # the user's price; 0 = unknown
@@ -197,6 +220,7 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
     cost: CostConfig = field(default_factory=CostConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -388,6 +412,7 @@ CHOICES = {
     "critic.loss_agg_mode": LOSS_AGG_MODES,
     "algorithm.rollout_is": ("auto", "off", "token", "sequence"),
     "trainer.device": ("auto", "cpu", "cuda"),
+    "sft.format": ("auto", "single", "multiturn"),
 }
 
 
@@ -411,7 +436,7 @@ def problems_of(cfg: Config) -> list[str]:
     for dotted in ("algorithm.max_gen_rounds", "trainer.train_batch_size", "rollout.n", "rollout.max_response_length", "data.max_prompt_length", "actor.ppo_epochs",
                    "critic.ppo_epochs",
                    "trainer.total_epochs", "model.lora_rank", "model.logprob_chunk", "trainer.keep_last",
-                   "data.max_test_prompts"):
+                   "data.max_test_prompts", "sft.max_length"):
         if get_setting(cfg, dotted) < 1:
             out.append(f"{dotted} = {get_setting(cfg, dotted)} must be at least 1")
     out += _number_problems(cfg)
@@ -450,6 +475,7 @@ def problems_of(cfg: Config) -> list[str]:
         out.append("model.quantize = nf4 freezes a 4-bit base; it needs model.finetune = lora")
     out += _length_problems(cfg)
     out += _data_problems(cfg)
+    out += _init_from_problems(cfg)
     out += _reward_problems(cfg)
     from tinyrl.tasks import task_problems  # local: the task modules import their own libraries lazily
 
@@ -483,10 +509,14 @@ def _number_problems(cfg: Config) -> list[str]:
 def _length_problems(cfg: Config) -> list[str]:
     limit = _max_positions(cfg.model.name)
     total = cfg.data.max_prompt_length + cfg.rollout.max_response_length
+    out = []
     if limit is not None and total > limit:
-        return [f"data.max_prompt_length + rollout.max_response_length = {total} tokens is longer than "
-                f"{cfg.model.name} allows ({limit}); lower rollout.max_response_length"]
-    return []
+        out.append(f"data.max_prompt_length + rollout.max_response_length = {total} tokens is longer than "
+                   f"{cfg.model.name} allows ({limit}); lower rollout.max_response_length")
+    if limit is not None and cfg.sft.max_length > limit:
+        out.append(f"sft.max_length = {cfg.sft.max_length} tokens is longer than {cfg.model.name} allows ({limit}); "
+                   f"set sft.max_length={limit} or less")
+    return out
 
 
 def _max_positions(name: str) -> int | None:
@@ -517,6 +547,15 @@ def _data_problems(cfg: Config) -> list[str]:
         elif cfg.trainer.test_every and not resolve_path(path).exists():
             out.append(f"data.val_files: {name} = {path} does not exist")
     return out  # a missing data.train_path is generated (when the task can) on first use
+
+
+def _init_from_problems(cfg: Config) -> list[str]:
+    """model.init_from: a run directory with a checkpoint, made on the same base model."""
+    if not cfg.model.init_from:
+        return []
+    from tinyrl.init_from import source_problems  # local: keeps `tinyrl --help` fast
+
+    return source_problems(cfg)
 
 
 def _reward_problems(cfg: Config) -> list[str]:

@@ -112,6 +112,8 @@ def task_of(prompt: str) -> str:
 def plain_line(m: dict, total_steps: Any, val: Any, critic: bool) -> str:
     """One stable, greppable line per step (same fields in the same order every step)."""
     kind = m.get("memory/kind")
+    if "sft/loss" in m:
+        return sft_line(m, total_steps, val)
     parts = [
         f"step {fmt(m.get('step'))}/{fmt(total_steps)}",
         f"epoch {fmt(m.get('epoch'))}",
@@ -134,6 +136,19 @@ def plain_line(m: dict, total_steps: Any, val: Any, critic: bool) -> str:
     return " | ".join(parts)
 
 
+def sft_line(m: dict, total_steps: Any, val_loss: Any) -> str:
+    """`tinyrl sft`'s line: losses instead of rewards, no rollout."""
+    kind = m.get("memory/kind")
+    return " | ".join([
+        f"step {fmt(m.get('step'))}/{fmt(total_steps)}", f"epoch {fmt(m.get('epoch'))}",
+        f"loss {fmt(m.get('sft/loss'), '.4f')}", f"val loss {fmt(val_loss, '.4f')}",
+        f"val score {fmt(m.get('val/score'), '.3f')}",
+        f"lr {fmt(m.get('sft/lr'), '.2e')}", f"grad_norm {fmt(m.get('sft/grad_norm'))}",
+        f"{fmt(m.get('timing/step'), '.2f')}s", f"{fmt(m.get('perf/tokens_per_s'), ',.0f')} tok/s",
+        f"{memory_label(kind)} {fmt_gib(m.get('memory/used_bytes'))}/{fmt_gib(m.get('memory/total_bytes'))} GiB",
+    ])
+
+
 class Dashboard:
     """Live Rich view (terminal) or plain lines (pipes, CI); the trainer's only output channel.
 
@@ -153,7 +168,7 @@ class Dashboard:
         self.mode = mode
         algo = str(self.info.get("algorithm", "")).lower()
         # Estimators that train no value model never report critic/* keys.
-        self._critic_expected = needs_critic(algo) if algo in ADV_ESTIMATORS else True
+        self._critic_expected = needs_critic(algo) if algo in ADV_ESTIMATORS else algo != "sft"
         self._lock = threading.Lock()
         self._start = _clock()
         self._metrics: dict = {}
@@ -194,11 +209,13 @@ class Dashboard:
             step = metrics.get("step")
             if metrics.get("val/score") is not None:
                 self._val = (metrics["val/score"], step)
+            if metrics.get("val/loss") is not None:  # `tinyrl sft`
+                self._val = (metrics["val/loss"], step)
             if metrics.get("training/rollout_probs_diff") is not None:
                 self._probs_diff = (metrics["training/rollout_probs_diff"], step)
             if any(k.startswith("critic/") for k in metrics):
                 self._critic_expected = True
-            self._rewards.append(metrics.get("reward/mean"))
+            self._rewards.append(metrics.get("reward/mean", metrics.get("sft/loss")))
             # The trainer's own step time excludes dashboard and logging; wall time is the fallback.
             took = metrics.get("timing/step")
             if not isinstance(took, (int, float)) or not math.isfinite(took):
@@ -254,7 +271,9 @@ class Dashboard:
         top = Table.grid(expand=True, padding=(0, 1))
         for _ in range(3):
             top.add_column(ratio=1)
-        top.add_row(self._reward_panel(snap, width), self._policy_panel(snap), self._memory_panel(snap))
+        sft = "sft/loss" in snap["m"]
+        top.add_row(self._sft_panel(snap, width) if sft else self._reward_panel(snap, width),
+                    self._sft_optimizer_panel(snap) if sft else self._policy_panel(snap), self._memory_panel(snap))
         bottom = Table.grid(expand=True, padding=(0, 1))
         bottom.add_column(ratio=2)
         bottom.add_column(ratio=1)
@@ -298,6 +317,21 @@ class Dashboard:
         ])
         spark = Text(sparkline(snap["rewards"], max(8, width // 3 - 6)), style=reward_style(mean))
         return Panel(Group(rows, spark), title="reward", border_style="green")
+
+    def _sft_panel(self, snap: dict, width: int) -> Panel:
+        m, (val, val_step) = snap["m"], snap["val"]
+        rows = self._kv([("loss", fmt(m.get("sft/loss"), ".4f")),
+                         ("val loss", fmt(val, ".4f") + (f" @{val_step}" if val_step is not None else "")),
+                         ("val score", fmt(m.get("val/score"), ".3f")),
+                         ("tokens", fmt(m.get("sft/loss_tokens"), ",.0f"))])
+        spark = Text(sparkline(snap["rewards"], max(8, width // 3 - 6)), style="green")  # the losses
+        return Panel(Group(rows, spark), title="sft loss", border_style="green")
+
+    def _sft_optimizer_panel(self, snap: dict) -> Panel:
+        m = snap["m"]
+        return Panel(self._kv([("lr", fmt(m.get("sft/lr"), ".2e")), ("grad_norm", fmt(m.get("sft/grad_norm"))),
+                               ("skipped", fmt(m.get("sft/skipped_steps"), ".0f"))]),
+                     title="optimizer", border_style="magenta")
 
     def _policy_panel(self, snap: dict) -> Panel:
         m, (diff, diff_step) = snap["m"], snap["probs_diff"]
@@ -347,7 +381,8 @@ class Dashboard:
     def _critic_panel(self, snap: dict) -> Panel:
         m = snap["m"]
         if not snap["critic"]:
-            return Panel(Text("no critic: this algorithm uses\ngroup baselines", style="dim"),
+            why = "supervised fine-tuning" if "sft/loss" in m else "this algorithm uses\ngroup baselines"
+            return Panel(Text(f"no critic: {why}", style="dim"),
                          title="critic", border_style="grey50")
         return Panel(self._kv([
             ("vf_loss", fmt(m.get("critic/vf_loss"))),

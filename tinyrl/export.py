@@ -1,8 +1,10 @@
-"""`tinyrl export`: a run's latest actor as a plain Hugging Face model directory.
+"""`tinyrl export`: a run's latest actor (`tinyrl train` or `tinyrl sft`) as a plain Hugging Face
+model directory.
 
 LoRA runs: base + the "actor" adapter merged into the weights (merge_and_unload), so the result
 loads with AutoModelForCausalLM alone, no peft needed. Full runs: the trained actor weights.
-The tokenizer is saved beside it.
+The tokenizer is saved beside it (with model.custom_chat_template when the run set one). A run
+started with model.init_from is merged into its own starting model (tinyrl.init_from).
 """
 
 from __future__ import annotations
@@ -33,22 +35,24 @@ def check_out_dir(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
                                "files over what is there")
 
 
-def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False) -> Path:
+def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, base_dtype: bool = False) -> Path:
+    """base_dtype: save in the base model's own dtype (bf16 for most checkpoints; the merge is
+    still computed in fp32), half the disk of fp32. model.init_from's starting model uses it."""
     from transformers import AutoModelForCausalLM
 
+    from tinyrl.init_from import base_of_run
     from tinyrl.setup import load_tokenizer
-    from tinyrl.tiny_model import resolve_model_path
 
     config_path = run_dir / "config.json"
     if not config_path.exists():
         raise TinyRLError(f"{run_dir} is not a run directory (no config.json)",
-                          hint="pass the --out directory of a `tinyrl train` run")
+                          hint="pass the --out directory of a `tinyrl train` or `tinyrl sft` run")
     check_out_dir(run_dir, out_dir, overwrite)
     cfg = config_from_dict(json.loads(config_path.read_text()))
     state = ckpt.load_latest(run_dir / "checkpoints")
     if state is None:
         raise TinyRLError(f"{run_dir} has no checkpoint yet", hint="train at least until the first save")
-    model_path = resolve_model_path(cfg.model.name)
+    model_path = base_of_run(cfg, run_dir)  # model.init_from: the run's own starting model
     base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     actor_state = state["models"]["actor"]
     if cfg.model.finetune == "lora":
@@ -62,9 +66,14 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False) -> Path:
     else:
         base.load_state_dict(actor_state)
         merged = base
+    if base_dtype:
+        from transformers import AutoConfig
+
+        dtype = getattr(AutoConfig.from_pretrained(model_path), "dtype", None) or torch.float32
+        merged = merged.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
     out_dir.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(out_dir)
-    load_tokenizer(model_path).save_pretrained(out_dir)
+    load_tokenizer(model_path, cfg.model.custom_chat_template).save_pretrained(out_dir)
     (out_dir / "tinyrl_export.json").write_text(json.dumps({"run_dir": str(run_dir), "step": state["step"],
                                                             "base": cfg.model.name}, indent=2))
     return out_dir

@@ -91,7 +91,8 @@ class ValueHead(nn.Module):
 class PolicyModels:
     """The three roles on one device. Methods take a Batch and return response-aligned tensors."""
 
-    def __init__(self, cfg: ModelConfig, model_path: str, device: torch.device):
+    def __init__(self, cfg: ModelConfig, model_path: str, device: torch.device, actor_only: bool = False):
+        """actor_only (`tinyrl sft`): no critic, no value head, no reference copy."""
         from transformers import AutoModelForCausalLM
 
         dtype = pick_dtype(cfg.dtype, device)
@@ -107,8 +108,9 @@ class PolicyModels:
                                   hint="check model.name (an HF id, a local directory, or tinyrl/tiny-qwen2)") from exc
             return model if cfg.quantize == "nf4" else model.to(device)
 
-        full = cfg.finetune != "lora"
-        self._setup(cfg, device, dtype, load(), load() if full else None, load() if full else None)
+        copies = cfg.finetune != "lora" and not actor_only
+        self._setup(cfg, device, dtype, load(), load() if copies else None, load() if copies else None,
+                    actor_only=actor_only)
 
     @classmethod
     def from_modules(cls, cfg: ModelConfig, base: nn.Module, device: torch.device,
@@ -120,16 +122,19 @@ class PolicyModels:
         return self
 
     def _setup(self, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, base: nn.Module,
-               critic_base: nn.Module | None, reference: nn.Module | None) -> None:
+               critic_base: nn.Module | None, reference: nn.Module | None, actor_only: bool = False) -> None:
         self.cfg = cfg
         self.device = device
         self.dtype = dtype
         self.lora = cfg.finetune == "lora"
+        self.actor_only = actor_only
         self._role = "actor"
         if self.lora:
             self.actor = self._with_adapters(base)
-            self.critic_backbone = self.actor
+            self.critic_backbone = None if actor_only else self.actor
             self.reference = None
+        elif actor_only:
+            self.actor, self.critic_backbone, self.reference = base, None, None
         else:
             self.actor = base
             self.critic_backbone = critic_base
@@ -140,9 +145,10 @@ class PolicyModels:
             head = self._causal_lm(critic_base).lm_head.weight
             if head is not self._causal_lm(critic_base).model.get_input_embeddings().weight:
                 head.requires_grad_(False)
-        self.value_head = ValueHead(base.config.hidden_size).to(device)
+        self.value_head = None if actor_only else ValueHead(base.config.hidden_size).to(device)
         if cfg.gradient_checkpointing:
-            for m in {id(self.actor): self.actor, id(self.critic_backbone): self.critic_backbone}.values():
+            backbones = [m for m in (self.actor, self.critic_backbone) if m is not None]
+            for m in {id(m): m for m in backbones}.values():
                 m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
                 m.config.use_cache = False
 
@@ -152,7 +158,8 @@ class PolicyModels:
         lora = LoraConfig(r=self.cfg.lora_rank, lora_alpha=self.cfg.lora_alpha, lora_dropout=self.cfg.lora_dropout,
                           target_modules=list(self.cfg.lora_targets), task_type="CAUSAL_LM")
         model = get_peft_model(base, lora, adapter_name="actor")
-        model.add_adapter("critic", lora)
+        if not self.actor_only:
+            model.add_adapter("critic", lora)
         model.set_adapter("actor")
         return model
 
@@ -239,38 +246,47 @@ class PolicyModels:
 
     def train(self, mode: bool = True) -> None:
         for m in (self.actor, self.critic_backbone, self.value_head):
-            m.train(mode)
+            if m is not None:
+                m.train(mode)
 
     def base_weight_storages(self) -> set[int]:
         """Data pointers of every base (non-adapter) weight: the test that LoRA keeps one copy."""
-        models = [self.actor, self.critic_backbone] + ([self.reference] if self.reference is not None else [])
+        models = [m for m in (self.actor, self.critic_backbone, self.reference) if m is not None]
         return {p.data_ptr() for m in models for n, p in m.named_parameters() if "lora_" not in n}
 
     # ----------------------------------------------------------------- state
 
     def trainable_state(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Only what training changes: adapters (or full weights) + value head."""
+        """Only what training changes: adapters (or full weights) + value head (actor only: the
+        actor's)."""
         if self.lora:
             from peft import get_peft_model_state_dict
 
-            state = {"actor": get_peft_model_state_dict(self.actor, adapter_name="actor"),
-                     "critic": get_peft_model_state_dict(self.actor, adapter_name="critic")}
+            state = {"actor": get_peft_model_state_dict(self.actor, adapter_name="actor")}
+            if not self.actor_only:
+                state["critic"] = get_peft_model_state_dict(self.actor, adapter_name="critic")
         else:
-            state = {"actor": self.actor.state_dict(), "critic": self.critic_backbone.state_dict()}
-        state["value_head"] = self.value_head.state_dict()
+            state = {"actor": self.actor.state_dict()}
+            if not self.actor_only:
+                state["critic"] = self.critic_backbone.state_dict()
+        if not self.actor_only:
+            state["value_head"] = self.value_head.state_dict()
         return state
 
     def load_trainable_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        roles = ("actor",) if self.actor_only else ("actor", "critic")
         if self.lora:
             from peft import set_peft_model_state_dict
 
-            for name in ("actor", "critic"):
+            for name in roles:
                 set_peft_model_state_dict(self.actor, state[name], adapter_name=name)
             self.actor.set_adapter(self._role)
         else:
             self.actor.load_state_dict(state["actor"])
-            self.critic_backbone.load_state_dict(state["critic"])
-        self.value_head.load_state_dict(state["value_head"])
+            if not self.actor_only:
+                self.critic_backbone.load_state_dict(state["critic"])
+        if not self.actor_only:
+            self.value_head.load_state_dict(state["value_head"])
 
 
 def _nf4_config(device: torch.device):

@@ -187,6 +187,16 @@ def _plot_val(ax, recs: list[dict]) -> None:
     ax.legend(loc="upper left")
 
 
+def _plot_sft_loss(ax, recs: list[dict]) -> None:
+    xs, loss = series(recs, "sft/loss")
+    ax.plot(xs, loss, color="tab:blue", marker=_marker(xs), markersize=3, label="training loss (batch)")
+    vx, val = series(recs, "val/loss")
+    if vx:
+        ax.plot(vx, val, color="tab:orange", marker="o", label="validation loss")
+    ax.set(title="SFT loss", xlabel="step", ylabel="token-mean NLL (nats)")
+    ax.legend(loc="upper right")
+
+
 # name -> (metric keys, any one of which makes the plot worth drawing; how to draw it)
 PLOTS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "reward.png": (("reward/mean",), _plot_reward),
@@ -195,7 +205,11 @@ PLOTS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "memory.png": (("memory/used_bytes", "memory/peak_bytes"), _plot_memory),
     "timings.png": (tuple(f"timing/{p}" for p in PHASES), _plot_timings),
     "val_score.png": (("val/score",), _plot_val),
+    "sft_loss.png": (("sft/loss",), _plot_sft_loss),
 }
+# Plots of one kind of run only: not listed as skipped for the other kind (`tinyrl sft` or `train`).
+SFT_ONLY = {"sft_loss.png"}
+RL_ONLY = {"reward.png", "kl.png", "response_length.png", "val_score.png"}
 
 
 def _plot_timeline(ax, points: list[dict]) -> None:
@@ -253,14 +267,20 @@ def summarize(recs: list[dict], config: dict | None) -> list[str]:
     steps = [r["step"] for r in recs]
     lines.append(f"steps: {len(recs)} recorded, step {steps[0]:g} to {steps[-1]:g}")
     xs, rw = series(recs, "reward/mean")
-    if rw:
+    sx, sl = series(recs, "sft/loss")
+    if sl:  # `tinyrl sft`: losses, not rewards
+        vx, vl = series(recs, "val/loss")
+        lines.append(f"sft/loss: first {sl[0]:.4f} (step {sx[0]:g}), last {sl[-1]:.4f} (step {sx[-1]:g})")
+        lines.append(f"final val loss: {vl[-1]:.4f} (step {vx[-1]:g})" if vl else "final val loss: none")
+    elif rw:
         best = max(range(len(rw)), key=rw.__getitem__)
         lines.append(f"reward/mean: first {rw[0]:.4f} (step {xs[0]:g}), last {rw[-1]:.4f} (step {xs[-1]:g}), "
                      f"best {rw[best]:.4f} (step {xs[best]:g})")
     else:
         lines.append("reward/mean: not recorded")
     vx, val = series(recs, "val/score")
-    lines.append(f"final val score: {val[-1]:.4f} (step {vx[-1]:g})" if val else "final val score: none (no validation steps)")
+    if not sl:
+        lines.append(f"final val score: {val[-1]:.4f} (step {vx[-1]:g})" if val else "final val score: none (no validation steps)")
     change = accuracy_change(recs)
     if change:
         lines.append(change)
@@ -299,8 +319,11 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
     out.mkdir(parents=True, exist_ok=True)
 
     written, skipped = [], []
+    other_kind = RL_ONLY if series(recs, "sft/loss")[0] else SFT_ONLY
     for name, (keys, draw) in PLOTS.items():
         if not any(series(recs, k)[0] for k in keys):
+            if name in other_kind:
+                continue
             skipped.append(f"{name} (no {' / '.join(keys[:2])}{' ...' if len(keys) > 2 else ''} in metrics.jsonl)")
             continue
         _save(Figure, matplotlib, draw, recs, out / name, wide=name == "timings.png")

@@ -82,9 +82,10 @@ def check_train_path(cfg: Config) -> Path:
         "(generated on first use)")
 
 
-def ensure_train_data(cfg: Config) -> Path:
+def ensure_train_data(cfg: Config, sft: bool = False) -> Path:
     """The training file; the preset's own Countdown file is generated on first use, into a
-    fresh temporary directory, then linked into place without replacing any existing file."""
+    fresh temporary directory, then linked into place without replacing any existing file.
+    sft: the SFT file (prompts with reference responses, `tinyrl sft`) instead."""
     path = check_train_path(cfg)
     if path.exists():
         return path
@@ -94,16 +95,17 @@ def ensure_train_data(cfg: Config) -> Path:
     from tinyrl.tasks import get_task, template_of
 
     task = get_task(cfg.task.name)
-    if task.generate is None or not cfg.data.generate or cfg.data.generate_train_size < 1:
+    make = task.generate_sft if sft else task.generate
+    if make is None or not cfg.data.generate or cfg.data.generate_train_size < 1:
         raise TinyRLError(f"data.train_path = {cfg.data.train_path} does not exist and the {task.name} "
-                          "task does not generate it", hint=f"make it with {task.data_hint}")
+                          f"task does not generate it{' for SFT' if sft else ''}",
+                          hint=f"make it with {task.data_hint}")
     log.warning("generating %d %s tasks into %s (first use)", cfg.data.generate_train_size, task.name, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=".tinyrl-generate-", dir=path.parent))
     try:
-        train, test = task.generate(fresh, cfg.data.generate_train_size, 1024,
-                                    seed=cfg.data.generate_seed, template=template_of(cfg.task),
-                                    **task.generate_options(cfg.task))
+        train, test = make(fresh, cfg.data.generate_train_size, 1024, seed=cfg.data.generate_seed,
+                           template=template_of(cfg.task), **task.generate_options(cfg.task))
         _place(train, path)
         _place(test, path.parent / "test.parquet")  # its held-out tasks, if that name is free
     finally:
@@ -125,7 +127,9 @@ def _place(src: Path, dst: Path) -> None:
             os.replace(src, dst)
 
 
-def load_tokenizer(model_path: str):
+def load_tokenizer(model_path: str, chat_template: str = ""):
+    """The model's tokenizer, left-padding; `chat_template` (model.custom_chat_template: Jinja
+    text, or a file holding it) replaces the tokenizer's own."""
     from transformers import AutoTokenizer
 
     try:
@@ -136,7 +140,21 @@ def load_tokenizer(model_path: str):
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    if chat_template:
+        tok.chat_template = read_chat_template(chat_template)
     return tok
+
+
+def read_chat_template(setting: str) -> str:
+    """model.custom_chat_template: a path to an existing file is read; anything else is the
+    template itself (Jinja always holds '{'; a path never needs one)."""
+    path = Path(setting).expanduser()
+    if "{" not in setting and len(setting) < 4096:
+        if not path.is_file():
+            raise TinyRLError(f"model.custom_chat_template = {setting}: no such file, and not a Jinja template",
+                              hint="give the template text ({% for m in messages %}...) or a path to a file holding it")
+        return path.read_text()
+    return setting
 
 
 def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = None,
@@ -163,15 +181,16 @@ def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = No
     return ids, rows
 
 
-def prepare_inputs(cfg: Config) -> RunInputs:
+def prepare_inputs(cfg: Config, run_dir: Path | None = None) -> RunInputs:
+    """`run_dir`: where model.init_from's starting model is written (tinyrl.init_from)."""
+    from tinyrl.init_from import model_path_of
     from tinyrl.tasks.rewards import build_rewards
-    from tinyrl.tiny_model import resolve_model_path
 
     device = pick_device(cfg.trainer.device)
     reward_fn = build_rewards(cfg)  # user functions get reward.timeout_s (tinyrl.rewards.limits)
     train_path = ensure_train_data(cfg)
-    model_path = resolve_model_path(cfg.model.name)
-    tok = load_tokenizer(model_path)
+    model_path = model_path_of(cfg, run_dir)
+    tok = load_tokenizer(model_path, cfg.model.custom_chat_template)
     train_prompts, train_rows = tokenize_rows(train_path, tok, cfg.data.max_prompt_length, chat=cfg.data.chat_template)
     test_prompts, test_rows = [], []
     if cfg.trainer.test_every:

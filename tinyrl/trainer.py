@@ -53,24 +53,19 @@ DEFAULT_MICRO_TOKENS = 8192  # used when neither the preset nor a memory plan gi
 
 
 class Trainer:
+    """The RL trainer. The loop (train(): checkpoints, resume, signals, validation, logs) is
+    shared with `tinyrl sft` (tinyrl.sft.trainer.SFTTrainer), which overrides the step, the
+    validation and the state hooks below."""
+
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = False, dashboard=None):
-        self.cfg = cfg
-        self.dash = dashboard
-        self.notices: list[str] = []
-        self._phase_memory: dict[str, int] = {}  # memory in use as each phase began, this step
-        self._last_sample: dict | None = None       # shown by the dashboard after each step
-        self.stopped_by: int | None = None          # the signal that stopped train() early, if any
-        self.val_before: dict | None = None         # trainer.val_before_train's metrics (step 0)
-        if resume:  # before anything heavy: a setting that cannot change fails in a second
-            from tinyrl.resume_check import check_resume
-
-            self.notices += check_resume(run_dir, cfg)
-        from tinyrl.sinks import make_sinks
-
-        # Before any heavy work: a sink asked for but not installed fails at once.
-        self.sinks = make_sinks(run_dir, cfg.trainer.tensorboard, cfg.trainer.wandb)
-        self.inputs: RunInputs = prepare_inputs(cfg)  # device, tokenizer, data, reward fn (validated)
+        self._open_run(cfg, run_dir, resume, dashboard)
+        # device, tokenizer, data, reward fn (validated); model.init_from's model written to run_dir
+        self.inputs: RunInputs = prepare_inputs(cfg, run_dir)
         self.device = self.inputs.device
+        if cfg.model.init_from:
+            from tinyrl.init_from import describe
+
+            self._notice(describe(self.inputs.model_path))
         torch.manual_seed(cfg.trainer.seed)
         random.seed(cfg.trainer.seed)
         self.models = PolicyModels(cfg.model, self.inputs.model_path, self.device)
@@ -89,6 +84,29 @@ class Trainer:
         self.engine = make_engine(cfg.rollout.engine, model=self.models.actor, tokenizer=self.inputs.tokenizer,
                                   model_path=self.inputs.model_path, device=self.device, **self._vllm_settings())
         self.rollout_is = resolve_rollout_is(cfg.algorithm.rollout_is, self.engine.name)
+        self._start_run(run_dir, resume, len(self.inputs.train_prompts), "prompts")
+
+    def _open_run(self, cfg: Config, run_dir: Path, resume: bool, dashboard) -> None:
+        """What every run sets first, before anything heavy: a resume with settings that cannot
+        change, or a logging sink that is not installed, fails in a second."""
+        self.cfg = cfg
+        self.dash = dashboard
+        self.notices: list[str] = []
+        self._phase_memory: dict[str, int] = {}  # memory in use as each phase began, this step
+        self._last_sample: dict | None = None       # shown by the dashboard after each step
+        self.stopped_by: int | None = None          # the signal that stopped train() early, if any
+        self.val_before: dict | None = None         # trainer.val_before_train's metrics (step 0)
+        if resume:
+            from tinyrl.resume_check import check_resume
+
+            self.notices += check_resume(run_dir, cfg)
+        from tinyrl.sinks import make_sinks
+
+        self.sinks = make_sinks(run_dir, cfg.trainer.tensorboard, cfg.trainer.wandb)
+
+    def _start_run(self, run_dir: Path, resume: bool, n_rows: int, rows_are: str) -> None:
+        """What every run sets last, once models and learners exist: the run log, the
+        checkpoint ledger, the resumed state, and the epoch over `n_rows` training rows."""
         warn = lambda m: (log.warning(m), self._notice(m))  # noqa: E731  (full disk: loud, once)
         self.run = RunLog(run_dir, self.device, warn=warn)
         self.saves = ckpt.SaveLedger(warn, self._notice)  # which step is safely on disk
@@ -97,12 +115,13 @@ class Trainer:
         if resume:
             self._resume()
         else:
-            self.run.write_config(cfg.to_dict())
-        self.steps_per_epoch = len(self.inputs.train_prompts) // cfg.trainer.train_batch_size
+            self.run.write_config(self.cfg.to_dict())
+        self.n_rows = n_rows
+        self.steps_per_epoch = n_rows // self.cfg.trainer.train_batch_size
         if self.steps_per_epoch < 1:
             raise TinyRLError(
-                f"the training data has {len(self.inputs.train_prompts)} prompts, fewer than one batch "
-                f"(trainer.train_batch_size = {cfg.trainer.train_batch_size})",
+                f"the training data has {n_rows} {rows_are}, fewer than one batch "
+                f"(trainer.train_batch_size = {self.cfg.trainer.train_batch_size})",
                 hint="lower trainer.train_batch_size or use more data")
 
     # ------------------------------------------------------------------ setup helpers
@@ -149,12 +168,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
-    def train(self, max_steps: int | None = None) -> list[dict]:
-        total = self.total_steps(max_steps)
+    def _before_training(self) -> None:
         # The hf engine samples from the trainer's own model: there is nothing to put to sleep.
         if self.engine.name == "vllm" and not self.engine.sleep_supported:
             self._notice(f"rollout engine {self.engine.name}: this platform has no sleep mode, so the "
                          "engine stays awake (and keeps its memory) during training")
+
+    def train(self, max_steps: int | None = None) -> list[dict]:
+        total = self.total_steps(max_steps)
+        self._before_training()
         history = []
         test_every = self.cfg.trainer.test_every
         if test_every and self.cfg.trainer.val_before_train and self.step == 0 and total > 0:
@@ -195,15 +217,17 @@ class Trainer:
         self.run.metrics(metrics)
         for sink in self.sinks:
             sink.log(metrics, 0)
-        self._notice(f"before training: val/score {metrics['val/score']:.4f} on {len(self.inputs.test_prompts)} "
-                     "test prompts (greedy)")
+        if "val/score" in metrics:  # an SFT run's validation may hold only its loss
+            self._notice(f"before training: val/score {metrics['val/score']:.4f} on "
+                         f"{len(self.inputs.test_prompts)} test prompts (greedy)")
+        return metrics
 
     def _prompt_rows(self, step: int) -> list[int]:
         """Row indices of a global step: a seeded permutation per epoch, so resume replays it."""
         b = self.cfg.trainer.train_batch_size
         epoch, pos = divmod(step, self.steps_per_epoch)
         g = torch.Generator().manual_seed(self.cfg.trainer.seed * 1_000_003 + epoch)
-        perm = torch.randperm(len(self.inputs.train_prompts), generator=g)
+        perm = torch.randperm(self.n_rows, generator=g)
         return perm[pos * b:(pos + 1) * b].tolist()
 
     def train_step(self) -> dict:
@@ -460,9 +484,17 @@ class Trainer:
     def state(self) -> dict:
         return {"step": self.step, "models": self.models.trainable_state(),
                 "learners": {role: learner.state_dict() for role, learner in self.learners.items()},
-                "kl_ctrl": self.kl_ctrl.state_dict(),
                 "budgets": {str(phase): tokens for phase, tokens in self.budgets.budgets.items()},
-                "rng": ckpt.rng_state()}
+                "rng": ckpt.rng_state(), **self._extra_state()}
+
+    def _extra_state(self) -> dict:
+        """The RL-only part of a checkpoint."""
+        return {"kl_ctrl": self.kl_ctrl.state_dict()}
+
+    def _restored(self, state: dict) -> None:
+        """After a resume loaded the common state: the RL-only part, and the engine's weights."""
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.engine.sync_weights(self.models.actor)
 
     def save(self) -> ckpt.SaveResult:
         self._phase(Phase.CHECKPOINT)
@@ -483,13 +515,12 @@ class Trainer:
         self.models.load_trainable_state(state["models"])
         for role, learner in self.learners.items():
             learner.load_state_dict(state["learners"][role])
-        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.budgets.budgets.update({Phase(name): tokens for name, tokens in state["budgets"].items()})
         ckpt.set_rng_state(state["rng"])
         self.step = state["step"]
         self.run.truncate_after(self.step)
         self.saves.last_saved = self.step
-        self.engine.sync_weights(self.models.actor)
+        self._restored(state)
         self._notice(f"resumed from step {self.step}")
 
 

@@ -5,7 +5,8 @@ them in random order with random operators until one value remains, and keep it 
 when it is an integer in 1..1000 (TinyZero's max_target). Every intermediate value is a positive
 integer (exact division only), so the stored reference expression reads like a human answer.
 Train and test come from separate seeded streams, and train skips every (numbers, target) that
-is in test. Pure Python plus columnar pyarrow: 327,680 rows take seconds, not minutes.
+is in test. With `sft=True`, sft_train.parquet and sft_test.parquet hold the same rows plus a
+`response` column, the reference solution in the answer format (`tinyrl sft` reads them). Pure Python plus columnar pyarrow: 327,680 rows take seconds, not minutes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tinyrl.data.templates import countdown_prompt
+from tinyrl.data.templates import countdown_prompt, countdown_response
 from tinyrl.errors import TinyRLError
 
 MIN_NUMBER, MAX_NUMBER, MAX_TARGET = 1, 100, 1000
@@ -119,10 +120,15 @@ def _progress_bar(enabled: bool):
     return Progress(console=Console(stderr=True), transient=True)
 
 
+def _with_responses(table: pa.Table, tasks: list[tuple]) -> pa.Table:
+    return table.append_column("response", pa.array([countdown_response(t[2], t[1]) for t in tasks], pa.string()))
+
+
 def generate_countdown(out_dir: str | Path, train_size: int, test_size: int, seed: int = 0,
-                       template: str = "base", progress: bool = True, operands=OPERANDS,
+                       template: str = "base", progress: bool = True, sft: bool = False, operands=OPERANDS,
                        max_number: int = MAX_NUMBER) -> tuple[Path, Path]:
-    """Write `train.parquet` and `test.parquet` under `out_dir`; return their paths. `operands`:
+    """Write `train.parquet` and `test.parquet` under `out_dir` (with `sft`, also
+    `sft_train.parquet` and `sft_test.parquet`); return the paths of the first two. `operands`:
     the numbers per task (one count drawn per task), `max_number`: the largest number (easier
     settings for small models; the defaults are TinyZero's)."""
     problems = option_problems(operands, max_number)
@@ -149,7 +155,10 @@ def generate_countdown(out_dir: str | Path, train_size: int, test_size: int, see
         train = _tasks(random.Random(f"tinyrl-countdown:{seed}:train"), train_size, held_out, **draw)
     try:
         for path, tasks, split in ((paths[0], train, "train"), (paths[1], test, "test")):
-            pq.write_table(_table(tasks, split, template), path, compression="zstd")
+            table = _table(tasks, split, template)
+            pq.write_table(table, path, compression="zstd")
+            if sft:
+                pq.write_table(_with_responses(table, tasks), out / f"sft_{path.name}", compression="zstd")
     except OSError as e:
         raise TinyRLError(f"cannot write countdown data to {out}: {e}",
                           hint="check free disk space and permissions") from e

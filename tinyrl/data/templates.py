@@ -40,3 +40,11 @@ def countdown_prompt(numbers: list[int], target: int, template: str = "base") ->
         )
     # int(): numpy ints from parquet would print as np.int64(15) inside the list.
     return TEMPLATES[template].format(numbers=[int(n) for n in numbers], target=int(target))
+
+
+def countdown_response(solution: str, target: int) -> str:
+    """A reference completion in the answer format every template's prompt asks for (it ends in
+    "<think>"): the solution checked in the thinking, then the answer tags. `tinyrl data
+    countdown --sft` writes these; the Countdown reward scores them 1.0 (strict mode too: the
+    answer is alone on the last line)."""
+    return f" {solution} = {int(target)} </think>\n<answer> {solution} </answer>"

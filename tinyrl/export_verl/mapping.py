@@ -89,6 +89,8 @@ def map_config(cfg: Config, ctx: Context) -> Mapping:
         m.get(cfg, dotted, None)
     for dotted in ("cost.gpu", "cost.price_per_hour", "cost.currency"):
         m.get(cfg, dotted, None)  # tinyrl's cost estimate only; nothing to train with
+    for key in cfg.sft.__dataclass_fields__:
+        m.get(cfg, f"sft.{key}", None)  # `tinyrl sft`'s settings; an RL recipe has no SFT part
     m.overrides = dict(sorted(o.items()))  # grouped by verl section
     for dotted, value in leaves(cfg.to_dict()).items():
         if dotted not in m.used:
@@ -101,8 +103,16 @@ def _model(cfg, ctx, m, o):
     g = lambda k, d=_MISSING: m.get(cfg, k, d)  # noqa: E731
     g("model.name")  # Context.model_path: the base, the built tiny model, or an exported actor
     o[f"{AR}.model.path"] = ctx.model_path
+    if g("model.init_from", ""):
+        m.note(cfg, "model.init_from", "verl starts from model.path: run `tinyrl export RUN_DIR --out DIR` on "
+               "that run and pass `--actor DIR` here (it is then the actor's start and the reference)")
+    custom = g("model.custom_chat_template", "")
     if not g("data.chat_template", False):  # with it, verl renders `prompt` as tinyrl does
         o[f"{AR}.model.custom_chat_template"] = RAW_CHAT_TEMPLATE
+    elif custom:
+        from tinyrl.setup import read_chat_template
+
+        o[f"{AR}.model.custom_chat_template"] = read_chat_template(custom)
     o[f"{AR}.model.enable_gradient_checkpointing"] = g("model.gradient_checkpointing")
     lora = g("model.finetune") == "lora"
     if not lora:  # tinyrl ignores the LoRA settings of a full fine-tune, and so does verl at rank 0

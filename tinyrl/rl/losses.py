@@ -198,3 +198,15 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     """1 - Var(R - V) / (Var(R) + 1e-5) over valid tokens (verl's critic/vf_explained_var). -> scalar"""
     m = mask.to(values.dtype)
     return 1.0 - masked_var(returns - values, m) / (masked_var(returns, m) + 1e-5)
+
+
+def sft_loss(logprob: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Supervised fine-tuning: the token-mean negative log-likelihood of the target tokens.
+
+    logprob [B, T]: log-prob of each target token; loss_mask [B, T]: 1 where the token is
+    trained (a response, or an assistant turn), 0 elsewhere (prompt, user/tool turns, padding).
+    Positions outside the mask do not reach the loss or its gradient, whatever their log-prob.
+    -> (loss, {"loss"}); verl's SFT trainer takes the same token mean over its loss mask.
+    """
+    loss = masked_mean(-logprob, loss_mask)
+    return loss, {"loss": loss.detach()}

@@ -25,6 +25,8 @@ class Task:
     data_command: Callable[..., None]                   # `tinyrl data NAME ...` (a typer command)
     # (out_dir, train_size, test_size, seed, template) -> (train, test); None: nothing to generate
     generate: Callable[..., tuple[Path, Path]] | None = None
+    # the same, for `tinyrl sft`: rows with a reference `response` -> (sft train, sft test)
+    generate_sft: Callable[..., tuple[Path, Path]] | None = None
     data_hint: str = ""                                 # how to make data when the file is missing
     task_line: Callable[[str], str | None] = lambda prompt: None   # the line of a prompt worth showing
     answer_patterns: tuple[str, ...] = field(default=())           # regexes of the answer span (dashboard)

@@ -48,12 +48,20 @@ def extract_answer(completion: str, task_cfg: Any = None) -> str | None:
 
 
 def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: str = "base",
-             progress: bool = True, **options) -> tuple[Path, Path]:
+             progress: bool = True, sft: bool = False, **options) -> tuple[Path, Path]:
     """`options`: operands, max_number (the easier settings, see `_generate_options`)."""
     from tinyrl.data.countdown import generate_countdown
 
     return generate_countdown(out_dir, train_size, test_size, seed=seed, template=template, progress=progress,
-                              **options)
+                              sft=sft, **options)
+
+
+def generate_sft(out_dir, train_size: int, test_size: int, seed: int = 0, template: str = "base",
+                 progress: bool = True, **options) -> tuple[Path, Path]:
+    """The same tasks with reference responses: -> (sft_train.parquet, sft_test.parquet)."""
+    train, test = generate(out_dir, train_size, test_size, seed=seed, template=template, progress=progress, sft=True,
+                           **options)
+    return train.with_name("sft_train.parquet"), test.with_name("sft_test.parquet")
 
 
 def _generate_options(t: Any) -> dict:
@@ -82,6 +90,9 @@ def data_command(
     template: str = typer.Option("base", help="Prompt template: base | qwen-instruct."),
     operands: str = typer.Option("3,4", help="Numbers per task, one count drawn per task (TinyZero: 3,4)."),
     max_number: int = typer.Option(100, help="Largest number in a task (TinyZero: 100)."),
+    sft: bool = typer.Option(False, "--sft", help="Also write sft_train.parquet and sft_test.parquet: the same "
+                             "tasks with a `response` column, the reference solution in the answer format "
+                             "(for `tinyrl sft`)."),
 ) -> None:
     """Write Countdown tasks in TinyZero's parquet schema (every task solvable)."""
     from rich.console import Console
@@ -92,9 +103,12 @@ def data_command(
         raise TinyRLError(f"--train-size and --test-size must be between 1 and {MAX_ROWS:,} "
                           f"(got {train_size:,} and {test_size:,})",
                           hint="TinyZero uses --train-size 327680 --test-size 1024")
-    train, test = generate(out_dir, train_size, test_size, seed=seed, template=template,
+    train, test = generate(out_dir, train_size, test_size, seed=seed, template=template, sft=sft,
                            operands=_operand_counts(operands), max_number=max_number)
     Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
+    if sft:
+        Console().print(f"wrote {train.with_name('sft_train.parquet')} and {test.with_name('sft_test.parquet')} "
+                        "(the same tasks with reference responses, for `tinyrl sft`)")
 
 
 def _task_line(prompt: str) -> str | None:
@@ -111,6 +125,7 @@ TASK = Task(
     extract_answer=extract_answer,
     data_command=data_command,
     generate=generate,
+    generate_sft=generate_sft,
     data_hint="`tinyrl data countdown --out DIR`",
     task_line=_task_line,
     answer_patterns=(r"<answer>.*?</answer>",),

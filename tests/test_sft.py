@@ -1,0 +1,356 @@
+"""`tinyrl sft` (issue 14): the loss, both data formats, the loss mask, the trainer (gradients,
+resume), model.init_from (the RL reference is the SFT model) and the errors users see.
+Fast: in-process on the tiny model; the end-to-end CLI run is test_sft_cli.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from tinyrl.config import load_config
+from tinyrl.errors import TinyRLError
+from tinyrl.rl.losses import sft_loss
+
+# A chat template for the tiny tokenizer (it has none): Qwen's layout, tools in a system turn.
+TEMPLATE = ("{% if tools %}<|im_start|>system\nTools: {% for t in tools %}{{ t['name'] }} {% endfor %}"
+            "<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+            "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CONVERSATION = [{"role": "system", "content": "You solve Countdown."},
+                {"role": "user", "content": "Using 3 and 5 make 8."},
+                {"role": "assistant", "content": "<answer> 3 + 5 </answer>"},
+                {"role": "user", "content": "Now make 15."},
+                {"role": "assistant", "content": "<answer> 3 * 5 </answer>"},
+                {"role": "user", "content": "Thanks, bye."}]
+ASSISTANT_TEXTS = [m["content"] + "<|im_end|>\n" for m in CONVERSATION if m["role"] == "assistant"]
+
+
+# ------------------------------------------------------------------ the loss, by hand
+
+
+def test_sft_loss_is_the_token_mean_nll_over_the_mask_by_hand():
+    lp = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -4.0, -9.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    loss, stats = sft_loss(lp, mask)
+    # three trained tokens: (1 + 2 + 0.5) / 3
+    assert loss.item() == pytest.approx(3.5 / 3)
+    assert stats["loss"].item() == pytest.approx(3.5 / 3)
+    loss.backward()
+    # d loss / d lp = -1/3 on each trained token, exactly 0 elsewhere (-3, -4, -9 never count)
+    torch.testing.assert_close(lp.grad, torch.tensor([[-1 / 3, -1 / 3, 0.0], [-1 / 3, 0.0, 0.0]]))
+
+
+# ------------------------------------------------------------------ data
+
+
+@pytest.fixture(scope="module")
+def sft_files(tmp_path_factory):
+    from tinyrl.data.countdown import generate_countdown
+
+    out = tmp_path_factory.mktemp("sft-data")
+    generate_countdown(out, 64, 1024, progress=False, sft=True)
+    return out / "sft_train.parquet", out / "sft_test.parquet"
+
+
+def multiturn_file(path, rows: int = 8, tools_as_json: bool = False):
+    tools = [{"name": "calculator", "description": "adds"}]
+    pq.write_table(pa.Table.from_pylist([
+        {"messages": CONVERSATION, "tools": json.dumps(tools) if tools_as_json else tools} for _ in range(rows)]), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def chat_tok(tiny_model_dir):
+    """The tiny tokenizer with TEMPLATE, as model.custom_chat_template gives it."""
+    from tinyrl.setup import load_tokenizer
+
+    return load_tokenizer(str(tiny_model_dir), TEMPLATE)
+
+
+def sft_config(train, *extra: str):
+    return load_config("countdown-tiny-sft", [
+        f"data.train_path={train}", "trainer.train_batch_size=8", "trainer.max_steps=2", "trainer.test_every=0",
+        "trainer.save_every=0", "trainer.device=cpu", *extra])
+
+
+def test_countdown_sft_targets_score_full_marks_and_prompts_match_rl(sft_files, tok):
+    """Every reference response scores 1.0 with the task's reward (strict too), and an SFT
+    prompt is token for token what `tinyrl train` feeds the model for the same row."""
+    from tinyrl.rewards.countdown import compute_score
+    from tinyrl.setup import tokenize_rows
+    from tinyrl.sft.data import load_sft
+
+    train, _ = sft_files
+    rows = pq.read_table(train).to_pylist()
+    for row in rows:
+        truth = row["reward_model"]["ground_truth"]
+        assert compute_score(row["response"], truth) == 1.0
+        assert compute_score(row["prompt"][0]["content"] + row["response"], truth, strict=True) == 1.0
+    data = load_sft(train, tok, sft_config(train))
+    rl_prompts, _ = tokenize_rows(train, tok, 256)
+    assert data.format == "single" and data.prompts == rl_prompts
+    for row, response, mask in zip(rows, data.responses, data.loss_masks):
+        assert response[-1] == tok.eos_token_id and set(mask) == {1}
+        assert tok.decode(response, skip_special_tokens=True) == row["response"]
+
+
+def test_multiturn_loss_mask_covers_exactly_the_assistant_turns(tmp_path, chat_tok):
+    from tinyrl.sft.data import load_sft
+
+    for as_json in (False, True):  # tools as a list column, or as JSON text (verl writes both)
+        path = multiturn_file(tmp_path / f"chat{as_json}.parquet", rows=1, tools_as_json=as_json)
+        tok = chat_tok
+        data = load_sft(path, tok, sft_config(path))
+        ids = data.prompts[0] + data.responses[0]
+        mask = [0] * len(data.prompts[0]) + data.loss_masks[0]
+        full = tok.apply_chat_template(CONVERSATION, tools=[{"name": "calculator"}], tokenize=False)
+        assert tok.decode(ids) == full  # nothing lost or added
+        trained = tok.decode([t for t, m in zip(ids, mask) if m])
+        assert trained == "".join(ASSISTANT_TEXTS)  # both replies with their end-of-turn, nothing else
+        assert "Tools: calculator" in tok.decode(data.prompts[0])  # the tools reached the template
+        assert data.format == "multiturn" and not data.loss_masks[0][-1]  # the last user turn is not trained
+
+
+def test_the_loss_equals_transformers_own_loss_over_the_same_labels(tmp_path, tiny_model_dir, chat_tok, sft_files):
+    """The trainer's loss on a padded batch (single- and multi-turn) is transformers' causal-LM
+    loss with every non-trained label set to -100: an independent computation."""
+    from tinyrl.models import PolicyModels
+    from tinyrl.sft.data import load_sft
+    from tinyrl.sft.trainer import sft_loss_fn
+
+    chat = multiturn_file(tmp_path / "chat.parquet", rows=2)
+    cfg = sft_config(chat, f"model.custom_chat_template={json.dumps(TEMPLATE)}")
+    models = PolicyModels(cfg.model, str(tiny_model_dir), torch.device("cpu"), actor_only=True)
+    with torch.no_grad():
+        for p in models.actor_parameters():  # a non-zero adapter, so the actor is not the base
+            p.normal_(0, 0.05)
+    models.train(False)
+    tok = chat_tok
+    for path in (sft_files[0], chat):
+        data = load_sft(path, tok, cfg)
+        part = data.batch(list(range(min(5, len(data)))), tok.pad_token_id)
+        with models.role("actor"), torch.no_grad():
+            ours, _ = sft_loss_fn()(models, part)
+            R = part.batch.response_len
+            labels = torch.full_like(part.batch.input_ids, -100)
+            labels[:, -R:] = torch.where(part.mask.bool(), part.batch.input_ids[:, -R:], -100)
+            theirs = models.actor(input_ids=part.batch.input_ids, attention_mask=part.batch.attention_mask,
+                                  position_ids=part.batch.position_ids, labels=labels).loss
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_changing_tokens_outside_the_assistant_turns_leaves_the_loss_alone(tmp_path, tiny_model_dir, chat_tok):
+    """Tokens the loss does not train on, after the last trained one (the closing user turn, the
+    padding), cannot change the loss; a token inside an assistant turn does (the mutation check)."""
+    from tinyrl.models import PolicyModels
+    from tinyrl.sft.data import load_sft
+    from tinyrl.sft.trainer import sft_loss_fn
+
+    chat = multiturn_file(tmp_path / "chat.parquet", rows=2)
+    cfg = sft_config(chat, f"model.custom_chat_template={json.dumps(TEMPLATE)}")
+    models = PolicyModels(cfg.model, str(tiny_model_dir), torch.device("cpu"), actor_only=True)
+    models.train(False)
+    tok = chat_tok
+    data = load_sft(chat, tok, cfg)
+    part = data.batch([0, 1], tok.pad_token_id)
+
+    def loss_of(p):
+        with models.role("actor"), torch.no_grad():
+            return float(sft_loss_fn()(models, p)[0])
+
+    base = loss_of(part)
+    last_trained = int(part.mask[0].nonzero().max())
+    outside = part.rows(slice(0, 2))
+    R = part.batch.response_len
+    outside.batch.input_ids = part.batch.input_ids.clone()
+    outside.batch.input_ids[0, -R + last_trained + 1:] = tok.convert_tokens_to_ids("<|im_start|>")
+    assert loss_of(outside) == pytest.approx(base, abs=1e-6)
+    inside = part.rows(slice(0, 2))
+    inside.batch.input_ids = part.batch.input_ids.clone()
+    first_trained = int(part.mask[0].nonzero().min())
+    inside.batch.input_ids[0, -R + first_trained + 1] = tok.convert_tokens_to_ids("<|im_start|>")
+    assert abs(loss_of(inside) - base) > 1e-3
+
+
+# ------------------------------------------------------------------ the trainer
+
+
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_every_trainable_tensor_gets_a_gradient_and_changes(tmp_path, sft_files, finetune):
+    from tinyrl.sft.trainer import SFTTrainer
+
+    # two steps: at the first, LoRA's A matrices get an exactly zero gradient (B starts at zero)
+    trainer = SFTTrainer(sft_config(sft_files[0], f"model.finetune={finetune}"), tmp_path / "run")
+    params = trainer.models.actor_parameters()
+    before = [p.detach().clone() for p in params]
+    grads = {}
+    hooks = [p.register_hook(lambda g, i=i: grads.__setitem__(i, float(g.abs().sum()))) for i, p in enumerate(params)]
+    trainer.train()
+    for h in hooks:
+        h.remove()
+    names = [n for n, p in trainer.models.actor.named_parameters() if any(p is q for q in params)]
+    assert len(params) == len(names) > 0
+    assert [n for i, n in enumerate(names) if not grads.get(i)] == [], "tensors without a gradient at the last step"
+    unchanged = [n for n, p, b in zip(names, params, before) if torch.equal(p.detach(), b)]
+    assert unchanged == []
+    if finetune == "lora":
+        assert all(".actor." in n for n in names) and trainer.models.critic_backbone is None
+
+
+def test_resume_equals_an_uninterrupted_run(tmp_path, sft_files):
+    from tinyrl import checkpoint as ckpt
+    from tinyrl import jsonl
+    from tinyrl.sft.trainer import SFTTrainer
+
+    train, test = sft_files
+    sets = ["trainer.max_steps=4", "trainer.save_every=2", "trainer.test_every=2", f"data.test_path={test}",
+            "data.max_test_prompts=16"]
+    SFTTrainer(sft_config(train, *sets), tmp_path / "whole").train()
+    SFTTrainer(sft_config(train, *sets), tmp_path / "halves").train(max_steps=2)
+    SFTTrainer(sft_config(train, *sets), tmp_path / "halves", resume=True).train()
+    a = jsonl.read_records(tmp_path / "whole" / "metrics.jsonl")
+    b = jsonl.read_records(tmp_path / "halves" / "metrics.jsonl")
+    assert [m["step"] for m in b] == [1, 2, 3, 4]
+    assert [m["data/rows_sha1"] for m in a] == [m["data/rows_sha1"] for m in b]
+    assert [m.get("val/loss") for m in a] == pytest.approx([m.get("val/loss") for m in b], abs=1e-5)
+    assert a[-1]["val/loss"] < a[1]["val/loss"]  # it learns: the held-out loss falls
+    final_a = ckpt.load_latest(tmp_path / "whole" / "checkpoints")
+    final_b = ckpt.load_latest(tmp_path / "halves" / "checkpoints")
+    assert set(final_a["models"]) == {"actor"}
+    for name, tensor in final_a["models"]["actor"].items():
+        torch.testing.assert_close(final_b["models"]["actor"][name], tensor, atol=1e-6, rtol=0)
+
+
+def test_a_multiturn_file_trains(tmp_path):
+    from tinyrl.sft.trainer import SFTTrainer
+
+    chat = multiturn_file(tmp_path / "chat.parquet", rows=16)
+    trainer = SFTTrainer(sft_config(chat, f"model.custom_chat_template={json.dumps(TEMPLATE)}", "trainer.max_steps=3",
+                                    "actor.lr=1e-2"), tmp_path / "run")
+    history = trainer.train()
+    assert history[-1]["sft/loss"] < history[0]["sft/loss"]
+    assert history[0]["sft/loss_tokens"] == 8 * sum(trainer.train_rows.loss_masks[0])  # assistant tokens only
+
+
+def test_the_sft_presets_own_data_is_generated_on_first_use(tmp_path, monkeypatch):
+    from tinyrl.sft.trainer import ensure_sft_data
+
+    monkeypatch.chdir(tmp_path)  # the preset's relative path lands here
+    cfg = load_config("countdown-tiny-sft", ["data.generate_train_size=32"])
+    path = ensure_sft_data(cfg)
+    assert path.absolute() == tmp_path / cfg.data.train_path
+    table = pq.read_table(path)
+    assert table.num_rows == 32 and "response" in table.column_names
+    assert "response" in pq.read_table(path.parent / "test.parquet").column_names
+    assert sorted(p.name for p in path.parent.iterdir()) == ["test.parquet", "train.parquet"]  # no temporary left
+
+
+def test_val_generate_scores_like_tinyrl_eval_on_the_same_prompts(tmp_path, sft_files):
+    """sft.val_generate: val/score and val/reward_mean are `tinyrl eval`'s greedy figures for
+    the run's checkpoint on the same prompts (the RL trainer's validation, reused)."""
+    from tinyrl.eval import evaluate
+    from tinyrl.sft.trainer import SFTTrainer
+
+    train, test = sft_files
+    run = tmp_path / "run"
+    # 12 steps at 5e-3: the greedy answers are in the format by then (reward 0.1 each, measured)
+    history = SFTTrainer(sft_config(train, "trainer.max_steps=12", "trainer.test_every=12", "sft.val_generate=true",
+                                    f"data.test_path={test}", "data.max_test_prompts=24", "actor.lr=5e-3"), run).train()
+    last = history[-1]
+    pq.write_table(pq.read_table(test).slice(0, 24), tmp_path / "first24.parquet")
+    summary, out = evaluate(str(run), [str(tmp_path / "first24.parquet")], n=0, engine="hf", progress=False)
+    samples = [json.loads(line) for line in (out / "eval_samples.jsonl").read_text().splitlines()]
+    assert last["val/score"] == summary["files"]["first24"]["greedy_acc"]
+    assert last["val/reward_mean"] == pytest.approx(sum(s["reward"] for s in samples) / len(samples))
+    assert 0 < last["val/reward_mean"]  # some answers in the format: the comparison is not 0 == 0
+
+
+# ------------------------------------------------------------------ model.init_from
+
+
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_rl_from_an_sft_run_has_the_sft_model_as_reference_and_start(tmp_path, sft_files, countdown_train, finetune):
+    """verl's recipe: the RL reference (adapters off) and the RL actor at step 0 are the SFT model."""
+    from tinyrl.models import make_batch
+    from tinyrl.sft.trainer import SFTTrainer
+    from tinyrl.trainer import Trainer
+
+    sft = SFTTrainer(sft_config(sft_files[0], f"model.finetune={finetune}", "actor.lr=1e-2"), tmp_path / "sft")
+    sft.train()
+    rl_cfg = load_config("countdown-tiny", [
+        f"data.train_path={countdown_train(64)}", "trainer.train_batch_size=8", "actor.ppo_mini_batch_size=8",
+        "trainer.test_every=0", "trainer.device=cpu", f"model.init_from={tmp_path / 'sft'}"])
+    rl = Trainer(rl_cfg, tmp_path / "rl")
+    batch = make_batch([[5, 6, 7, 8, 9]], [[10, 11, 12, 13]], pad_id=0)
+    with torch.no_grad():
+        sft.models.train(False)
+        rl.models.train(False)
+        with sft.models.role("actor"):
+            sft_lp = sft.models.token_logprobs("actor", batch)
+        with rl.models.role("actor"):
+            actor_lp = rl.models.token_logprobs("actor", batch)
+        ref_lp = rl.models.token_logprobs("reference", batch)
+        base = Trainer(load_config("countdown-tiny", [f"data.train_path={countdown_train(64)}", "trainer.train_batch_size=8",
+                                                      "actor.ppo_mini_batch_size=8", "trainer.test_every=0",
+                                                      "trainer.device=cpu"]), tmp_path / "base")
+        base_lp = base.models.token_logprobs("reference", batch)
+    torch.testing.assert_close(ref_lp, sft_lp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(actor_lp, sft_lp, atol=1e-5, rtol=1e-5)
+    assert (ref_lp - base_lp).abs().max() > 1e-2  # SFT moved the model: the check can fail
+    # The SFT run trains on; a resumed RL run keeps the starting model (and reference) it began with.
+    sft.train(max_steps=3)
+    marker = tmp_path / "rl" / "init_model" / "tinyrl_export.json"
+    assert json.loads(marker.read_text())["step"] == 2
+    resumed = Trainer(rl_cfg, tmp_path / "rl", resume=True)
+    assert json.loads(marker.read_text())["step"] == 2
+    with torch.no_grad():
+        torch.testing.assert_close(resumed.models.token_logprobs("reference", batch), sft_lp, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ errors users see
+
+
+def cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    from tinyrl import cli as cli_mod
+
+    monkeypatch.setattr(sys, "argv", ["tinyrl", *args])
+    monkeypatch.setenv("COLUMNS", "200")
+    try:
+        cli_mod.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    return code, " ".join(capsys.readouterr().err.split())
+
+
+def test_bad_sft_input_is_one_screen_and_exit_2(tmp_path, monkeypatch, capsys, countdown_train):
+    run = tmp_path / "run"
+    base = ["sft", "--preset", "countdown-tiny-sft", "--out", str(run), "--no-dashboard", "--set", "trainer.test_every=0"]
+    # an RL prompt file: no response column
+    code, err = cli(monkeypatch, capsys, *base, "--set", f"data.train_path={countdown_train(64)}")
+    assert code == 2 and "has no columns prompt + response or messages" in err and "what to do" in err
+    # multi-turn without a chat template
+    chat = multiturn_file(tmp_path / "chat.parquet")
+    code, err = cli(monkeypatch, capsys, *base, "--set", f"data.train_path={chat}")
+    assert code == 2 and "this tokenizer has none" in err and "model.custom_chat_template" in err
+    # too long
+    code, err = cli(monkeypatch, capsys, *base, "--set", f"data.train_path={chat}", "--set", "sft.max_length=8",
+                    "--set", f"model.custom_chat_template={json.dumps(TEMPLATE)}")
+    assert code == 2 and "longer than sft.max_length = 8" in err and "row 0" in err
+    # several config problems at once, before anything loads
+    code, err = cli(monkeypatch, capsys, *base, "--set", "sft.format=chat", "--set", f"model.init_from={tmp_path}",
+                    "--set", "sft.max_length=0")
+    assert code == 2 and "sft.format = 'chat'" in err and "is not a run directory" in err and "sft.max_length = 0" in err
+    assert not (run / "metrics.jsonl").exists()
+
+
+def test_init_from_a_run_on_another_base_is_refused(tmp_path):
+    (tmp_path / "src" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "src" / "config.json").write_text(json.dumps({"model": {"name": "Qwen/Qwen2.5-0.5B"}}))
+    with pytest.raises(TinyRLError) as exc:
+        load_config("countdown-tiny", [f"model.init_from={tmp_path / 'src'}"])
+    assert "was trained on Qwen/Qwen2.5-0.5B" in exc.value.message and "no checkpoint yet" in exc.value.message

@@ -1,0 +1,107 @@
+"""model.init_from: start a run from another run's latest weights (`tinyrl sft`, then RL).
+
+verl's recipe, once per run: SFT, merge the SFT model into plain weights (verl's model_merger),
+then RL with that model as the actor's starting point AND as the reference. Here the source
+run's latest actor is exported as `tinyrl export` writes it (a LoRA adapter merged into its
+base, or the full weights) into RUN_DIR/init_model, and that directory is the new run's model:
+the trainer loads it as the base (LoRA adapters go on top of it, so "adapters off", the
+reference, is the SFT model), the vLLM engine loads the same files, and `tinyrl export` /
+`tinyrl eval` of the new run merge its adapter into it. A resumed run reuses the directory, so
+its starting point and reference stay what they were even if the source run trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from tinyrl.errors import TinyRLError
+
+log = logging.getLogger(__name__)
+
+INIT_DIR = "init_model"
+MARKER = "tinyrl_export.json"  # written last by export_run: a directory without it is unfinished
+
+
+def source_problems(cfg) -> list[str]:
+    """model.init_from's problems (config.problems_of): a run directory with a checkpoint, made
+    on the same base model."""
+    from tinyrl import checkpoint as ckpt
+
+    setting = cfg.model.init_from
+    src = Path(setting).expanduser()
+    if not (src / "config.json").is_file():
+        return [f"model.init_from = {setting} is not a run directory (no config.json); give the --out "
+                "directory of a `tinyrl sft` (or `tinyrl train`) run"]
+    try:
+        saved = json.loads((src / "config.json").read_text())
+        base = saved["model"]["name"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [f"model.init_from = {setting}: cannot read its config.json ({type(exc).__name__}: {exc})"]
+    out = []
+    if base != cfg.model.name:
+        out.append(f"model.init_from = {setting} was trained on {base}, but model.name = {cfg.model.name}; "
+                   f"set model.name={base}")
+    if not ckpt.list_checkpoints(src / "checkpoints"):
+        out.append(f"model.init_from = {setting} has no checkpoint yet; let it run until its first save "
+                   "(trainer.save_every, and always at its last step)")
+    return out
+
+
+def model_path_of(cfg, run_dir: Path | None) -> str:
+    """The model a run starts from: model.name (the tiny model built on first use), or with
+    model.init_from the source run's latest actor, written to RUN_DIR/init_model once."""
+    from tinyrl.tiny_model import resolve_model_path
+
+    if not cfg.model.init_from:
+        return resolve_model_path(cfg.model.name)
+    if run_dir is None:
+        raise TinyRLError("model.init_from needs the run directory to write the starting model into",
+                          hint="pass run_dir (the CLI does)")
+    return str(materialize(Path(cfg.model.init_from).expanduser(), Path(run_dir) / INIT_DIR))
+
+
+def base_of_run(cfg, run_dir: Path) -> str:
+    """The base a run's checkpoints are deltas of (export and eval merge into it)."""
+    from tinyrl.tiny_model import resolve_model_path
+
+    if not cfg.model.init_from:
+        return resolve_model_path(cfg.model.name)
+    path = Path(run_dir) / INIT_DIR
+    if not (path / MARKER).is_file():
+        raise TinyRLError(f"{run_dir} started from model.init_from = {cfg.model.init_from}, but its starting "
+                          f"model {path} is missing or unfinished",
+                          hint=f"restore {path} from a copy; it was written from the source run when this run began")
+    return str(path)
+
+
+def describe(model_dir: str | Path) -> str:
+    """One line: which run and step a starting model came from."""
+    info = json.loads((Path(model_dir) / MARKER).read_text())
+    return f"model.init_from: starting from {info['run_dir']} at step {info['step']} ({model_dir})"
+
+
+def materialize(source: Path, dest: Path) -> Path:
+    """Export `source`'s latest actor to `dest` unless a finished export of it is there already.
+    Written aside and renamed into place, so a kill leaves no half model that looks finished."""
+    from tinyrl.export import export_run
+
+    if (dest / MARKER).is_file():
+        made_from = json.loads((dest / MARKER).read_text()).get("run_dir", "")
+        if Path(made_from).expanduser().resolve() == source.resolve():
+            return dest
+        log.warning("%s was made from %s, not %s: writing it again", dest, made_from, source)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        export_run(source, tmp, base_dtype=True)  # bf16 bases stay bf16 on disk (the GPU trainer loads bf16)
+        if dest.exists():
+            shutil.rmtree(dest)  # tinyrl's own directory: unfinished, or made from another run
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest

@@ -1,0 +1,222 @@
+"""SFT examples from parquet, in verl's two SFT formats, as token ids and a loss mask.
+
+single-turn  columns sft.prompt_key / sft.response_key (verl data.prompt_key / response_key):
+             the prompt is text, or [{'role', 'content'}] messages as in RL data (so an RL file
+             with a `response` column is an SFT file); it is rendered exactly as `tinyrl train`
+             renders prompts (data.chat_template), then the response and the EOS token follow.
+             Loss on the response and the EOS token.
+multi-turn   column sft.messages_key (verl data.multiturn.messages_key): the conversation,
+             rendered by the chat template (model.custom_chat_template or the tokenizer's),
+             with sft.tools_key (a list of tool schemas, or its JSON text) handed to the template
+             when the column exists. Loss on assistant turns only: the tokens that rendering
+             the turn adds after the generation prompt (its content and end-of-turn marker).
+
+Each example is split where the loss starts: `prompt` (no loss) and `response` with a 0/1
+mask over it, the layout of tinyrl.models.make_batch, so the trainer's own log-prob pass reads it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tinyrl.errors import TinyRLError
+from tinyrl.models import Batch, make_batch
+
+_HINT = ("single-turn: columns prompt + response (sft.prompt_key, sft.response_key); multi-turn: a "
+         "messages column (sft.messages_key) of [{'role', 'content'}]; `tinyrl data countdown --sft` "
+         "writes an example")
+
+
+@dataclass
+class SFTRows:
+    """Tokenized examples: prompt ids (no loss), response ids, a 0/1 loss mask per response id."""
+
+    prompts: list[list[int]]
+    responses: list[list[int]]
+    loss_masks: list[list[int]]
+    format: str                                  # single | multiturn
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def batch(self, rows: list[int], pad_id: int) -> "SFTBatch":
+        batch = make_batch([self.prompts[i] for i in rows], [self.responses[i] for i in rows], pad_id)
+        width = batch.response_len
+        mask = torch.tensor([self.loss_masks[i] + [0] * (width - len(self.loss_masks[i])) for i in rows],
+                            dtype=torch.float32)
+        return SFTBatch(batch, mask)
+
+
+@dataclass
+class SFTBatch:
+    """What a Learner updates on (the slice of a Trajectory it uses): `mask` is the LOSS mask,
+    which for multi-turn rows is narrower than the batch's response mask."""
+
+    batch: Batch
+    loss_mask: torch.Tensor                      # [B, R]
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.loss_mask
+
+    def __len__(self) -> int:
+        return self.batch.input_ids.shape[0]
+
+    def rows(self, index) -> "SFTBatch":
+        return SFTBatch(self.batch.rows(index), self.loss_mask[index])
+
+    def to(self, device) -> "SFTBatch":
+        return SFTBatch(self.batch.to(device), self.loss_mask.to(device))
+
+
+def detect_format(columns: list[str], sft_cfg) -> str:
+    """sft.format, or with `auto` the one the columns hold (messages first, as verl's multiturn)."""
+    want = sft_cfg.format
+    single = sft_cfg.prompt_key in columns and sft_cfg.response_key in columns
+    multi = sft_cfg.messages_key in columns
+    if want == "auto":
+        want = "multiturn" if multi else "single" if single else ""
+    if (want == "single" and single) or (want == "multiturn" and multi):
+        return want
+    needs = {"single": f"{sft_cfg.prompt_key} + {sft_cfg.response_key}", "multiturn": sft_cfg.messages_key}
+    what = f"columns {needs[want]} (sft.format = {want})" if want else \
+        f"columns {needs['single']} or {needs['multiturn']}"
+    raise TinyRLError(f"has no {what}; it has: {', '.join(columns)}", hint=_HINT)
+
+
+def load_sft(path: Path, tokenizer, cfg, max_rows: int | None = None) -> SFTRows:
+    """Read, render and tokenize an SFT parquet file; every problem names the file (and row)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise TinyRLError(f"cannot read {path} as parquet: {type(exc).__name__}: {exc}", hint=_HINT) from exc
+    try:
+        fmt = detect_format(table.column_names, cfg.sft)
+    except TinyRLError as exc:
+        raise TinyRLError(f"{path} {exc.message}", hint=exc.hint) from exc
+    if table.num_rows == 0:
+        raise TinyRLError(f"{path} has no rows", hint=_HINT)
+    if max_rows is not None:
+        table = table.slice(0, max_rows)
+    rows = table.to_pylist()
+    out = SFTRows([], [], [], fmt)
+    eos = tokenizer.eos_token_id
+    for i, row in enumerate(rows):
+        try:
+            segments = (single_turn(row, tokenizer, cfg) if fmt == "single" else multi_turn(row, tokenizer, cfg))
+            prompt, response, mask = split_at_loss(tokenize(segments, tokenizer, eos if fmt == "single" else None))
+        except TinyRLError as exc:  # say where: a large file has one bad row
+            raise TinyRLError(f"{path} row {i} (counting from 0): {exc.message}", hint=exc.hint) from exc
+        out.prompts.append(prompt)
+        out.responses.append(response)
+        out.loss_masks.append(mask)
+    _check_lengths(out, path, cfg.sft.max_length)
+    return out
+
+
+def single_turn(row: dict, tokenizer, cfg) -> list[tuple[str, int]]:
+    """[(prompt text, 0), (response text, 1)]: the prompt as `tinyrl train` renders it."""
+    from tinyrl.data.io import chat_text, prompt_text
+
+    s = cfg.sft
+    prompt_row = {"prompt": row[s.prompt_key]}
+    prompt = chat_text(prompt_row, tokenizer) if cfg.data.chat_template else prompt_text(prompt_row)
+    response = row[s.response_key]
+    if not isinstance(response, str) or not response:
+        raise TinyRLError(f"{s.response_key} is {type(response).__name__} {response!r:.80}, not a non-empty text",
+                          hint=f"each row's {s.response_key} is the target completion, as text")
+    return [(prompt, 0), (response, 1)]
+
+
+def multi_turn(row: dict, tokenizer, cfg) -> list[tuple[str, int]]:
+    """The conversation as rendered text segments, each with its loss flag (1: an assistant turn's
+    own tokens). Rendering the first k messages must be a prefix of rendering k + 1 (true for the
+    usual templates); a template that rewrites earlier turns is refused, not silently mis-masked."""
+    s = cfg.sft
+    messages = row[s.messages_key]
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m
+                                                                  for m in messages):
+        raise TinyRLError(f"{s.messages_key} is not a list of {{'role', 'content'}} messages: {messages!r:.120}",
+                          hint=_HINT)
+    messages = [{k: v for k, v in m.items() if v is not None} for m in messages]  # parquet fills absent keys
+    if not any(m["role"] == "assistant" for m in messages):
+        raise TinyRLError(f"{s.messages_key} has no assistant turn, so nothing to learn",
+                          hint="drop the row, or add the assistant's reply")
+    tools = row.get(s.tools_key)
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools) if tools.strip() else None
+        except ValueError as exc:
+            raise TinyRLError(f"{s.tools_key} is text but not JSON: {exc}", hint="store the tool schemas as JSON") from exc
+    if not getattr(tokenizer, "chat_template", None):
+        raise TinyRLError("multi-turn SFT renders messages with a chat template, and this tokenizer has none",
+                          hint="set model.custom_chat_template to a Jinja template (text or file), or use an "
+                               "instruct model")
+
+    def render(upto: int, generation_prompt: bool) -> str:
+        kwargs = {"tools": tools} if tools else {}
+        return tokenizer.apply_chat_template(messages[:upto], tokenize=False,
+                                             add_generation_prompt=generation_prompt, **kwargs)
+
+    segments, done = [], ""
+    for k, message in enumerate(messages, start=1):
+        if message["role"] == "assistant":
+            head = render(k - 1, True) if k > 1 else ""
+            full = render(k, False)
+            _check_prefix(done, head, k)
+            _check_prefix(head, full, k)
+            segments += [(head[len(done):], 0), (full[len(head):], 1)]
+        else:
+            full = render(k, False)
+            _check_prefix(done, full, k)
+            segments.append((full[len(done):], 0))
+        done = full
+    return [(text, flag) for text, flag in segments if text]
+
+
+def _check_prefix(before: str, after: str, k: int) -> None:
+    if not after.startswith(before):
+        raise TinyRLError(f"the chat template renders message {k} so that the text before it changes, so "
+                          "the assistant turns cannot be masked token by token",
+                          hint="use a chat template that appends each message (model.custom_chat_template)")
+
+
+def tokenize(segments: list[tuple[str, int]], tokenizer, eos: int | None) -> tuple[list[int], list[int]]:
+    """Token ids and a 0/1 loss flag per id. Segments are tokenized one by one (as generation sees
+    them: a prompt, then what is generated after it); `eos` is appended, trained, unless the text
+    ended with it already."""
+    ids, flags = [], []
+    for text, flag in segments:
+        part = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids += part
+        flags += [flag] * len(part)
+    if eos is not None and (not ids or ids[-1] != eos):
+        ids.append(eos)
+        flags.append(1)
+    return ids, flags
+
+
+def split_at_loss(tokens: tuple[list[int], list[int]]) -> tuple[list[int], list[int], list[int]]:
+    """(ids, flags) -> (prompt: the ids before the first trained one, response, its loss mask)."""
+    ids, flags = tokens
+    if 1 not in flags:
+        raise TinyRLError("the row has no token to learn (an empty response?)", hint=_HINT)
+    start = flags.index(1)
+    return ids[:start], ids[start:], flags[start:]
+
+
+def _check_lengths(rows: SFTRows, path: Path, max_length: int) -> None:
+    lengths = [len(p) + len(r) for p, r in zip(rows.prompts, rows.responses)]
+    too_long = [i for i, n in enumerate(lengths) if n > max_length]
+    if too_long:
+        raise TinyRLError(
+            f"{len(too_long)} of {len(lengths)} rows in {path} are longer than sft.max_length = {max_length} "
+            f"tokens (the longest has {max(lengths)}; first at row {too_long[0]})",
+            hint=f"set sft.max_length={max(lengths)} (within the model's context), or drop those rows")
