@@ -208,3 +208,11 @@ def test_prompt_text_and_ground_truth_accept_plain_values():
         prompt_text({"prompt": []})
     with pytest.raises(TinyRLError, match="ground_truth"):
         ground_truth({"reward_model": {}})
+
+
+def test_shipped_demo_split_is_the_documented_generation(tmp_path):
+    """data/countdown-demo: what the demo presets' first use generates beside their training file."""
+    demo = SHIPPED.parent.parent / "countdown-demo"
+    generate_countdown(tmp_path, 1, 1024, seed=0, operands=(2,), max_number=50, sft=True, progress=False)
+    for name in ("test.parquet", "sft_test.parquet"):
+        assert pq.read_table(demo / name).equals(pq.read_table(tmp_path / name)), name
