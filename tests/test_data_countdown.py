@@ -90,6 +90,38 @@ def test_bad_arguments(tmp_path, kwargs, match):
     assert not (tmp_path / "train.parquet").exists()
 
 
+@pytest.mark.parametrize("kwargs,match", [
+    ({"operands": (1, 3)}, "task.operands"), ({"operands": ()}, "task.operands"),
+    ({"max_number": 1}, "task.max_number"), ({"max_number": 101}, "task.max_number"),
+])
+def test_bad_easier_settings(tmp_path, kwargs, match):
+    args = {"out_dir": tmp_path, "train_size": 2, "test_size": 2, "progress": False} | kwargs
+    with pytest.raises(TinyRLError, match=match):
+        generate_countdown(**args)
+    assert not (tmp_path / "train.parquet").exists()
+
+
+def test_easier_setting_few_small_numbers(tmp_path):
+    """task.operands / task.max_number (the CPU demo's setting): every task has the asked number
+    count, numbers within the bound, a reference that solves it, and train skips test's tasks."""
+    train, test = generate_countdown(tmp_path, 600, 200, seed=5, operands=(2, 3), max_number=20, progress=False)
+    keys = {}
+    for path in (train, test):
+        df = load_prompts(path)
+        assert {len(n) for n in df.nums} == {2, 3}
+        assert all(1 <= x <= 20 for n in df.nums for x in n)
+        assert all(solves(list(n), t, e["solution"]) for n, t, e in zip(df.nums, df.target, df.extra_info))
+        keys[path.stem] = {(tuple(sorted(n)), t) for n, t in zip(df.nums, df.target)}
+    assert not keys["train"] & keys["test"]
+
+
+def test_a_task_space_smaller_than_the_test_split_fails_instead_of_looping(tmp_path):
+    # numbers 1..2, two per task: a handful of tasks, all drawn into the 64 test tasks
+    with pytest.raises(TinyRLError, match="outside the test split"):
+        generate_countdown(tmp_path, 10, 64, operands=(2,), max_number=2, progress=False)
+    assert not (tmp_path / "train.parquet").exists()
+
+
 def test_shipped_test_split_is_the_documented_generation(tmp_path):
     assert SHIPPED.stat().st_size < 100_000
     _, fresh = generate_countdown(tmp_path, 1, 1024, seed=0, template="base", progress=False)
@@ -176,3 +208,11 @@ def test_prompt_text_and_ground_truth_accept_plain_values():
         prompt_text({"prompt": []})
     with pytest.raises(TinyRLError, match="ground_truth"):
         ground_truth({"reward_model": {}})
+
+
+def test_shipped_demo_split_is_the_documented_generation(tmp_path):
+    """data/countdown-demo: what the demo presets' first use generates beside their training file."""
+    demo = SHIPPED.parent.parent / "countdown-demo"
+    generate_countdown(tmp_path, 1, 1024, seed=0, operands=(2,), max_number=50, sft=True, progress=False)
+    for name in ("test.parquet", "sft_test.parquet"):
+        assert pq.read_table(demo / name).equals(pq.read_table(tmp_path / name)), name

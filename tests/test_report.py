@@ -265,3 +265,24 @@ def test_sinks_pass_on_finite_numbers_only():
     sink.log(m, step=3)
     sink.close()
     assert run.calls == [("log", ({"reward/mean": 0.5, "step": 3.0},), {"step": 3}), ("finish", (), {})]
+
+
+def test_a_run_validated_before_training_reports_the_accuracy_change(tmp_path):
+    # trainer.val_before_train writes a step-0 record holding only the validation
+    run = make_run(tmp_path / "run", steps=10, val_every=5)  # val/score 0.5 at step 5, 1.0 at step 10
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 0, "val/score": 0.125, "val/reward_mean": 0.2}) + "\n")
+    write_report(run)
+    summary = (run / "report" / "summary.txt").read_text()
+    assert "greedy accuracy (val/score) on the held-back test prompts: 12.5% before training -> 100.0% " \
+           "after step 10 (+87.5 points)" in summary
+    assert "median step time: 8.35 s" in summary  # the step-0 record has no timings to skew it
+
+
+def test_no_step_zero_validation_no_accuracy_change_line(tmp_path):
+    from tinyrl.report import accuracy_change
+
+    recs = load_metrics(make_run(tmp_path / "run", steps=10, val_every=5), [])
+    assert accuracy_change(recs) is None  # first validation at step 5 is not "before training"
+    assert accuracy_change([{"step": 0, "val/score": 0.5}]) is None  # nothing after it yet
+    assert "(-25.0 points)" in accuracy_change([{"step": 0, "val/score": 0.5}, {"step": 3, "val/score": 0.25}], 256)

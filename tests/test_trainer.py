@@ -112,3 +112,16 @@ def test_training_passes_compute_no_padding(tmp_path, padding_free):
         assert all(v == 1.0 for v in ratios.values()), ratios  # the issue asks <= 1.05
     else:
         assert all(v > 1.0 for v in ratios.values()), ratios
+
+
+def test_val_before_train_logs_step_zero_and_the_last_step_always_validates(tmp_path):
+    # test_every=5 with 2 steps: without the last-step rule there would be no "after" at all
+    cfg = tiny_config(tmp_path, "trainer.test_every=5", "trainer.val_before_train=true", "data.max_test_prompts=4")
+    run = tmp_path / "run"
+    trainer = Trainer(cfg, run)
+    history = trainer.train()
+    assert [m["step"] for m in history] == [1, 2]  # step 0 is a validation, not a training step
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [0, 1, 2]
+    assert set(lines[0]) == {"step", "val/score", "val/reward_mean"} and trainer.val_before == lines[0]
+    assert "val/score" not in lines[1] and "val/score" in lines[2]

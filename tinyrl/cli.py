@@ -238,12 +238,24 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
         trainer.train(max_steps)
     message, code = interrupts.end_of_run(trainer, run_dir, trainer.total_steps(max_steps), resume_cmd)
     if code == 0:
+        inputs = getattr(trainer, "inputs", None)  # the RL trainer's prompts; an SFT run has its own data
+        _print_accuracy_change(run_dir, len(inputs.test_prompts) if inputs is not None else None)
         out.print(message, highlight=False, soft_wrap=True)
         return
     if trainer.stopped_by is None:  # the run went on to its end, but not everything is on disk
         raise TinyRLError(message, hint=f"free disk space, then redo those steps with: {resume_cmd}", exit_code=code)
     err.print(message, highlight=False, soft_wrap=True)
     sys.exit(code)
+
+
+def _print_accuracy_change(run_dir: Path, n_prompts: Optional[int]) -> None:
+    """trainer.val_before_train: the greedy accuracy before and after this run, from metrics.jsonl
+    (so a resumed run compares with its real start)."""
+    from tinyrl.report import accuracy_change, load_metrics
+
+    change = accuracy_change(load_metrics(run_dir, []), n_prompts)
+    if change:
+        out.print(change, highlight=False, soft_wrap=True)
 
 
 @app.command("probe-memory")

@@ -146,6 +146,10 @@ class TaskConfig:
     # countdown
     format_score: float = 0.1             # an <answer> that is found but wrong
     strict: bool = False                  # TinyZero's last-line rule, for curve comparisons
+    # generated countdown data: numbers per task (one count drawn per task) and the largest number;
+    # TinyZero's [3, 4] and 100 by default, fewer and smaller for a tiny model (countdown-tiny)
+    operands: list[int] = field(default_factory=lambda: [3, 4])
+    max_number: int = 100
     # math
     answer_format: str = "auto"           # auto | dapo ("Answer:" line) | boxed (last \boxed{})
     correct_score: float = 1.0            # DAPO: +1
@@ -169,7 +173,8 @@ class TrainerConfig:
     seed: int = 1
     device: str = "auto"                  # auto | cpu | cuda
     memory_budget_gib: float = 0.0        # cap for every phase on the card; 0 = 90% of the card
-    test_every: int = 0                   # 0 = no validation
+    test_every: int = 0                   # 0 = no validation; the last step always validates when > 0
+    val_before_train: bool = False        # verl's key: also validate the starting model (logged as step 0)
     val_n: int = 0                        # data.val_files: samples per problem besides greedy (pass@k, k = 1 and val_n)
     save_every: int = 0                   # 0 = only at the end
     keep_last: int = 2

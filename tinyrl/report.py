@@ -65,6 +65,17 @@ def series(records: list[dict], key: str, scale: float = 1.0) -> tuple[list[floa
     return xs, ys
 
 
+def accuracy_change(recs: list[dict], n_prompts: int | None = None) -> str | None:
+    """val/score at step 0 (trainer.val_before_train: the starting model) against the last
+    validation, on the same test prompts; None when the run has no step-0 validation."""
+    xs, ys = series(recs, "val/score")
+    if len(xs) < 2 or xs[0] != 0:
+        return None
+    on = f"{n_prompts} held-back test prompts" if n_prompts else "the held-back test prompts"
+    return (f"greedy accuracy (val/score) on {on}: {ys[0]:.1%} before training -> {ys[-1]:.1%} after "
+            f"step {xs[-1]:g} ({100 * (ys[-1] - ys[0]):+.1f} points)")
+
+
 def _marker(xs: list) -> str:
     return "o" if len(xs) <= 30 else ""  # few steps: show the points, or a 2-step run looks empty
 
@@ -322,6 +333,9 @@ def summarize(recs: list[dict], config: dict | None) -> list[str]:
     if not sl:
         lines.append(f"final val score: {val[-1]:.4f} (step {vx[-1]:g})" if val else "final val score: none (no validation steps)")
     lines += val_summary(recs)
+    change = accuracy_change(recs)
+    if change:
+        lines.append(change)
     _, st = series(recs, "timing/step")
     lines.append(f"median step time: {statistics.median(st):.2f} s" if st else "median step time: not recorded")
     _, tps = series(recs, "perf/tokens_per_s")

@@ -29,6 +29,7 @@ CHANGEABLE = (
     "model.gradient_checkpointing", "model.logprob_chunk", "model.padding_free",
     "rollout.engine", "rollout.vllm.", "reward.timeout_s", "cost.",
     "data.val_files", "trainer.val_n", "task.verify_timeout_s", "sft.val_generate",
+    "trainer.val_before_train",
 )
 
 

@@ -104,8 +104,8 @@ def ensure_train_data(cfg: Config, sft: bool = False) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=".tinyrl-generate-", dir=path.parent))
     try:
-        train, test = make(fresh, cfg.data.generate_train_size, 1024,
-                           seed=cfg.data.generate_seed, template=template_of(cfg.task))
+        train, test = make(fresh, cfg.data.generate_train_size, 1024, seed=cfg.data.generate_seed,
+                           template=template_of(cfg.task), **task.generate_options(cfg.task))
         _place(train, path)
         _place(test, path.parent / "test.parquet")  # its held-out tasks, if that name is free
     finally:

@@ -97,6 +97,7 @@ class Trainer:
         self._phase_memory: dict[str, int] = {}  # memory in use as each phase began, this step
         self._last_sample: dict | None = None       # shown by the dashboard after each step
         self.stopped_by: int | None = None          # the signal that stopped train() early, if any
+        self.val_before: dict | None = None         # trainer.val_before_train's metrics (step 0)
         if resume:
             from tinyrl.resume_check import check_resume
 
@@ -179,13 +180,17 @@ class Trainer:
         total = self.total_steps(max_steps)
         self._before_training()
         history = []
+        test_every = self.cfg.trainer.test_every
+        if test_every and self.cfg.trainer.val_before_train and self.step == 0 and total > 0:
+            self.val_before = self._validate_before_train()
         with interrupts.training() as stops:  # SIGINT/SIGTERM: stop cleanly with a checkpoint
             while self.step < total:
                 with stops.step(self):  # a signal before the step's first update abandons it
                     metrics = self.train_step()
                 if stops.abandoned:
                     break
-                if self.cfg.trainer.test_every and self.step % self.cfg.trainer.test_every == 0:
+                # the last step validates too: "after training" is always measured
+                if test_every and (self.step % test_every == 0 or self.step == total):
                     metrics.update(self.validate())
                 self.run.metrics(metrics)
                 for sink in self.sinks:
@@ -205,6 +210,19 @@ class Trainer:
         for sink in self.sinks:
             sink.close()
         return history
+
+    def _validate_before_train(self) -> dict:
+        """trainer.val_before_train (verl's key): the starting model on the same test prompts,
+        logged as step 0 (not a training step: train() does not return it), so a run's accuracy
+        before and after training compare directly."""
+        metrics = {"step": 0, **self.validate()}
+        self.run.metrics(metrics)
+        for sink in self.sinks:
+            sink.log(metrics, 0)
+        if "val/score" in metrics:  # an SFT run's validation may hold only its loss
+            self._notice(f"before training: val/score {metrics['val/score']:.4f} on "
+                         f"{len(self.inputs.test_prompts)} test prompts (greedy)")
+        return metrics
 
     def _prompt_rows(self, step: int) -> list[int]:
         """Row indices of a global step: a seeded permutation per epoch, so resume replays it."""

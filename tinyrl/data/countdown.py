@@ -28,6 +28,8 @@ MIN_NUMBER, MAX_NUMBER, MAX_TARGET = 1, 100, 1000
 MAX_ROWS = 4_000_000
 _ATOM, _MUL, _ADD = 3, 2, 1  # precedence of a literal, of * and /, of + and -
 _PROGRESS_EVERY = 4096
+OPERANDS = (3, 4)  # how many numbers a task has (TinyZero: 3 or 4), drawn uniformly
+_MAX_MISSES = 100_000
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}  # exact
 
 
@@ -49,10 +51,10 @@ def _combine(rng: random.Random, a: tuple, b: tuple) -> tuple:
     return value, f"{left} {op} {right}", prec
 
 
-def make_task(rng: random.Random, n_numbers: int) -> tuple[list[int], int, str]:
+def make_task(rng: random.Random, n_numbers: int, max_number: int = MAX_NUMBER) -> tuple[list[int], int, str]:
     """(numbers, target, reference solution) using every number exactly once."""
     while True:  # about half the draws land in 1..MAX_TARGET
-        nums = [rng.randint(MIN_NUMBER, MAX_NUMBER) for _ in range(n_numbers)]
+        nums = [rng.randint(MIN_NUMBER, max_number) for _ in range(n_numbers)]
         pool = [(n, str(n), _ATOM) for n in nums]
         while len(pool) > 1:
             a = pool.pop(rng.randrange(len(pool)))
@@ -62,12 +64,18 @@ def make_task(rng: random.Random, n_numbers: int) -> tuple[list[int], int, str]:
             return nums, target, solution
 
 
-def _tasks(rng: random.Random, size: int, exclude: set, tick) -> list[tuple]:
-    tasks = []
+def _tasks(rng: random.Random, size: int, exclude: set, tick, operands=OPERANDS, max_number=MAX_NUMBER) -> list[tuple]:
+    tasks, misses = [], 0
     while len(tasks) < size:
-        nums, target, solution = make_task(rng, rng.choice((3, 4)))
+        nums, target, solution = make_task(rng, rng.choice(tuple(operands)), max_number)
         if (tuple(sorted(nums)), target) in exclude:
+            misses += 1  # a small task space (few, small numbers) can be nearly all held out
+            if misses > _MAX_MISSES:
+                raise TinyRLError(f"cannot draw training tasks outside the test split: {_MAX_MISSES:,} draws in a "
+                                  f"row were test tasks ({operands} numbers up to {max_number})",
+                                  hint="use more or larger numbers (task.operands, task.max_number) or fewer test tasks")
             continue
+        misses = 0
         tasks.append((nums, target, solution))
         if len(tasks) % _PROGRESS_EVERY == 0:
             tick(_PROGRESS_EVERY)
@@ -93,6 +101,16 @@ def _table(tasks: list[tuple], split: str, template: str) -> pa.Table:
                      "extra_info": extra})
 
 
+def option_problems(operands, max_number) -> list[str]:
+    """The easier-setting options (task.operands, task.max_number), every problem at once."""
+    out = []
+    if not operands or any(isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= 6 for n in operands):
+        out.append(f"task.operands = {list(operands)} must list numbers-per-task counts from 2 to 6, e.g. [3, 4]")
+    if isinstance(max_number, bool) or not isinstance(max_number, int) or not 2 <= max_number <= MAX_NUMBER:
+        out.append(f"task.max_number = {max_number!r} must be an integer from 2 to {MAX_NUMBER}")
+    return out
+
+
 def _progress_bar(enabled: bool):
     if not enabled:
         return nullcontext(None)
@@ -107,9 +125,15 @@ def _with_responses(table: pa.Table, tasks: list[tuple]) -> pa.Table:
 
 
 def generate_countdown(out_dir: str | Path, train_size: int, test_size: int, seed: int = 0,
-                       template: str = "base", progress: bool = True, sft: bool = False) -> tuple[Path, Path]:
+                       template: str = "base", progress: bool = True, sft: bool = False, operands=OPERANDS,
+                       max_number: int = MAX_NUMBER) -> tuple[Path, Path]:
     """Write `train.parquet` and `test.parquet` under `out_dir` (with `sft`, also
-    `sft_train.parquet` and `sft_test.parquet`); return the paths of the first two."""
+    `sft_train.parquet` and `sft_test.parquet`); return the paths of the first two. `operands`:
+    the numbers per task (one count drawn per task), `max_number`: the largest number (easier
+    settings for small models; the defaults are TinyZero's)."""
+    problems = option_problems(operands, max_number)
+    if problems:
+        raise TinyRLError("; ".join(problems), hint="e.g. operands (2, 3) and max_number 20")
     for name, size in (("train_size", train_size), ("test_size", test_size)):
         if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_ROWS:
             raise TinyRLError(f"{name} must be an integer from 1 to {MAX_ROWS:,}, got {size!r}",
@@ -125,9 +149,10 @@ def generate_countdown(out_dir: str | Path, train_size: int, test_size: int, see
         job = bar.add_task("countdown tasks", total=train_size + test_size) if bar else None
         tick = (lambda k: bar.advance(job, k)) if bar else (lambda k: None)
         # String seeds are hashed with sha512: stable across runs, and the streams differ.
-        test = _tasks(random.Random(f"tinyrl-countdown:{seed}:test"), test_size, set(), tick)
+        draw = dict(tick=tick, operands=operands, max_number=max_number)
+        test = _tasks(random.Random(f"tinyrl-countdown:{seed}:test"), test_size, set(), **draw)
         held_out = {(tuple(sorted(t[0])), t[1]) for t in test}
-        train = _tasks(random.Random(f"tinyrl-countdown:{seed}:train"), train_size, held_out, tick)
+        train = _tasks(random.Random(f"tinyrl-countdown:{seed}:train"), train_size, held_out, **draw)
     try:
         for path, tasks, split in ((paths[0], train, "train"), (paths[1], test, "test")):
             table = _table(tasks, split, template)

@@ -63,7 +63,8 @@ def ensure_data(cfg: Config, workdir: Path, rows: int = 64) -> str:
     if task.generate is None:
         raise TinyRLError(f"data.train_path = {cfg.data.train_path} does not exist and the {task.name} task "
                           "does not generate data", hint=f"make it first: {task.data_hint}")
-    train, _ = task.generate(workdir / "data", rows, 16, seed=cfg.data.generate_seed, template=template_of(cfg.task))
+    train, _ = task.generate(workdir / "data", rows, 16, seed=cfg.data.generate_seed, template=template_of(cfg.task),
+                             **task.generate_options(cfg.task))
     missing, cfg.data.train_path = cfg.data.train_path, str(train)
     return f"{rows} rows generated for the check ({missing} does not exist yet)"
 

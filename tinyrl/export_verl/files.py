@@ -55,7 +55,7 @@ def write_data(cfg: Config, data_dir: Path, with_row: bool) -> tuple[Path, Path]
             raise TinyRLError(f"data.train_path = {cfg.data.train_path} does not exist",
                               hint=f"make it with {task.data_hint}")
         task.generate(data_dir, cfg.data.generate_train_size, 1024, seed=cfg.data.generate_seed,
-                      template=template_of(cfg.task), progress=False)
+                      template=template_of(cfg.task), progress=False, **task.generate_options(cfg.task))
     test_source = resolve_path(cfg.data.test_path)
     if not test_source.exists():
         raise TinyRLError(f"data.test_path = {cfg.data.test_path} does not exist",

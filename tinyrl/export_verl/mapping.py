@@ -79,8 +79,8 @@ def map_config(cfg: Config, ctx: Context) -> Mapping:
         part(cfg, ctx, m, o)
     for dotted in ("reward.fn", "reward.extra_fns", "reward.weights", "reward.timeout_s", "task.name", "task.template",
                    "task.format_score", "task.strict", "task.answer_format", "task.correct_score",
-                   "task.wrong_score", "task.verify_timeout_s"):
-        m.get(cfg, dotted, None)  # baked into reward_fn.py (the template: already in the data)
+                   "task.wrong_score", "task.verify_timeout_s", "task.operands", "task.max_number"):
+        m.get(cfg, dotted, None)  # baked into reward_fn.py (the template and generation options: in the data)
     # verl 0.9.1 moved the top-level custom_reward_function.* (still accepted, migrated in
     # experimental/reward_loop/reward_loop.py) to reward.custom_reward_function.*: use the new home.
     o["reward.custom_reward_function.path"] = ctx.reward_path
@@ -307,7 +307,8 @@ def _trainer(cfg, ctx, m, o):
     if g("trainer.val_n", 0):
         m.note(cfg, "trainer.val_n", "tinyrl samples val_n completions per validation problem for pass@k; "
                "verl validates with actor_rollout_ref.rollout.val_kwargs.n (set it by hand)")
-    o["trainer.val_before_train"] = False  # tinyrl validates after steps test_every, 2*test_every, ...
+    # verl's own key: validate the starting model once before the first step (as tinyrl does)
+    o["trainer.val_before_train"] = bool(g("trainer.val_before_train") and g("trainer.test_every"))
     # tinyrl 0 = save at the end only; verl saves nothing unless save_freq > 0 (then also at the end)
     o["trainer.save_freq"] = g("trainer.save_every") or max(1, total)
     o["trainer.max_actor_ckpt_to_keep"] = o["trainer.max_critic_ckpt_to_keep"] = g("trainer.keep_last")

@@ -31,3 +31,5 @@ class Task:
     task_line: Callable[[str], str | None] = lambda prompt: None   # the line of a prompt worth showing
     answer_patterns: tuple[str, ...] = field(default=())           # regexes of the answer span (dashboard)
     config_problems: Callable[[Any], list[str]] = lambda task_cfg: []
+    # TaskConfig -> keyword arguments for `generate` (the task's own data options)
+    generate_options: Callable[[Any], dict] = lambda task_cfg: {}

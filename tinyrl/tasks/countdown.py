@@ -48,18 +48,38 @@ def extract_answer(completion: str, task_cfg: Any = None) -> str | None:
 
 
 def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: str = "base",
-             progress: bool = True, sft: bool = False) -> tuple[Path, Path]:
+             progress: bool = True, sft: bool = False, **options) -> tuple[Path, Path]:
+    """`options`: operands, max_number (the easier settings, see `_generate_options`)."""
     from tinyrl.data.countdown import generate_countdown
 
     return generate_countdown(out_dir, train_size, test_size, seed=seed, template=template, progress=progress,
-                              sft=sft)
+                              sft=sft, **options)
 
 
 def generate_sft(out_dir, train_size: int, test_size: int, seed: int = 0, template: str = "base",
-                 progress: bool = True) -> tuple[Path, Path]:
+                 progress: bool = True, **options) -> tuple[Path, Path]:
     """The same tasks with reference responses: -> (sft_train.parquet, sft_test.parquet)."""
-    train, test = generate(out_dir, train_size, test_size, seed=seed, template=template, progress=progress, sft=True)
+    train, test = generate(out_dir, train_size, test_size, seed=seed, template=template, progress=progress, sft=True,
+                           **options)
     return train.with_name("sft_train.parquet"), test.with_name("sft_test.parquet")
+
+
+def _generate_options(t: Any) -> dict:
+    return {"operands": tuple(t.operands), "max_number": t.max_number}
+
+
+def _config_problems(t: Any) -> list[str]:
+    from tinyrl.data.countdown import option_problems
+
+    return option_problems(t.operands, t.max_number)
+
+
+def _operand_counts(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise TinyRLError(f"--operands {text!r} is not a comma-separated list of integers",
+                          hint="e.g. --operands 3,4 (TinyZero) or --operands 2,3") from e
 
 
 def data_command(
@@ -68,6 +88,8 @@ def data_command(
     test_size: int = typer.Option(1_024, help="Test tasks (TinyZero: 1,024)."),
     seed: int = typer.Option(0, help="Random seed; the same seed gives the same files."),
     template: str = typer.Option("base", help="Prompt template: base | qwen-instruct."),
+    operands: str = typer.Option("3,4", help="Numbers per task, one count drawn per task (TinyZero: 3,4)."),
+    max_number: int = typer.Option(100, help="Largest number in a task (TinyZero: 100)."),
     sft: bool = typer.Option(False, "--sft", help="Also write sft_train.parquet and sft_test.parquet: the same "
                              "tasks with a `response` column, the reference solution in the answer format "
                              "(for `tinyrl sft`)."),
@@ -81,7 +103,8 @@ def data_command(
         raise TinyRLError(f"--train-size and --test-size must be between 1 and {MAX_ROWS:,} "
                           f"(got {train_size:,} and {test_size:,})",
                           hint="TinyZero uses --train-size 327680 --test-size 1024")
-    train, test = generate(out_dir, train_size, test_size, seed=seed, template=template, sft=sft)
+    train, test = generate(out_dir, train_size, test_size, seed=seed, template=template, sft=sft,
+                           operands=_operand_counts(operands), max_number=max_number)
     Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
     if sft:
         Console().print(f"wrote {train.with_name('sft_train.parquet')} and {test.with_name('sft_test.parquet')} "
@@ -106,4 +129,6 @@ TASK = Task(
     data_hint="`tinyrl data countdown --out DIR`",
     task_line=_task_line,
     answer_patterns=(r"<answer>.*?</answer>",),
+    config_problems=_config_problems,
+    generate_options=_generate_options,
 )
