@@ -179,7 +179,7 @@ def _run_command(command: str, preset: str, overrides: Optional[list[str]], out_
                                "has none), or choose another --out directory")
     if max_steps is not None and max_steps < 1:
         raise TinyRLError(f"--max-steps {max_steps} must be at least 1", hint="e.g. --max-steps 3")
-    check_train_path(cfg)  # a mistyped data path fails here, before anything is loaded or written
+    check_train_path(cfg, sft=command == "sft")  # a mistyped data path fails here, before anything is loaded or written
     resume_cmd = _resume_command(preset, overrides, run_dir, max_steps, command)
     try:
         _train(cfg, run_dir, resume, max_steps, no_dashboard, resume_cmd, command)

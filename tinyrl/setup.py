@@ -61,8 +61,9 @@ def generated_paths() -> set[str]:
     return paths
 
 
-def check_train_path(cfg: Config) -> Path:
-    """data.train_path resolved; a missing file is an error unless tinyrl generates it."""
+def check_train_path(cfg: Config, sft: bool = False) -> Path:
+    """data.train_path resolved; a missing file is an error unless tinyrl generates it.
+    sft: the file is for `tinyrl sft` (prompts with responses), so the hint says `--sft`."""
     path = resolve_path(cfg.data.train_path)
     if path.is_dir():
         raise TinyRLError(f"data.train_path = {cfg.data.train_path} is a directory, not a parquet file",
@@ -78,7 +79,7 @@ def check_train_path(cfg: Config) -> Path:
         "generated or written",
         hint=(f"did you mean {path.parent / near[0]}? " if near else "")
         + "check the path (relative paths start at the working directory), make data with "
-        f"`tinyrl data {cfg.task.name} --out DIR`, or leave data.train_path unset to use the preset's own "
+        f"`tinyrl data {cfg.task.name} --out DIR{' --sft' if sft else ''}`, or leave data.train_path unset to use the preset's own "
         "(generated on first use)")
 
 
@@ -86,7 +87,7 @@ def ensure_train_data(cfg: Config, sft: bool = False) -> Path:
     """The training file; the preset's own Countdown file is generated on first use, into a
     fresh temporary directory, then linked into place without replacing any existing file.
     sft: the SFT file (prompts with reference responses, `tinyrl sft`) instead."""
-    path = check_train_path(cfg)
+    path = check_train_path(cfg, sft)
     if path.exists():
         return path
     import shutil
