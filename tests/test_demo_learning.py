@@ -1,14 +1,16 @@
 """README's first command: `tinyrl sft --preset countdown-demo-sft`, then `tinyrl train --preset
-countdown-demo` from that one SFT run on three RL seeds. RL must raise the greedy accuracy on the
+countdown-demo` from that one SFT run on two RL seeds. RL must raise the greedy accuracy on the
 same 256 held-back tasks (val/score at step 0, trainer.val_before_train, against the last step).
 Assertions are on metrics.jsonl, never on time. Not shortened: 300 SFT steps are what it takes
 for the tiny model to copy the numbers at all (200 steps: 3.9%), and 60 RL steps is the preset.
 
-Margin, measured on a busy 2-core machine (the same commands run by hand, same data and seeds):
-SFT 21.5% on the 256 tasks; after 60 GRPO steps, seed 1: 32.8% (+11.3 points), seed 2: 23.4%
-(+2.0; it was 28.9% at step 20 and 24.6% at step 40), seed 3: 30.9% (+9.4). Mean rise +7.6
-points against the threshold of 5: thin (one prompt is 0.4 points, and seed 2's own rise is
-within noise), so the test asserts the mean over the three seeds and that no seed falls.
+Margin, measured on main after padding-free passes landed (quiet 2-core machine, one OpenMP thread
+per run, the same commands by hand, same data and seeds): SFT 8.6% on the 256 tasks; after 60 GRPO
+steps, seed 1: 30.9% (+22.3 points), seed 2: 28.5% (+19.9), seed 3: 28.5% (+19.9). Each seed must
+rise by at least 10 points (26 of 256 tasks): half the smallest rise measured. Two seeds keep CI's
+time down. The SFT end point is sensitive to floating-point order (the padded layout of the same
+300 steps ends at 21.5%, and RL then rose +2.0 to +11.3 points), so this test pins the real
+preset through the real CLI rather than hand-picked numbers.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import pytest
 from tinyrl import jsonl
 
 RL_STEPS = 60
-SEEDS = (1, 2, 3)
-MEAN_RISE = 0.05  # measured +0.076 (module docstring)
+SEEDS = (1, 2)
+MIN_RISE = 0.10  # measured +0.223 and +0.199 (module docstring)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -60,5 +62,4 @@ def rise(sft_run: Path, tmp_path: Path, seed: int) -> float:
 @pytest.mark.slow
 def test_rl_raises_greedy_accuracy_on_held_back_tasks(sft_run, tmp_path):
     rises = [rise(sft_run, tmp_path, seed) for seed in SEEDS]
-    assert min(rises) > 0, rises
-    assert sum(rises) / len(rises) >= MEAN_RISE, rises
+    assert min(rises) >= MIN_RISE, rises
