@@ -63,8 +63,29 @@ def wait_until(proc: subprocess.Popen, condition, limit_s: float = 300) -> bool:
 
 
 def training_started(out: Path, since: float):
+    """This process has closed a phase of a step after the last checkpoint: a timeline line that
+    was not in the file when the process started. Not the file's mtime: a resumed run rewrites
+    timeline.jsonl (RunLog.truncate_after, or repair_tail after a kill) while the trainer is
+    still being built, and a signal then is rightly "before training began" (seen in a
+    clean-clone CI run). Call it right after starting the process (imports take seconds)."""
     timeline = out / "timeline.jsonl"
-    return lambda: timeline.exists() and timeline.stat().st_mtime > since and timeline.stat().st_size > 0
+    latest = ckpt.load_latest(out / "checkpoints") if (out / "checkpoints").is_dir() else None
+    start = latest["step"] if latest else 0
+    before = set(timeline.read_text(errors="replace").splitlines()) if timeline.exists() else set()
+
+    def started() -> bool:
+        if not timeline.exists() or timeline.stat().st_mtime <= since:
+            return False
+        for line in timeline.read_text(errors="replace").splitlines():
+            if line in before:
+                continue
+            try:  # the last line may be half written
+                if json.loads(line).get("step", 0) > start:
+                    return True
+            except json.JSONDecodeError:
+                pass
+        return False
+    return started
 
 
 def assert_same_as(reference: Path, out: Path) -> None:
