@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import re
+import subprocess
+import sys
+import time
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -24,7 +29,8 @@ def test_two_builds_are_identical(tmp_path):
     a = build_tiny_model(tmp_path / "a", warmup_steps=3)
     b = build_tiny_model(tmp_path / "b", warmup_steps=3)
     assert _digest(a) == _digest(b)
-    assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".")]  # no leftovers
+    # no leftover temporary or old builds (the build's lock file stays, as lock files must)
+    assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".") and not p.name.endswith(".lock")]
 
 
 def test_reuses_a_finished_build_and_force_rebuilds(tmp_path):
@@ -35,6 +41,38 @@ def test_reuses_a_finished_build_and_force_rebuilds(tmp_path):
     assert marker.stat().st_mtime_ns == stamp
     assert build_tiny_model(tmp_path, force=True, warmup_steps=0) == first
     assert marker.stat().st_mtime_ns != stamp
+
+
+def test_a_second_process_waits_for_the_running_build_instead_of_building_again(tmp_path):
+    """Two pytest-xdist workers (or two `tinyrl train`s) that start at once share one build.
+    Deterministic: this test holds the build lock, sees the child blocked on it in /proc/locks
+    (a '->' line: a waiting request), builds, releases; the child must then reuse that build."""
+    child_code = ("import logging, sys; logging.basicConfig(level=logging.INFO); "
+                  "from tinyrl.tiny_model import build_tiny_model; "
+                  "print(build_tiny_model(sys.argv[1], warmup_steps=0))")
+    lock_name = ".tiny-qwen2-v1-w0.lock"
+    first = build_tiny_model(tmp_path / "probe", warmup_steps=0)  # learn the lock's name for this recipe
+    lock_name = f".{first.name}.lock"
+    assert (tmp_path / "probe" / lock_name).exists()
+    root = tmp_path / "shared"
+    root.mkdir()
+    with open(root / lock_name, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        child = subprocess.Popen([sys.executable, "-c", child_code, str(root)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        inode = os.fstat(held.fileno()).st_ino
+        deadline = time.monotonic() + 300  # only catches a child that never waits (torch import: ~3 s)
+        while not any("->" in line and f":{inode} " in line for line in open("/proc/locks")):
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "the child never waited for the build lock"
+            time.sleep(0.05)
+        ours = build_tiny_model(root, warmup_steps=0)  # flock is per open file: we pass our own lock
+        stamp = (ours / "tinyrl_build.json").stat().st_mtime_ns
+    out, err = child.communicate(timeout=300)
+    assert child.returncode == 0, err
+    assert out.strip() == str(ours)
+    assert "built tiny model" not in err
+    assert (ours / "tinyrl_build.json").stat().st_mtime_ns == stamp
 
 
 def test_resolve_model_path_passes_other_names_through():

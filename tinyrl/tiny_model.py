@@ -22,6 +22,7 @@ What this file does not know: the trainer, the RL loop, the rollout engines.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -31,6 +32,7 @@ import random
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -98,6 +100,30 @@ def build_tiny_model(
         return final
 
     root.mkdir(parents=True, exist_ok=True)
+    with _build_lock(root / f".{final.name}.lock"):
+        # Whoever held the lock before us may have just finished this very build.
+        if not force and _is_complete(final, recipe):
+            return final
+        return _build_and_rename(root, final, recipe)
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock file, so that processes starting at once (two pytest-xdist workers,
+    two `tinyrl train`s) wait for one ~50 s build instead of each running it on shared cores.
+    The atomic rename below keeps the result correct without it; the lock only saves the work.
+    Where fcntl is missing (Windows) every process builds, as before."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, also on a crash
+        yield
+
+
+def _build_and_rename(root: Path, final: Path, recipe: TinyRecipe) -> Path:
     tmp = root / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     start = time.perf_counter()
     try:
