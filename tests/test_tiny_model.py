@@ -37,6 +37,26 @@ def test_reuses_a_finished_build_and_force_rebuilds(tmp_path):
     assert marker.stat().st_mtime_ns != stamp
 
 
+def test_a_build_another_process_finished_meanwhile_is_kept(tmp_path, monkeypatch):
+    """Two processes sharing $TINYRL_CACHE (pytest-xdist workers on a clean clone) both build.
+    The one that finishes second must keep the first one's directory, which that process is
+    already loading from, rather than swap it for its own identical build (issue 19)."""
+    from tinyrl import tiny_model as tm
+
+    real, theirs = tm._build_into, {}
+
+    def racing(out, recipe):
+        monkeypatch.setattr(tm, "_build_into", real)
+        theirs["dir"] = build_tiny_model(tmp_path, warmup_steps=0)  # the other process, done first
+        theirs["inode"] = theirs["dir"].stat().st_ino
+        real(out, recipe)
+
+    monkeypatch.setattr(tm, "_build_into", racing)
+    final = build_tiny_model(tmp_path, warmup_steps=0)
+    assert final == theirs["dir"] and final.stat().st_ino == theirs["inode"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # ours went away
+
+
 def test_resolve_model_path_passes_other_names_through():
     assert resolve_model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
     assert TINY_MODEL_NAME == "tinyrl/tiny-qwen2"

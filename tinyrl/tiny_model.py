@@ -102,6 +102,10 @@ def build_tiny_model(
     start = time.perf_counter()
     try:
         _build_into(tmp, recipe)
+        if not force and _is_complete(final, recipe):
+            # Another process (a second pytest-xdist worker, say) finished the same build while
+            # this one ran, and may be loading from it now: keep theirs (builds are identical).
+            return final
         if final.exists():
             # Move the old build aside first: rename onto a non-empty dir is not allowed.
             trash = root / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
