@@ -98,4 +98,6 @@ def test_warmed_model_answers_in_format_only_sometimes(tiny_model_dir):
         )
     texts = tok.batch_decode(out[:, batch.input_ids.shape[1]:], skip_special_tokens=True)
     rate = sum(bool(re.search(r"<answer>.*?</answer>", t)) for t in texts) / len(texts)
+    # Seed 0 gives 0.36; seeds 0-5 gave 0.33-0.41, the same on 1 and 2 OpenMP threads: at least
+    # 0.28 (18 of the 64 samples) inside either bound, so another seed or thread count won't cross one.
     assert 0.05 <= rate <= 0.7, rate
