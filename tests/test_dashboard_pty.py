@@ -20,6 +20,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 # Rich reads these; a CI runner's values must not leak into the pane's size or colour choice.
+END_MARK = "TMUX-COMMAND-ENDED"  # printed by the pane's shell after the command (Tmux.wait_exit)
 RICH_ENV = ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "JUPYTER_COLUMNS")
 
 FEED = textwrap.dedent('''
@@ -65,9 +66,13 @@ class Tmux:
         self.base = ["tmux", "-S", str(tmp / "tmux.sock"), "-f", str(conf)]
         # The shell records the exit status itself: tmux's #{pane_dead_status} was seen to stay
         # empty after the command ended, now and then, here (tmux 3.3a).
+        # The status file says the command ended, not that the tmux server has read its last
+        # bytes from the pty (another process; on a loaded machine it may run later), so the shell
+        # also prints END_MARK after the command: once the pane shows it, everything the command
+        # wrote before it is on screen too (a pty delivers bytes in order).
         self.status_file = tmp / "exit_status"
-        wrapped = f"{command}; echo $? > {shlex.quote(str(self.status_file))}.part; " \
-                  f"mv {shlex.quote(str(self.status_file))}.part {shlex.quote(str(self.status_file))}"
+        status = shlex.quote(str(self.status_file))
+        wrapped = f"{command}; s=$?; echo; echo {END_MARK}; echo $s > {status}.part; mv {status}.part {status}"
         subprocess.run(self.base + ["new-session", "-d", "-s", "t", "-x", str(width), "-y", str(height),
                                     "sh -c " + shlex.quote(wrapped)], check=True, env=clean_env(), cwd=REPO)
 
@@ -78,7 +83,8 @@ class Tmux:
         """The command's exit status. `limit_s` only stops a hung command from hanging the suite."""
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
-            if self.status_file.exists():  # written whole by `mv`, never half
+            # status: written whole by `mv`, never half; END_MARK on screen: the pane is complete
+            if self.status_file.exists() and END_MARK in self.capture():
                 return int(self.status_file.read_text())
             time.sleep(0.2)
         raise AssertionError(f"still running after {limit_s:.0f}s; the pane shows:\n{self.capture()}")

@@ -50,7 +50,8 @@ def test_a_second_process_waits_for_the_running_build_instead_of_building_again(
     child_code = ("import logging, sys; logging.basicConfig(level=logging.INFO); "
                   "from tinyrl.tiny_model import build_tiny_model; "
                   "print(build_tiny_model(sys.argv[1], warmup_steps=0))")
-    lock_name = ".tiny-qwen2-v1-w0.lock"
+    from tinyrl import tiny_model as tm
+
     first = build_tiny_model(tmp_path / "probe", warmup_steps=0)  # learn the lock's name for this recipe
     lock_name = f".{first.name}.lock"
     assert (tmp_path / "probe" / lock_name).exists()
@@ -66,13 +67,39 @@ def test_a_second_process_waits_for_the_running_build_instead_of_building_again(
             assert child.poll() is None, child.communicate()
             assert time.monotonic() < deadline, "the child never waited for the build lock"
             time.sleep(0.05)
-        ours = build_tiny_model(root, warmup_steps=0)  # flock is per open file: we pass our own lock
+        # flock is per open file, so build_tiny_model here would wait for our own lock: build directly
+        ours = tm._build_and_rename(root, root / first.name, tm.TinyRecipe(warmup_steps=0), force=False)
         stamp = (ours / "tinyrl_build.json").stat().st_mtime_ns
     out, err = child.communicate(timeout=300)
     assert child.returncode == 0, err
     assert out.strip() == str(ours)
     assert "built tiny model" not in err
     assert (ours / "tinyrl_build.json").stat().st_mtime_ns == stamp
+
+
+def test_a_build_another_process_finished_meanwhile_is_kept(tmp_path, monkeypatch):
+    """Two processes sharing $TINYRL_CACHE (pytest-xdist workers on a clean clone) both build
+    where there is no build lock (no fcntl: Windows). The one that finishes second must keep the
+    first one's directory, which that process is already loading from, rather than swap it for
+    its own identical build (issue 19)."""
+    import contextlib
+
+    from tinyrl import tiny_model as tm
+
+    monkeypatch.setattr(tm, "_build_lock", lambda path: contextlib.nullcontext())
+
+    real, theirs = tm._build_into, {}
+
+    def racing(out, recipe):
+        monkeypatch.setattr(tm, "_build_into", real)
+        theirs["dir"] = build_tiny_model(tmp_path, warmup_steps=0)  # the other process, done first
+        theirs["inode"] = theirs["dir"].stat().st_ino
+        real(out, recipe)
+
+    monkeypatch.setattr(tm, "_build_into", racing)
+    final = build_tiny_model(tmp_path, warmup_steps=0)
+    assert final == theirs["dir"] and final.stat().st_ino == theirs["inode"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # ours went away (and no lock)
 
 
 def test_resolve_model_path_passes_other_names_through():
@@ -116,4 +143,6 @@ def test_warmed_model_answers_in_format_only_sometimes(tiny_model_dir):
         )
     texts = tok.batch_decode(out[:, batch.input_ids.shape[1]:], skip_special_tokens=True)
     rate = sum(bool(re.search(r"<answer>.*?</answer>", t)) for t in texts) / len(texts)
+    # Seed 0 gives 0.36; seeds 0-5 gave 0.33-0.41, the same on 1 and 2 OpenMP threads: at least
+    # 0.28 (18 of the 64 samples) inside either bound, so another seed or thread count won't cross one.
     assert 0.05 <= rate <= 0.7, rate

@@ -104,15 +104,15 @@ def build_tiny_model(
         # Whoever held the lock before us may have just finished this very build.
         if not force and _is_complete(final, recipe):
             return final
-        return _build_and_rename(root, final, recipe)
+        return _build_and_rename(root, final, recipe, force)
 
 
 @contextlib.contextmanager
 def _build_lock(path: Path) -> Iterator[None]:
     """An exclusive lock file, so that processes starting at once (two pytest-xdist workers,
     two `tinyrl train`s) wait for one ~50 s build instead of each running it on shared cores.
-    The atomic rename below keeps the result correct without it; the lock only saves the work.
-    Where fcntl is missing (Windows) every process builds, as before."""
+    Without it the result is still correct (a finished build found at the end is kept, and the
+    rename is atomic); the lock only saves the work. Without fcntl (Windows) every process builds."""
     try:
         import fcntl
     except ImportError:
@@ -123,11 +123,15 @@ def _build_lock(path: Path) -> Iterator[None]:
         yield
 
 
-def _build_and_rename(root: Path, final: Path, recipe: TinyRecipe) -> Path:
+def _build_and_rename(root: Path, final: Path, recipe: TinyRecipe, force: bool) -> Path:
     tmp = root / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     start = time.perf_counter()
     try:
         _build_into(tmp, recipe)
+        if not force and _is_complete(final, recipe):
+            # Another process (a second pytest-xdist worker, say) finished the same build while
+            # this one ran, and may be loading from it now: keep theirs (builds are identical).
+            return final
         if final.exists():
             # Move the old build aside first: rename onto a non-empty dir is not allowed.
             trash = root / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
