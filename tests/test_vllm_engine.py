@@ -15,7 +15,8 @@ from tinyrl.rollout.base import SamplingSettings
 from tinyrl.rollout.factory import make_engine
 from tinyrl.rollout.vllm_engine import _merged_state_dict
 
-pytestmark = pytest.mark.vllm
+# One vLLM engine per process (the session fixture): under pytest-xdist these tests share a worker.
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
 
 # The engine runs in fp32 here (conftest), so engine and trainer differ only by summation
 # order: ~3e-6 per token was measured. 1e-3 keeps a wide margin and is still hundreds of

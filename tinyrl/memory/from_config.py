@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -216,7 +217,7 @@ def plan_path(cfg: Config, gpu: GPU) -> Path:
 
 def save_plan(plan: MemoryPlan, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")  # per process: two probes may save at once
     tmp.write_text(plan.to_json())
     tmp.replace(path)  # atomic: a killed write never leaves half a plan for train to read
     return path
