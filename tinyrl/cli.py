@@ -40,6 +40,16 @@ app.add_typer(data_app, name="data")
 out = Console()
 err = Console(stderr=True)
 
+
+def _width_from_environment() -> None:
+    """Both consoles take COLUMNS as it is now. Rich reads it once, when a Console is made (at
+    import): a caller that imports tinyrl.cli and then calls main() with COLUMNS set (the tests,
+    doctor's helpers) would otherwise get the width of whatever terminal was there at import,
+    and a long error wraps differently with the length of its paths."""
+    columns = os.environ.get("COLUMNS", "")
+    for console in (out, err):
+        console.width = int(columns) if columns.isdigit() else None  # None: the terminal's size
+
 PresetOpt = typer.Option(..., "--preset", "-p", help="Preset name (see `tinyrl presets`) or path to a .toml file.")
 SetOpt = typer.Option(None, "--set", "-s", help="Override a setting, e.g. --set actor.lr=1e-6 (repeatable).")
 # train and sft
@@ -490,6 +500,7 @@ def report(
 
 
 def main() -> None:
+    _width_from_environment()
     try:
         app()
     except KeyboardInterrupt:  # commands other than train: nothing half-written to report
