@@ -29,17 +29,21 @@ PACKED_ATTENTION = "tinyrl_packed"
 @dataclass
 class Layout:
     """Where a packed row's tokens sit. The packed row [N] holds each distinct prompt of the batch
-    once, then every row's response; `src` [S * L] names the packed token in each slot of a
-    right-padded [S, L] one-sequence-per-row layout (a shared prompt's tokens appear in each of
-    its sequences; padding slots name token 0 and are never attended to), `dest` [N] the one
-    slot whose output each packed token takes (a prompt's in its first row), `hidden` [B, T]
-    the packed token at each place of the padded batch (N: padding, a zero row)."""
+    once, then every row's response. Attention runs in two right-padded layouts, the index
+    tensors naming the packed token in each slot (padding slots name token 0):
+      prompts   `p_src` [G * Lp]: each distinct prompt, causal;
+      responses `q_src` [B * Rq] the queries, `k_src` [B * Lk] the keys (the row's prompt, then
+                its response), `mask` [B, 1, Rq, Lk] (key k is seen by query i iff k <= prompt + i).
+    `dest` [N] is the slot of each packed token in the two outputs laid end to end, `hidden`
+    [B, T] the packed token at each place of the padded batch (N: padding, a zero row)."""
 
-    src: torch.Tensor
+    p_src: torch.Tensor
+    q_src: torch.Tensor
+    k_src: torch.Tensor
+    mask: torch.Tensor
     dest: torch.Tensor
     hidden: torch.Tensor
-    S: int
-    L: int
+    shapes: tuple[int, int, int, int, int]  # G, Lp, B, Rq, Lk
 
 
 def _packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
@@ -52,22 +56,27 @@ def _packed_attention(module, query, key, value, attention_mask, dropout: float 
     if layout is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
-    # Each sequence to its own row of a right-padded [S, L] layout for this call only: with the
-    # padding AFTER the real tokens, plain causal attention is exact for every real query (its
-    # keys 0..j are all real), so sdpa needs no mask and may take its flash kernel; the padded
-    # queries' outputs are dropped. One call for all sequences: per-sequence slices cost a
-    # full-size zero tensor each in backward (SliceBackward). A shared prompt is gathered into
-    # each of its sequences here, so only its attention (not its linears, MLP, norms) is
-    # computed per sequence; the gather's backward sums the sequences' gradients into it.
-    S, L = layout.S, layout.L
+    # Gathered into right-padded per-sequence rows for this call only; one sdpa call per part
+    # (per-sequence slices cost a full-size zero tensor each in backward, SliceBackward). Prompts:
+    # with the padding AFTER the real tokens plain causal attention is exact for every real
+    # query, so no mask (sdpa may take its flash kernel). Responses: each sequence's queries see
+    # its prompt (gathered from the one packed copy; the gather's backward sums the sequences'
+    # gradients into it) and its own response so far. A shared prompt's queries are computed
+    # once, its keys/values once per sequence. Padded queries' outputs are dropped.
+    G, Lp, B, Rq, Lk = layout.shapes
 
-    def rows(x: torch.Tensor) -> torch.Tensor:                           # [1, H, N, D] -> [S, H, L, D]
+    def rows(x: torch.Tensor, src: torch.Tensor, S: int, L: int) -> torch.Tensor:  # -> [S, H, L, D]
         flat = x[0].transpose(0, 1)                                      # [N, H, D]
-        return flat.index_select(0, layout.src).view(S, L, *flat.shape[1:]).transpose(1, 2)
+        return flat.index_select(0, src).view(S, L, *flat.shape[1:]).transpose(1, 2)
 
-    out, _ = sdpa_attention_forward(module, rows(query), rows(key), rows(value), None, dropout=dropout,
-                                    scaling=scaling, is_causal=True, **kwargs)   # [S, L, Hq, D]
-    return out.reshape(S * L, *out.shape[2:]).index_select(0, layout.dest)[None], None   # [1, N, Hq, D]
+    prompts, _ = sdpa_attention_forward(module, rows(query, layout.p_src, G, Lp), rows(key, layout.p_src, G, Lp),
+                                        rows(value, layout.p_src, G, Lp), None, dropout=dropout, scaling=scaling,
+                                        is_causal=True, **kwargs)     # [G, Lp, Hq, D]
+    answers, _ = sdpa_attention_forward(module, rows(query, layout.q_src, B, Rq), rows(key, layout.k_src, B, Lk),
+                                        rows(value, layout.k_src, B, Lk), layout.mask, dropout=dropout,
+                                        scaling=scaling, is_causal=False, **kwargs)  # [B, Rq, Hq, D]
+    out = torch.cat([prompts.reshape(G * Lp, *prompts.shape[2:]), answers.reshape(B * Rq, *answers.shape[2:])])
+    return out.index_select(0, layout.dest)[None], None                  # [1, N, Hq, D]
 
 
 def use_packed_attention(model: torch.nn.Module) -> None:
@@ -107,17 +116,29 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
     at = (owner[:, None] * T + torch.arange(prompt_len)).view(-1)
     sharer = ~keep[:, :prompt_len] & real_p
     packed_of.view(B, T)[:, :prompt_len][sharer] = packed_of[at].view(B, prompt_len)[sharer]
-    # Real tokens of a row are contiguous (left-padded prompt, right-padded response).
-    lengths = mask.sum(-1)                                               # [B]
-    start = T - (~mask).long().flip(-1).cumprod(-1).sum(-1) - lengths    # first real column per row
-    L = int(lengths.max())
-    k = torch.arange(L)
-    valid = k < lengths[:, None]                                         # [B, L]
-    col = (start[:, None] + k).clamp(max=T - 1)
-    src = torch.where(valid, packed_of.view(B, T).gather(1, col), 0).view(-1)
+    # Real tokens of a row are contiguous: the prompt's plen columns before prompt_len, then rlen.
+    plen, rlen = real_p.sum(-1), mask[:, prompt_len:].sum(-1)           # [B]
+    by_row = packed_of.view(B, T)
+
+    def slots(row_ids: torch.Tensor, col0: torch.Tensor, count: torch.Tensor):
+        """-> ([len(row_ids) * L] packed token per slot, L): `count` tokens from column `col0`."""
+        L = max(1, int(count.max()) if count.numel() else 1)
+        k = torch.arange(L)
+        col = (col0[:, None] + k).clamp(max=T - 1)
+        return torch.where(k < count[:, None], by_row[row_ids].gather(1, col), 0).view(-1), L
+
+    holders = (owner == torch.arange(B)).nonzero()[:, 0]                 # [G] rows that pack a prompt
+    p_src, Lp = slots(holders, prompt_len - plen[holders], plen[holders])
+    q_src, Rq = slots(torch.arange(B), torch.full((B,), prompt_len), rlen)
+    k_src, Lk = slots(torch.arange(B), prompt_len - plen, plen + rlen)
+    see = torch.arange(Lk)[None, None, :] <= (plen[:, None, None] + torch.arange(Rq)[None, :, None])
+    G = len(holders)
     b, t = take // T, take % T
-    dest = b * L + t - start[b]
-    layout = Layout(src.to(device), dest.to(device), packed_of.view(B, T).to(device), B, L)
+    slot_of_holder = torch.zeros(B, dtype=torch.long)
+    slot_of_holder[holders] = torch.arange(G)
+    dest = torch.where(t < prompt_len, slot_of_holder[b] * Lp + t - (prompt_len - plen[b]),
+                       G * Lp + b * Rq + t - prompt_len)
+    layout = Layout(*(x.to(device) for x in (p_src, q_src, k_src, see[:, None], dest, by_row)), (G, Lp, B, Rq, Lk))
     return input_ids.reshape(-1)[take.to(device)][None], position_ids.reshape(-1)[take.to(device)][None], layout, \
         attention_mask.bool()
 
