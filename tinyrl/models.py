@@ -7,8 +7,9 @@ frozen copy (only sensible for small models).
 
 What it knows: how to get hidden states, token log-probs (chunked over the sequence, never a full
 fp32 [B, T, V] logits tensor) and values for a padded batch; with model.padding_free (default)
-the bodies see only the batch's real tokens, packed in one row (tinyrl.packing), and the LM head
-only real response tokens; results come back padded, [B, R]. It knows nothing of RL losses.
+the bodies see only the batch's real tokens, packed in one row (a prompt shared by several rows
+once: tinyrl.packing), and the LM head only real response tokens; results come back padded,
+[B, R]. It knows nothing of RL losses.
 """
 
 from __future__ import annotations

@@ -4,17 +4,23 @@ Knows: a Batch's layout (left-padded prompt + right-padded response, position id
 real tokens only, so they restart at 0 in every row) and transformers' attention interface.
 Does not know: RL, roles, configs.
 
-The packed row holds only real tokens (tokens computed / real tokens = 1.0); its position ids
-restart per sequence, so RoPE sees each sequence exactly as in the padded batch. Attention must
-stay within a sequence: transformers (5.19, masking_utils.py:856-862 and 974-976) would notice the
-restarting position ids and build a block-diagonal [N, N] mask for sdpa/eager, which makes
-attention quadratic in the TOTAL token count (N = 5,700 here: 25x the work of the padded batch's
-attention). So the models get one more attention implementation, "tinyrl_packed": given the
-sequence boundaries (`cu_seq_lens_q`, the keyword transformers' flash-attention varlen path
-uses, modeling_flash_attention_utils.py) it runs causal sdpa per sequence, no mask at all;
-without them (generation, any other caller) it is transformers' own sdpa, mask and all.
-The boundaries reach every layer as keyword arguments of the body's forward (Qwen2Model passes
-**kwargs to each decoder layer, and GradientCheckpointingLayer to its recomputation too).
+The packed row holds only real tokens, and a prompt shared by several rows (GRPO's n samples of
+one prompt, found by content) only once: causal attention makes a prompt's hidden states
+independent of what follows it, so its linears, MLP and norms run once and its states are
+gathered into every row that has it (tokens computed / real tokens < 1 then; = 1 when no
+prompt repeats). Position ids come from the padded batch, so RoPE sees each sequence exactly as
+there. Attention must stay within a sequence: transformers (5.19, masking_utils.py:856-862 and
+974-976) would notice the restarting position ids and build a block-diagonal [N, N] mask for
+sdpa/eager, which makes attention quadratic in the TOTAL token count (N = 5,700 here: 25x the
+work of the padded batch's attention). So the models get one more attention implementation,
+"tinyrl_packed": given a Layout (keyword `tinyrl_layout`) it runs sdpa per sequence (see
+`_packed_attention`); without one (generation, any other caller) it is transformers' own sdpa,
+mask and all. The layout reaches every layer as a keyword argument of the body's forward
+(Qwen2Model passes **kwargs to each decoder layer, and GradientCheckpointingLayer to its
+recomputation too).
+On CUDA the gathers' backward (index_select's is index_add_, atomic adds) sums a shared prompt's
+rows in no fixed order, so its gradient may differ in the last bits between runs there (unless
+torch.use_deterministic_algorithms); on CPU it is reproducible.
 """
 
 from __future__ import annotations
