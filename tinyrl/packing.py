@@ -41,12 +41,15 @@ class Layout:
       responses `q_src` [B * Rq] the queries, `k_src` [B * Lk] the keys (the row's prompt, then
                 its response), `mask` [B, 1, Rq, Lk] (key k is seen by query i iff k <= prompt + i).
     `dest` [N] is the slot of each packed token in the two outputs laid end to end, `hidden`
-    [B, T] the packed token at each place of the padded batch (N: padding, a zero row)."""
+    [B, T] the packed token at each place of the padded batch (N: padding, a zero row).
+    When no prompt is shared (SFT, PPO's one answer a prompt) there is one part: each sequence
+    whole in `k_src`, causal, `dest` into it (the float sums of the layout before prompts were
+    shared: the demo's SFT end point is sensitive to them, README)."""
 
     p_src: torch.Tensor
     q_src: torch.Tensor
     k_src: torch.Tensor
-    mask: torch.Tensor
+    mask: torch.Tensor | None  # None: no shared prompt (one part)
     dest: torch.Tensor
     hidden: torch.Tensor
     shapes: tuple[int, int, int, int, int]  # G, Lp, B, Rq, Lk
@@ -75,6 +78,11 @@ def _packed_attention(module, query, key, value, attention_mask, dropout: float 
         flat = x[0].transpose(0, 1)                                      # [N, H, D]
         return flat.index_select(0, src).view(S, L, *flat.shape[1:]).transpose(1, 2)
 
+    if layout.mask is None:  # no shared prompt: every sequence whole, causal
+        out, _ = sdpa_attention_forward(module, rows(query, layout.k_src, B, Lk), rows(key, layout.k_src, B, Lk),
+                                        rows(value, layout.k_src, B, Lk), None, dropout=dropout, scaling=scaling,
+                                        is_causal=True, **kwargs)     # [B, Lk, Hq, D]
+        return out.reshape(B * Lk, *out.shape[2:]).index_select(0, layout.dest)[None], None
     prompts, _ = sdpa_attention_forward(module, rows(query, layout.p_src, G, Lp), rows(key, layout.p_src, G, Lp),
                                         rows(value, layout.p_src, G, Lp), None, dropout=dropout, scaling=scaling,
                                         is_causal=True, **kwargs)     # [G, Lp, Hq, D]
@@ -142,9 +150,14 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
     b, t = take // T, take % T
     slot_of_holder = torch.zeros(B, dtype=torch.long)
     slot_of_holder[holders] = torch.arange(G)
-    dest = torch.where(t < prompt_len, slot_of_holder[b] * Lp + t - (prompt_len - plen[b]),
-                       G * Lp + b * Rq + t - prompt_len)
-    layout = Layout(*(x.to(device) for x in (p_src, q_src, k_src, see[:, None], dest, by_row)), (G, Lp, B, Rq, Lk))
+    if G == B:  # nothing shared: one causal part, each sequence whole
+        dest = b * Lk + t - (prompt_len - plen[b])
+        layout = Layout(p_src.to(device), q_src.to(device), k_src.to(device), None, dest.to(device), by_row.to(device),
+                        (G, Lp, B, Rq, Lk))
+    else:
+        dest = torch.where(t < prompt_len, slot_of_holder[b] * Lp + t - (prompt_len - plen[b]),
+                           G * Lp + b * Rq + t - prompt_len)
+        layout = Layout(*(x.to(device) for x in (p_src, q_src, k_src, see[:, None], dest, by_row)), (G, Lp, B, Rq, Lk))
     return input_ids.reshape(-1)[take.to(device)][None], position_ids.reshape(-1)[take.to(device)][None], layout, \
         attention_mask.bool()
 
