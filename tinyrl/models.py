@@ -233,8 +233,11 @@ class PolicyModels:
             return out.last_hidden_state  # [B, P + R, H]
         # Padding-free (tinyrl.packing): the real tokens in one row (a prompt shared by several
         # rows once), attention per sequence.
+        # SFT (actor_only) shares no prompts: its rows repeat a prompt only by chance (the demo's
+        # 1,024 rows hold 943 prompts), and its end point is sensitive to float summation order
+        # (README: the demo's SFT), so it keeps the one-part layout, bit for bit as before.
         ids, pos, layout, real = pack(batch.input_ids, batch.attention_mask, batch.position_ids,
-                                      batch.input_ids.shape[1] - batch.response_len)
+                                      batch.input_ids.shape[1] - batch.response_len, share_prompts=not self.actor_only)
         self.token_counts[0] += ids.numel()
         self.token_counts[1] += int(real.sum())
         # A dict attention mask is used as is (Qwen2Model.forward: "It may already have been

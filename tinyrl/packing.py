@@ -107,11 +107,13 @@ def use_packed_attention(model: torch.nn.Module) -> None:
             config._attn_implementation = PACKED_ATTENTION
 
 
-def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, prompt_len: int):
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, prompt_len: int,
+         share_prompts: bool = True):
     """[B, T] padded (the first `prompt_len` columns the left-padded prompts) -> (input_ids [1, N],
     position_ids [1, N], Layout, real [B, T] bool) where N = the real tokens, less the repeats
     of a prompt shared by several rows (GRPO's n samples of one prompt): a prompt's hidden
-    states do not depend on the response after it, so each distinct prompt is computed once."""
+    states do not depend on the response after it, so each distinct prompt is computed once.
+    share_prompts=False: every row packs its own prompt (one causal part)."""
     B, T = input_ids.shape
     device = input_ids.device
     mask, ids = attention_mask.bool().cpu(), input_ids.cpu()             # the index work on the host
@@ -119,7 +121,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
     # Rows with the same padded prompt (ids and mask) share it; the first of them holds it.
     _, which = torch.unique(torch.cat([ids[:, :prompt_len] * real_p, real_p.long()], 1), dim=0, return_inverse=True)
     first = torch.full((int(which.max()) + 1,), B).scatter_reduce(0, which, torch.arange(B), "amin")
-    owner = first[which]                                                 # [B]
+    owner = first[which] if share_prompts else torch.arange(B)           # [B]
     keep = mask.clone()
     keep[:, :prompt_len] &= (owner == torch.arange(B))[:, None]          # only the holder packs the prompt
     take = keep.view(-1).nonzero()[:, 0]                                 # [N] into B * T, row-major
