@@ -277,3 +277,60 @@ def test_unmergeable_adapters_keep_the_unmerged_path(model, tok, prompts):
         assert count == 0
     with merged_adapter(model, "actor") as count:  # a plain model (full fine-tuning)
         assert count == 0
+
+
+def _generate_reference(model, tok, prompts, s: SamplingSettings, stop_ids):
+    """What the engine did before its own decode loop: transformers `generate` with the same
+    warpers and a recorder of log_softmax(scores) placed last. -> [(tokens, log-probs)] per row."""
+    from transformers import (GenerationConfig, LogitsProcessorList, TemperatureLogitsWarper,
+                              TopPLogitsWarper)
+
+    steps = []
+
+    def record(input_ids, scores):
+        steps.append(torch.log_softmax(scores.float(), -1))
+        return scores
+
+    n = 1 if s.greedy else s.n
+    procs = [] if s.greedy else [TemperatureLogitsWarper(s.temperature)] * (s.temperature != 1.0) + \
+        [TopPLogitsWarper(s.top_p)] * (s.top_p < 1.0)
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    neutral = {} if s.greedy else {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+    config = GenerationConfig(do_sample=not s.greedy, num_return_sequences=n, max_new_tokens=s.max_new_tokens,
+                              eos_token_id=stop_ids, pad_token_id=tok.pad_token_id, **neutral)
+    with torch.random.fork_rng(), torch.no_grad():
+        torch.manual_seed(s.seed or 0)
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                             logits_processor=LogitsProcessorList(procs + [record]))
+    gen = out[:, width:]
+    rows = []
+    for r in range(gen.shape[0]):
+        toks = gen[r].tolist()
+        end = next((i + 1 for i, t in enumerate(toks) if t in stop_ids), len(toks))
+        lps = [steps[i][r, t].item() for i, t in enumerate(toks[:end])]
+        rows.append((toks[:end], lps))
+    return rows
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("settings", [
+    SamplingSettings(n=3, max_new_tokens=24, seed=11),
+    SamplingSettings(n=2, temperature=0.7, top_p=0.9, max_new_tokens=24, seed=12),
+    SamplingSettings(n=1, greedy=True, max_new_tokens=40),
+], ids=["t1", "t0.7-p0.9", "greedy"])
+def test_decode_loop_gives_generates_tokens_and_logprobs(model, tok, prompts, settings, attention):
+    # The engine's own loop (prefill once per prompt, preallocated KV cache, ready-made masks;
+    # eager attention keeps transformers' masks) draws the same RNG numbers from the same
+    # distribution as generate: same tokens, same log-probs, for every row.
+    m = copy.deepcopy(model)
+    m.config._attn_implementation = attention
+    engine = HFEngine(m, tok, "cpu")
+    got = engine.generate(prompts, settings).completions
+    want = _generate_reference(m, tok, prompts, settings, engine.stop_ids)
+    assert [c.response_ids for c in got] == [w[0] for w in want]
+    if settings.seed == 11:  # rows that stop early and rows cut at max_new_tokens, in one batch
+        assert any(c.finished for c in got) and any(not c.finished for c in got)
+    for c, (_, lps) in zip(got, want):
+        torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(lps), atol=1e-5, rtol=0)

@@ -167,7 +167,8 @@ def test_one_micro_batch_and_four_give_the_same_gradient(tiny_model_dir, role, a
     four = grads([slice(i, i + 1) for i in range(4)])
     assert all(g.abs().sum() > 0 for g in one)
     for a, b in zip(one, four):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+        # float sums reordered: packed attention pads each row's keys to its micro-batch's longest
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-5 * float(b.abs().max()))
 
 
 def test_the_actor_learner_back_propagates_actor_objective_with_the_config_coefficients(tiny_model_dir):

@@ -4,7 +4,8 @@ The packed row holds only real tokens with position ids restarting per sequence,
 stays inside each sequence; so log-probs, entropies, values and gradients must equal the padded
 batch's (to float tolerance), on ragged prompt AND response lengths, with activation
 checkpointing on (its recomputation must see the sequence bounds too), and the tokens computed
-must equal the real tokens (perf/padding_ratio = 1).
+must equal the real tokens (perf/padding_ratio = 1), less a prompt shared by several rows,
+which is computed once.
 """
 
 from __future__ import annotations
@@ -68,6 +69,32 @@ def test_packed_passes_equal_padded_ones(tiny_model_dir, finetune, checkpointing
     assert all(g.abs().sum() > 0 for g in packed_grads)
     for a, b in zip(packed_grads, padded_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))  # float sums reordered
+
+
+def _shared_batch():
+    """GRPO's layout: 3 samples of one prompt, 2 of another (shuffled, as a mini-batch is), one
+    prompt alone, a prompt that is a prefix of another and one as long as another (neither may
+    be shared)."""
+    g = torch.Generator().manual_seed(5)
+    a, b, c, d = (torch.randint(3, 700, (n,), generator=g).tolist() for n in (11, 6, 8, 6))
+    prompts = [a, b, a, c, b, a, c[:5], d]
+    responses = [torch.randint(3, 700, (n,), generator=g).tolist() for n in (4, 9, 1, 6, 12, 7, 3, 5)]
+    return make_batch(prompts, responses, pad_id=0), sum(map(len, responses)) + 11 + 6 + 8 + 5 + 6
+
+
+@pytest.mark.parametrize("finetune,checkpointing", [("lora", True), ("full", True)])
+def test_a_shared_prompt_is_computed_once_and_changes_nothing(tiny_model_dir, finetune, checkpointing):
+    models = _models(tiny_model_dir, finetune, checkpointing)
+    batch, distinct_tokens = _shared_batch()
+    before = list(models.token_counts)
+    packed_out, packed_grads = _passes(models, batch, True)
+    computed, real = (a - b for a, b in zip(models.token_counts, before))
+    assert (computed, real) == (3 * distinct_tokens, 3 * int(batch.attention_mask.sum()))
+    padded_out, padded_grads = _passes(models, batch, False)
+    for a, b in zip(packed_out, padded_out):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for a, b in zip(packed_grads, padded_grads):  # a shared prompt's gradient: the sum over its rows
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
 
 
 def test_a_packed_sequence_does_not_see_its_neighbours(tiny_model_dir):

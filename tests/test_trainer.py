@@ -114,6 +114,16 @@ def test_training_passes_compute_no_padding(tmp_path, padding_free):
         assert all(v > 1.0 for v in ratios.values()), ratios
 
 
+def test_grpo_passes_compute_each_prompt_once_for_its_samples(tmp_path):
+    # n = 4 samples of a prompt: the packed passes hold the prompt once (tinyrl.packing), so
+    # they compute fewer tokens than the batch's real ones (prompts here are ~3-5x a response).
+    m = Trainer(tiny_config(tmp_path, "algorithm.adv_estimator=grpo", "rollout.n=4", "algorithm.kl_in_reward=false",
+                            "algorithm.use_kl_loss=true", "trainer.max_steps=1"), tmp_path / "run").train()[-1]
+    ratios = {k: v for k, v in m.items() if k.startswith("perf/padding_ratio/")}
+    assert set(ratios) == {"perf/padding_ratio/forward", "perf/padding_ratio/actor_update"}
+    assert all(v < 0.8 for v in ratios.values()), ratios
+
+
 def test_val_before_train_logs_step_zero_and_the_last_step_always_validates(tmp_path):
     # test_every=5 with 2 steps: without the last-step rule there would be no "after" at all
     cfg = tiny_config(tmp_path, "trainer.test_every=5", "trainer.val_before_train=true", "data.max_test_prompts=4")

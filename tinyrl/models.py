@@ -7,8 +7,9 @@ frozen copy (only sensible for small models).
 
 What it knows: how to get hidden states, token log-probs (chunked over the sequence, never a full
 fp32 [B, T, V] logits tensor) and values for a padded batch; with model.padding_free (default)
-the bodies see only the batch's real tokens, packed in one row (tinyrl.packing), and the LM head
-only real response tokens; results come back padded, [B, R]. It knows nothing of RL losses.
+the bodies see only the batch's real tokens, packed in one row (a prompt shared by several rows
+once: tinyrl.packing), and the LM head only real response tokens; results come back padded,
+[B, R]. It knows nothing of RL losses.
 """
 
 from __future__ import annotations
@@ -230,15 +231,20 @@ class PolicyModels:
             out = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                        position_ids=batch.position_ids, use_cache=False)
             return out.last_hidden_state  # [B, P + R, H]
-        # Padding-free (tinyrl.packing): the real tokens in one row, attention per sequence.
-        ids, pos, cu, mask = pack(batch.input_ids, batch.attention_mask, batch.position_ids)
+        # Padding-free (tinyrl.packing): the real tokens in one row (a prompt shared by several
+        # rows once), attention per sequence.
+        # SFT (actor_only) shares no prompts: its rows repeat a prompt only by chance (the demo's
+        # 1,024 rows hold 943 prompts), and its end point is sensitive to float summation order
+        # (README: the demo's SFT), so it keeps the one-part layout, bit for bit as before.
+        ids, pos, layout, real = pack(batch.input_ids, batch.attention_mask, batch.position_ids,
+                                      batch.input_ids.shape[1] - batch.response_len, share_prompts=not self.actor_only)
         self.token_counts[0] += ids.numel()
-        self.token_counts[1] += ids.numel()
+        self.token_counts[1] += int(real.sum())
         # A dict attention mask is used as is (Qwen2Model.forward: "It may already have been
-        # prepared"): no [N, N] mask is built; the sequence bounds go to every attention call.
+        # prepared"): no [N, N] mask is built; the layout goes to every attention call.
         masks = {t: None for t in set(self._causal_lm(model).config.layer_types or ["full_attention"])}
-        out = body(input_ids=ids, attention_mask=masks, position_ids=pos, use_cache=False, cu_seq_lens_q=cu)
-        return unpack(out.last_hidden_state, mask)  # [B, P + R, H], zeros at padding
+        out = body(input_ids=ids, attention_mask=masks, position_ids=pos, use_cache=False, tinyrl_layout=layout)
+        return unpack(out.last_hidden_state, layout)  # [B, P + R, H], zeros at padding
 
     def token_logprobs(self, role: str, batch: Batch, temperature: float = 1.0,
                        with_entropy: bool = False):

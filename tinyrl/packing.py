@@ -4,55 +4,93 @@ Knows: a Batch's layout (left-padded prompt + right-padded response, position id
 real tokens only, so they restart at 0 in every row) and transformers' attention interface.
 Does not know: RL, roles, configs.
 
-The packed row holds only real tokens (tokens computed / real tokens = 1.0); its position ids
-restart per sequence, so RoPE sees each sequence exactly as in the padded batch. Attention must
-stay within a sequence: transformers (5.19, masking_utils.py:856-862 and 974-976) would notice the
-restarting position ids and build a block-diagonal [N, N] mask for sdpa/eager, which makes
-attention quadratic in the TOTAL token count (N = 5,700 here: 25x the work of the padded batch's
-attention). So the models get one more attention implementation, "tinyrl_packed": given the
-sequence boundaries (`cu_seq_lens_q`, the keyword transformers' flash-attention varlen path
-uses, modeling_flash_attention_utils.py) it runs causal sdpa per sequence, no mask at all;
-without them (generation, any other caller) it is transformers' own sdpa, mask and all.
-The boundaries reach every layer as keyword arguments of the body's forward (Qwen2Model passes
-**kwargs to each decoder layer, and GradientCheckpointingLayer to its recomputation too).
+The packed row holds only real tokens, and a prompt shared by several rows (GRPO's n samples of
+one prompt, found by content) only once: causal attention makes a prompt's hidden states
+independent of what follows it, so its linears, MLP and norms run once and its states are
+gathered into every row that has it (tokens computed / real tokens < 1 then; = 1 when no
+prompt repeats). Position ids come from the padded batch, so RoPE sees each sequence exactly as
+there. Attention must stay within a sequence: transformers (5.19, masking_utils.py:856-862 and
+974-976) would notice the restarting position ids and build a block-diagonal [N, N] mask for
+sdpa/eager, which makes attention quadratic in the TOTAL token count (N = 5,700 here: 25x the
+work of the padded batch's attention). So the models get one more attention implementation,
+"tinyrl_packed": given a Layout (keyword `tinyrl_layout`) it runs sdpa per sequence (see
+`_packed_attention`); without one (generation, any other caller) it is transformers' own sdpa,
+mask and all. The layout reaches every layer as a keyword argument of the body's forward
+(Qwen2Model passes **kwargs to each decoder layer, and GradientCheckpointingLayer to its
+recomputation too).
+On CUDA the gathers' backward (index_select's is index_add_, atomic adds) sums a shared prompt's
+rows in no fixed order, so its gradient may differ in the last bits between runs there (unless
+torch.use_deterministic_algorithms); on CPU it is reproducible.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 PACKED_ATTENTION = "tinyrl_packed"
 
 
+@dataclass
+class Layout:
+    """Where a packed row's tokens sit. The packed row [N] holds each distinct prompt of the batch
+    once, then every row's response. Attention runs in two right-padded layouts, the index
+    tensors naming the packed token in each slot (padding slots name token 0):
+      prompts   `p_src` [G * Lp]: each distinct prompt, causal;
+      responses `q_src` [B * Rq] the queries, `k_src` [B * Lk] the keys (the row's prompt, then
+                its response), `mask` [B, 1, Rq, Lk] (key k is seen by query i iff k <= prompt + i).
+    `dest` [N] is the slot of each packed token in the two outputs laid end to end, `hidden`
+    [B, T] the packed token at each place of the padded batch (N: padding, a zero row).
+    When no prompt is shared (SFT, PPO's one answer a prompt) there is one part: each sequence
+    whole in `k_src`, causal, `dest` into it (the float sums of the layout before prompts were
+    shared: the demo's SFT end point is sensitive to them, README)."""
+
+    p_src: torch.Tensor
+    q_src: torch.Tensor
+    k_src: torch.Tensor
+    mask: torch.Tensor | None  # None: no shared prompt (one part)
+    dest: torch.Tensor
+    hidden: torch.Tensor
+    shapes: tuple[int, int, int, int, int]  # G, Lp, B, Rq, Lk
+
+
 def _packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                       is_causal=None, **kwargs):
     """query [1, Hq, N, D], key/value [1, Hkv, N, D] -> ([1, N, Hq, D], None), causal within
-    each sequence of `cu_seq_lens_q` ([S + 1] offsets into N)."""
+    each sequence of the packed `tinyrl_layout` (a Layout)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    bounds = kwargs.pop("cu_seq_lens_q", None)
-    kwargs.pop("cu_seq_lens_k", None)
-    if bounds is None:
+    layout = kwargs.pop("tinyrl_layout", None)
+    if layout is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
-    # Each sequence to its own row of a right-padded [S, L] layout for this call only: with the
-    # padding AFTER the real tokens, plain causal attention is exact for every real query (its
-    # keys 0..j are all real), so sdpa needs no mask and may take its flash kernel; the padded
-    # queries' outputs are dropped. One call instead of one per sequence: per-sequence slices
-    # cost a full-size zero tensor each in backward (SliceBackward), 0.1 s a step here.
-    N, lengths = query.shape[2], torch.tensor(bounds[1:]) - torch.tensor(bounds[:-1])
-    S, L = len(lengths), int(lengths.max())
-    starts = torch.arange(S) * L - torch.tensor(bounds[:-1])
-    where = (torch.repeat_interleave(starts, lengths) + torch.arange(N)).to(query.device)  # [N] into S * L
+    # Gathered into right-padded per-sequence rows for this call only; one sdpa call per part
+    # (per-sequence slices cost a full-size zero tensor each in backward, SliceBackward). Prompts:
+    # with the padding AFTER the real tokens plain causal attention is exact for every real
+    # query, so no mask (sdpa may take its flash kernel). Responses: each sequence's queries see
+    # its prompt (gathered from the one packed copy; the gather's backward sums the sequences'
+    # gradients into it) and its own response so far. A shared prompt's queries are computed
+    # once, its keys/values once per sequence. Padded queries' outputs are dropped.
+    G, Lp, B, Rq, Lk = layout.shapes
 
-    def rows(x: torch.Tensor) -> torch.Tensor:                           # [1, H, N, D] -> [S, H, L, D]
+    def rows(x: torch.Tensor, src: torch.Tensor, S: int, L: int) -> torch.Tensor:  # -> [S, H, L, D]
         flat = x[0].transpose(0, 1)                                      # [N, H, D]
-        padded = flat.new_zeros(S * L, *flat.shape[1:]).index_copy(0, where, flat)
-        return padded.view(S, L, *flat.shape[1:]).transpose(1, 2)
+        return flat.index_select(0, src).view(S, L, *flat.shape[1:]).transpose(1, 2)
 
-    out, _ = sdpa_attention_forward(module, rows(query), rows(key), rows(value), None, dropout=dropout,
-                                    scaling=scaling, is_causal=True, **kwargs)   # [S, L, Hq, D]
-    return out.reshape(S * L, *out.shape[2:])[where][None], None           # [1, N, Hq, D]
+    if layout.mask is None:  # no shared prompt: every sequence whole, causal
+        out, _ = sdpa_attention_forward(module, rows(query, layout.k_src, B, Lk), rows(key, layout.k_src, B, Lk),
+                                        rows(value, layout.k_src, B, Lk), None, dropout=dropout, scaling=scaling,
+                                        is_causal=True, **kwargs)     # [B, Lk, Hq, D]
+        return out.reshape(B * Lk, *out.shape[2:]).index_select(0, layout.dest)[None], None
+    prompts, _ = sdpa_attention_forward(module, rows(query, layout.p_src, G, Lp), rows(key, layout.p_src, G, Lp),
+                                        rows(value, layout.p_src, G, Lp), None, dropout=dropout, scaling=scaling,
+                                        is_causal=True, **kwargs)     # [G, Lp, Hq, D]
+    answers, _ = sdpa_attention_forward(module, rows(query, layout.q_src, B, Rq), rows(key, layout.k_src, B, Lk),
+                                        rows(value, layout.k_src, B, Lk), layout.mask, dropout=dropout,
+                                        scaling=scaling, is_causal=False, **kwargs)  # [B, Rq, Hq, D]
+    out = torch.cat([prompts.reshape(G * Lp, *prompts.shape[2:]), answers.reshape(B * Rq, *answers.shape[2:])])
+    return out.index_select(0, layout.dest)[None], None                  # [1, N, Hq, D]
 
 
 def use_packed_attention(model: torch.nn.Module) -> None:
@@ -69,18 +107,65 @@ def use_packed_attention(model: torch.nn.Module) -> None:
             config._attn_implementation = PACKED_ATTENTION
 
 
-def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor):
-    """[B, T] padded -> (input_ids [1, N], position_ids [1, N], cu_seq_lens [B + 1] as a list of
-    ints, real [B, T] bool) where N = the number of real tokens."""
-    real = attention_mask.bool()
-    lengths = real.sum(-1)                                               # [B]
-    cu = [0] + torch.cumsum(lengths, 0).tolist()
-    return input_ids[real][None], position_ids[real][None], cu, real
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, prompt_len: int,
+         share_prompts: bool = True):
+    """[B, T] padded (the first `prompt_len` columns the left-padded prompts) -> (input_ids [1, N],
+    position_ids [1, N], Layout, real [B, T] bool) where N = the real tokens, less the repeats
+    of a prompt shared by several rows (GRPO's n samples of one prompt): a prompt's hidden
+    states do not depend on the response after it, so each distinct prompt is computed once.
+    share_prompts=False: every row packs its own prompt (one causal part)."""
+    B, T = input_ids.shape
+    device = input_ids.device
+    mask, ids = attention_mask.bool().cpu(), input_ids.cpu()             # the index work on the host
+    real_p = mask[:, :prompt_len]
+    # Rows with the same padded prompt (ids and mask) share it; the first of them holds it.
+    _, which = torch.unique(torch.cat([ids[:, :prompt_len] * real_p, real_p.long()], 1), dim=0, return_inverse=True)
+    first = torch.full((int(which.max()) + 1,), B).scatter_reduce(0, which, torch.arange(B), "amin")
+    owner = first[which] if share_prompts else torch.arange(B)           # [B]
+    keep = mask.clone()
+    keep[:, :prompt_len] &= (owner == torch.arange(B))[:, None]          # only the holder packs the prompt
+    take = keep.view(-1).nonzero()[:, 0]                                 # [N] into B * T, row-major
+    N = take.numel()
+    packed_of = torch.full((B * T,), N)
+    packed_of[take] = torch.arange(N)
+    # A sharer's prompt places are its holder's packed tokens (same columns: same padded prompt).
+    at = (owner[:, None] * T + torch.arange(prompt_len)).view(-1)
+    sharer = ~keep[:, :prompt_len] & real_p
+    packed_of.view(B, T)[:, :prompt_len][sharer] = packed_of[at].view(B, prompt_len)[sharer]
+    # Real tokens of a row are contiguous: the prompt's plen columns before prompt_len, then rlen.
+    plen, rlen = real_p.sum(-1), mask[:, prompt_len:].sum(-1)           # [B]
+    by_row = packed_of.view(B, T)
+
+    def slots(row_ids: torch.Tensor, col0: torch.Tensor, count: torch.Tensor):
+        """-> ([len(row_ids) * L] packed token per slot, L): `count` tokens from column `col0`."""
+        L = max(1, int(count.max()) if count.numel() else 1)
+        k = torch.arange(L)
+        col = (col0[:, None] + k).clamp(max=T - 1)
+        return torch.where(k < count[:, None], by_row[row_ids].gather(1, col), 0).view(-1), L
+
+    holders = (owner == torch.arange(B)).nonzero()[:, 0]                 # [G] rows that pack a prompt
+    p_src, Lp = slots(holders, prompt_len - plen[holders], plen[holders])
+    q_src, Rq = slots(torch.arange(B), torch.full((B,), prompt_len), rlen)
+    k_src, Lk = slots(torch.arange(B), prompt_len - plen, plen + rlen)
+    see = torch.arange(Lk)[None, None, :] <= (plen[:, None, None] + torch.arange(Rq)[None, :, None])
+    G = len(holders)
+    b, t = take // T, take % T
+    slot_of_holder = torch.zeros(B, dtype=torch.long)
+    slot_of_holder[holders] = torch.arange(G)
+    if G == B:  # nothing shared: one causal part, each sequence whole
+        dest = b * Lk + t - (prompt_len - plen[b])
+        layout = Layout(p_src.to(device), q_src.to(device), k_src.to(device), None, dest.to(device), by_row.to(device),
+                        (G, Lp, B, Rq, Lk))
+    else:
+        dest = torch.where(t < prompt_len, slot_of_holder[b] * Lp + t - (prompt_len - plen[b]),
+                           G * Lp + b * Rq + t - prompt_len)
+        layout = Layout(*(x.to(device) for x in (p_src, q_src, k_src, see[:, None], dest, by_row)), (G, Lp, B, Rq, Lk))
+    return input_ids.reshape(-1)[take.to(device)][None], position_ids.reshape(-1)[take.to(device)][None], layout, \
+        attention_mask.bool()
 
 
-def unpack(packed: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """[1, N, H] -> [B, T, H] with zeros at padding (differentiable)."""
-    B, T = real.shape
-    out = packed.new_zeros(B, T, packed.shape[-1])
-    out[real] = packed[0]
-    return out
+def unpack(packed: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """[1, N, H] -> [B, T, H] (a shared prompt's states in each of its rows; zeros at padding;
+    differentiable: the gather's backward sums a shared prompt's rows)."""
+    flat = torch.cat([packed[0], packed.new_zeros(1, packed.shape[-1])])  # row N: padding
+    return flat[layout.hidden]

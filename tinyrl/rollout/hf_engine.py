@@ -1,12 +1,13 @@
-"""Rollouts with transformers `generate`: works everywhere, the CPU default.
+"""Rollouts with a transformers model: works everywhere, the CPU default.
 
 The engine holds the trainer's own actor model object (a peft model with the "actor" adapter
 active, or a plain model), so syncing weights, sleeping and waking are no-ops. Each sampled
 token comes with its log-prob under the distribution it was drawn from: logits / temperature,
 then top_p truncation when top_p < 1 (the same as vLLM's "processed_logprobs"); greedy
-decoding reports log_softmax of the raw logits. Log-probs are gathered step by step, so the
-[steps, batch, vocab] score tensor of `output_scores` is never kept (Qwen's vocabulary makes
-that tens of GB for an ordinary rollout batch).
+decoding reports log_softmax of the raw logits. Sampling is tinyrl's own loop
+(tinyrl.rollout.decode: generate's distribution and RNG draws, less its per-step overhead);
+log-probs are gathered step by step, so no [steps, batch, vocab] score tensor is ever kept
+(Qwen's vocabulary makes that tens of GB for an ordinary rollout batch).
 
 Speed (issue 20.5, benchmarks/hf_engine_speed.py): decoding a small batch is bound by per-op
 launch and Python overhead, so the actor adapter is merged into the base weights for the
@@ -26,36 +27,7 @@ from collections.abc import Iterator
 import torch
 
 from tinyrl.rollout.base import Completion, RolloutResult, SamplingSettings
-
-
-class _StepLogprobs:
-    """A logits processor placed last: it sees the exact scores sampling will use.
-
-    At step t it keeps log_softmax(scores_t) [B, V]; at step t+1 the token sampled at t is
-    the last column of `input_ids`, so it gathers that token's log-prob and drops the matrix.
-    Not logsumexp + gather instead: torch's logsumexp is composite (amax, then a [B, V]
-    `(x - max).exp_()` temporary, then sum; ATen ReduceOps.cpp `logsumexp_out_impl`), so it
-    writes the same [B, V] matrix in more passes than log_softmax's one fused kernel; measured
-    on CPU at Qwen's vocabulary (32 x 151,936) it was 0.5x-1.1x as fast, i.e. no win (issue 20.5).
-    """
-
-    def __init__(self) -> None:
-        self.prev: torch.Tensor | None = None    # [B, V] fp32 log-probs of the previous step
-        self.gathered: list[torch.Tensor] = []   # per step: [B]
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        self._gather(input_ids[:, -1])
-        self.prev = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-    def _gather(self, tokens: torch.Tensor) -> None:
-        if self.prev is not None:
-            self.gathered.append(self.prev.gather(1, tokens[:, None].to(self.prev.device))[:, 0])
-            self.prev = None
-
-    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
-        self._gather(last_tokens)
-        return torch.stack(self.gathered, dim=1).cpu()  # [B, steps]
+from tinyrl.rollout.decode import sample_tokens
 
 
 class HFEngine:
@@ -115,45 +87,25 @@ class HFEngine:
     def _generate_chunk(
         self, prompts: list[list[int]], offset: int, n: int, sampling: SamplingSettings
     ) -> list[Completion]:
-        from transformers import GenerationConfig, LogitsProcessorList
         from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts])   # [P, W]
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])  # [P, W]
+        ids, mask = ids.to(self.device), mask.to(self.device)
 
-        # Temperature and top_p are applied by our own processors, in front of the recorder,
-        # so the recorded log-probs are those of the distribution actually sampled from.
-        processors: list = []
+        # Temperature, then top_p: transformers' warpers, so the semantics are generate's; the
+        # recorded log-probs are those of the distribution actually sampled from.
+        warpers: list = []
         if not sampling.greedy:
             if sampling.temperature != 1.0:
-                processors.append(TemperatureLogitsWarper(sampling.temperature))
+                warpers.append(TemperatureLogitsWarper(sampling.temperature))
             if sampling.top_p < 1.0:
-                processors.append(TopPLogitsWarper(sampling.top_p))
-        recorder = _StepLogprobs()
-        processors.append(recorder)
-
-        # Neutral sampling flags only when sampling: greedy decoding warns about them otherwise.
-        neutral = {} if sampling.greedy else {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
-        config = GenerationConfig(
-            do_sample=not sampling.greedy,
-            num_return_sequences=n,
-            max_new_tokens=sampling.max_new_tokens,
-            **neutral,
-            eos_token_id=self.stop_ids,
-            pad_token_id=self.pad_id,
-            use_cache=True,  # also when the trainer turned it off for gradient checkpointing
-            return_dict_in_generate=True,
-        )
-        out = self.model.generate(
-            input_ids=ids.to(self.device),
-            attention_mask=mask.to(self.device),
-            generation_config=config,
-            logits_processor=LogitsProcessorList(processors),
-        )
-        sequences = out.sequences.cpu()                      # [P*n, W + steps]
-        generated = sequences[:, width:]                     # [P*n, steps]
-        logprobs = recorder.finish(out.sequences[:, -1])     # [P*n, steps]
+                warpers.append(TopPLogitsWarper(sampling.top_p))
+        tokens, logprobs = sample_tokens(self.model, ids, mask, n=n, max_new_tokens=sampling.max_new_tokens,
+                                         stop_ids=self.stop_ids, pad_id=self.pad_id, warpers=warpers,
+                                         greedy=sampling.greedy)
+        generated, logprobs = tokens.cpu(), logprobs.cpu()  # [P*n, steps]
 
         completions = []
         stops = set(self.stop_ids)
@@ -176,23 +128,15 @@ class HFEngine:
 
     @contextlib.contextmanager
     def _generation_mode(self) -> Iterator[None]:
-        """Eval mode, no autograd and a neutral generation config; restores all three.
-
-        The model's own generation_config (e.g. Qwen's top_k=20, repetition_penalty=1.05)
-        would otherwise fill every sampling knob we leave unset and change the distribution.
-        """
-        from transformers import GenerationConfig
-
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        """Eval mode (no dropout, and checkpointing layers keep the KV cache) and no autograd;
+        restores the mode. The model's own generation_config (e.g. Qwen's top_k=20,
+        repetition_penalty=1.05) is never read: the decode loop applies only our warpers."""
         was_training = self.model.training
-        saved_config = getattr(base, "generation_config", None)
-        base.generation_config = GenerationConfig(eos_token_id=self.stop_ids, pad_token_id=self.pad_id)
         self.model.eval()
         try:
             with torch.no_grad():
                 yield
         finally:
-            base.generation_config = saved_config
             self.model.train(was_training)
 
     @contextlib.contextmanager

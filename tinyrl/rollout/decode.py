@@ -1,0 +1,124 @@
+"""tinyrl's own sampling loop for transformers causal LMs: prefill once, then one token per step
+through the KV cache. Replaces `model.generate` in the HF engine (issue 16).
+
+Why not `generate`: for a small model every decode step is bound by per-op Python and dispatch
+overhead, and generate's own per-step work (stopping criteria, kwargs bookkeeping, a fresh
+[B, 1, 1, L] mask built through masking_utils' vmapped mask functions, the input_ids cat) costs
+as much as the model's forward at these sizes (benchmarks/hf_engine_speed.py).
+
+Same distribution as generate (transformers 5.19 generation/utils.py `_sample`): logits of the
+last position in fp32, the warpers (temperature, then top_p: transformers' own classes), then
+`torch.multinomial(softmax(scores), 1)` (the same RNG draws, so a seed gives generate's tokens),
+or argmax when greedy; a finished row gets the pad token and stays finished. Prompt rows are
+left-padded; position ids count real tokens only (generate's `cumsum(mask) - 1`).
+
+What this file does not know: adapters, engines, seeds, completions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Attention implementations that take a boolean [B, 1, Q, K] mask as is (True: attend).
+# "tinyrl_packed" is sdpa for unpacked inputs (tinyrl.packing). Eager adds the mask to the
+# scores, so it needs a float mask: it keeps transformers' own mask building, as do others.
+_BOOL_MASK_ATTENTION = {"sdpa", "tinyrl_packed"}
+
+
+def sample_tokens(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, *, n: int, max_new_tokens: int,
+                  stop_ids: list[int], pad_id: int, warpers: list, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids, mask [P, W] left-padded prompts -> (tokens [P * n, steps], log-probs [P * n, steps]
+    fp32); row r samples prompt r // n (generate's `num_return_sequences` order).
+
+    Each prompt is prefilled once and its KV cache then repeated n times: the n samples share
+    the prompt, so generate's prefill of P * n rows computes every prompt n times (the largest
+    single cost of a rollout at a few dozen new tokens).
+
+    steps <= max_new_tokens: the loop ends when every row has hit a stop id. After its stop token
+    a row holds pad_id (log-prob 0 there: callers cut rows at the stop token). Log-probs are
+    those of the distribution sampled from (after the warpers); greedy: log_softmax of the raw
+    logits. Runs under the caller's no_grad / eval mode."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    W, B = ids.shape[1], ids.shape[0] * n
+    device = ids.device
+    config = _config(model)
+    cache = DynamicCache(config=config)
+    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)          # [B, W]
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                   use_cache=True, logits_to_keep=1).logits                      # prefill: transformers' masks
+    if n > 1:
+        cache.batch_repeat_interleave(n)
+        logits, mask, positions = (t.repeat_interleave(n, dim=0) for t in (logits, mask, positions))
+    # Decode steps: the mask over the keys so far is a view of one preallocated [B, W + T]
+    # tensor, handed to the layers as the ready-made mask mapping (Qwen2Model.forward uses a
+    # dict "as is"), so no mask is built per step.
+    bool_masks = config._attn_implementation in _BOOL_MASK_ATTENTION and set(_layer_types(config)) == {"full_attention"}
+    keys = torch.zeros(B, W + max_new_tokens, dtype=torch.bool if bool_masks else mask.dtype, device=device)
+    keys[:, :W] = mask.bool() if bool_masks else mask
+    if bool_masks:  # layer sizes are never read for masks then (measured 3-5% faster than the cat)
+        cache.layers = [_Preallocated(layer, W + max_new_tokens) if type(layer) is DynamicLayer else layer
+                        for layer in cache.layers]
+    position = positions[:, -1:]                                                 # [B, 1]
+    stops = torch.tensor(stop_ids, device=device)
+    unfinished = torch.ones(B, dtype=torch.bool, device=device)
+    tokens, logprobs = [], []
+    for step in range(max_new_tokens):
+        if step:
+            keys[:, W + step - 1] = True
+            position = position + 1
+            step_mask = keys[:, None, None, :W + step] if bool_masks else keys[:, :W + step]
+            step_mask = {"full_attention": step_mask} if bool_masks else step_mask
+            logits = model(input_ids=token[:, None], attention_mask=step_mask, position_ids=position,
+                           past_key_values=cache, use_cache=True).logits
+        scores = logits[:, -1].float()                                           # [B, V]
+        for warper in warpers:
+            scores = warper(None, scores)
+        logp = torch.log_softmax(scores, dim=-1)
+        if greedy:
+            token = torch.argmax(scores, dim=-1)
+        else:
+            token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)[:, 0]
+        token = torch.where(unfinished, token, pad_id)
+        tokens.append(token)
+        logprobs.append(logp.gather(1, token[:, None])[:, 0].masked_fill(~unfinished, 0.0))
+        unfinished = unfinished & ~torch.isin(token, stops)
+        if not bool(unfinished.any()):  # one host sync a step, as generate's own stop check
+            break
+    return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
+
+
+class _Preallocated:
+    """A DynamicLayer's keys/values moved into [B, H, W + T, D] buffers that decode steps write
+    into: DynamicLayer.update (transformers 5.19 cache_utils.py) cats the whole cache per layer
+    per step. Masks come from the decode loop, never from this layer's sizes."""
+
+    is_sliding = False
+
+    def __init__(self, layer, total: int) -> None:
+        k, v = layer.keys, layer.values
+        self.length = k.shape[-2]
+        self._k = k.new_empty(*k.shape[:-2], total, k.shape[-1])
+        self._v = v.new_empty(*v.shape[:-2], total, v.shape[-1])
+        self._k[..., :self.length, :] = k
+        self._v[..., :self.length, :] = v
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        start, self.length = self.length, self.length + key_states.shape[-2]
+        self._k[..., start:self.length, :] = key_states
+        self._v[..., start:self.length, :] = value_states
+        return self._k[..., :self.length, :], self._v[..., :self.length, :]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+
+def _config(model: torch.nn.Module):
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.config
+
+
+def _layer_types(config) -> list[str]:
+    return list(getattr(config, "layer_types", None) or ["full_attention"])
