@@ -18,9 +18,16 @@ work of the padded batch's attention). So the models get one more attention impl
 mask and all. The layout reaches every layer as a keyword argument of the body's forward
 (Qwen2Model passes **kwargs to each decoder layer, and GradientCheckpointingLayer to its
 recomputation too).
-On CUDA the gathers' backward (index_select's is index_add_, atomic adds) sums a shared prompt's
-rows in no fixed order, so its gradient may differ in the last bits between runs there (unless
-torch.use_deterministic_algorithms); on CPU it is reproducible.
+Every gather here is `index_select`, never advanced indexing (`x[idx]`): on the CPU the
+backward of `x[idx]` is index_put_(accumulate=True), which with 2+ threads and 32,768+ elements
+adds float32 with atomics in whatever order the threads reach a repeated index (torch 2.13,
+aten/src/ATen/native/cpu/IndexKernel.cpp index_put_kernel: cpu_atomic_add_float), so a shared
+prompt's gradient, the sum over its rows, changed in the last bits from run to run, and the
+demo's RL result with it (seed 2: -1.2 and +22.3 points on the same code). index_select's
+backward is index_add_, a serial loop over the indices on the CPU (TensorAdvancedIndexing.cpp
+index_add_cpu_out): the same order every run. On CUDA index_add_ uses atomic adds, so there
+a shared prompt's gradient may still differ in the last bits between runs (unless
+torch.use_deterministic_algorithms).
 """
 
 from __future__ import annotations
@@ -168,4 +175,5 @@ def unpack(packed: torch.Tensor, layout: Layout) -> torch.Tensor:
     """[1, N, H] -> [B, T, H] (a shared prompt's states in each of its rows; zeros at padding;
     differentiable: the gather's backward sums a shared prompt's rows)."""
     flat = torch.cat([packed[0], packed.new_zeros(1, packed.shape[-1])])  # row N: padding
-    return flat[layout.hidden]
+    # index_select, not flat[layout.hidden]: its backward sums repeats in a fixed order (above)
+    return flat.index_select(0, layout.hidden.reshape(-1)).view(*layout.hidden.shape, -1)
