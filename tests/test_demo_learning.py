@@ -1,14 +1,20 @@
 """README's first command: `tinyrl sft --preset countdown-demo-sft`, then `tinyrl train --preset
-countdown-demo` from that one SFT run on two RL seeds. RL must raise the greedy accuracy on the
+countdown-demo` from that one SFT run on three RL seeds. RL must raise the greedy accuracy on the
 same 256 held-back tasks (val/score at step 0, trainer.val_before_train, against the last step).
 Assertions are on metrics.jsonl, never on time. Not shortened: 300 SFT steps are what it takes
 for the tiny model to copy the numbers at all (200 steps: 3.9%), and 60 RL steps is the preset.
 
-Margin, measured after GRPO's shared prompts were packed once (quiet 2-core machine, the same
-commands, data and seeds): SFT 8.6% on the 256 tasks; after 60 GRPO steps, seed 1: 24.6%
-(+16.0 points), seed 2: 26.6% (+18.0). Before that change, with the same math summed in another
-order: +22.3, +19.9, +19.9 (seeds 1-3). Each seed must rise by at least 10 points (26 of 256
-tasks), 6 points (15 tasks) below the smallest rise measured. Two seeds keep CI's time down.
+Margin (2026-11-23, 2-core machine, the same commands and data): SFT 8.6% on the 256 tasks;
+after 60 GRPO steps the rise on seeds 1-10 was +14.8, +16.8, +17.2, +4.7, +20.3, +25.4, +19.5,
++26.2, +20.7, +18.4 points. A run is bit-for-bit reproducible (seeds 1 and 2 twice each, two
+runs at once on the 2 cores: the same weights and figures); before the shared prompt's
+gradient was summed in a fixed order (tinyrl.packing) seed 2 gave -1.2 and +22.3 on the same
+code, which is why CI once failed here. The outcome is still a chaotic function of the float
+sums: a machine that sums in another order (another CPU, another BLAS kernel) draws each seed
+afresh, and 1 seed in 10 above (seed 4) did not reach the bar. So the test runs seeds 1-3 and
+asks two of them to rise by at least 10 points (26 of 256 tasks); here all three do, the
+smallest by 4.8 points more than that. On a machine where each seed fails with chance 1 in 10,
+two of three fail with chance 2.8%; with "both of seeds 1 and 2" it was 19%.
 The SFT end point is sensitive to floating-point order (the padded layout of the same 300 steps
 ends at 21.5%, and RL then rose +2.0 to +11.3 points), so this test pins the real preset through
 the real CLI rather than hand-picked numbers.
@@ -25,8 +31,9 @@ import pytest
 from tinyrl import jsonl
 
 RL_STEPS = 60
-SEEDS = (1, 2)
-MIN_RISE = 0.10  # measured +0.160 and +0.180 (module docstring)
+SEEDS = (1, 2, 3)
+MIN_RISE = 0.10  # measured +0.148, +0.168, +0.172 (module docstring)
+MIN_SEEDS_RISING = 2
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -63,10 +70,10 @@ def rise(sft_run: Path, tmp_path: Path, seed: int) -> float:
 @pytest.mark.slow
 # pytest-timeout's 1,500 s (pyproject.toml) counts the SFT fixture too: 8,192 rows, 300 SFT steps
 # and two 60-step RL runs with 256-task validations took 100 s (setup) + 376 s (call) = 476 s in
-# a full-suite run on the shared 2-core machine (session 3 baseline), so a 3x slower, busy
-# machine (issue 19's run 1 was 2.6x) would come within a few percent of 1,500 s and be stopped
-# while healthy. 3,600 s is 7.6x that run: it still only catches a hang.
+# a full-suite run on the shared 2-core machine (session 3 baseline; a third seed adds ~190 s of
+# it), so a 3x slower, busy machine (issue 19's run 1 was 2.6x) would pass 1,500 s and be
+# stopped while healthy. 3,600 s is 5.5x that: it still only catches a hang.
 @pytest.mark.timeout(3600)
 def test_rl_raises_greedy_accuracy_on_held_back_tasks(sft_run, tmp_path):
     rises = [rise(sft_run, tmp_path, seed) for seed in SEEDS]
-    assert min(rises) >= MIN_RISE, rises
+    assert sum(r >= MIN_RISE for r in rises) >= MIN_SEEDS_RISING, rises
