@@ -170,17 +170,18 @@ def test_full_disk_while_logging_and_saving(tmp_path, data, reference):
     out = tmp_path / "disk" / "run"
     late_save = ("--set", "trainer.save_every=2")
     mounted = small_disk.mount_tmpfs(tmp_path / "disk", 128 * 2**20)  # preflight wants ~72 MB
-    if mounted:  # a real filesystem that fills up mid-run
-        proc = start(data, out, *late_save)
-        filler = None
-        if wait_until(proc, training_started(out, 0)):
-            filler = small_disk.fill(tmp_path / "disk")
-        stdout, stderr = proc.communicate(timeout=600)
-    else:  # RLIMIT_FSIZE: every file the run writes is capped below a checkpoint's size
-        done = run(data, out, *late_save, preexec_fn=small_disk.limit_file_size(200_000))
-        stdout, stderr, filler = done.stdout, done.stderr, None
-        proc = done
+    # unmounted whatever fails after this line (communicate() timing out used to leave it mounted)
     try:
+        if mounted:  # a real filesystem that fills up mid-run
+            proc = start(data, out, *late_save)
+            filler = None
+            if wait_until(proc, training_started(out, 0)):
+                filler = small_disk.fill(tmp_path / "disk")
+            stdout, stderr = proc.communicate(timeout=600)
+        else:  # RLIMIT_FSIZE: every file the run writes is capped below a checkpoint's size
+            done = run(data, out, *late_save, preexec_fn=small_disk.limit_file_size(200_000))
+            stdout, stderr, filler = done.stdout, done.stderr, None
+            proc = done
         text = " ".join(stderr.split())
         assert proc.returncode == 1, stderr[-3000:]  # it trained to the end, but not all of it is on disk
         assert "Traceback" not in stderr and "were not checkpointed" in text
