@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tinyrl.data.templates import countdown_prompt
+from tinyrl.rollout import decode
 from tinyrl.rollout.base import SamplingSettings
 from tinyrl.rollout.hf_engine import HFEngine
 
@@ -320,17 +321,50 @@ def _generate_reference(model, tok, prompts, s: SamplingSettings, stop_ids):
     SamplingSettings(n=2, temperature=0.7, top_p=0.9, max_new_tokens=24, seed=12),
     SamplingSettings(n=1, greedy=True, max_new_tokens=40),
 ], ids=["t1", "t0.7-p0.9", "greedy"])
-def test_decode_loop_gives_generates_tokens_and_logprobs(model, tok, prompts, settings, attention):
-    # The engine's own loop (prefill once per prompt, preallocated KV cache, ready-made masks;
-    # eager attention keeps transformers' masks) draws the same RNG numbers from the same
-    # distribution as generate: same tokens, same log-probs, for every row.
+def test_decode_loop_gives_generates_tokens_and_logprobs(model, tok, prompts, settings, attention, monkeypatch):
+    # The engine's own loop (prefill once per prompt, preallocated KV cache, ready-made masks,
+    # finished rows dropped from the batch; eager attention keeps transformers' masks and the
+    # whole batch) draws the same RNG numbers from the same distribution as generate: same
+    # tokens, same log-probs, for every row.
     m = copy.deepcopy(model)
     m.config._attn_implementation = attention
     engine = HFEngine(m, tok, "cpu")
+    kept = []  # rows kept each time the batch shrinks
+    select = decode._Preallocated.select
+    monkeypatch.setattr(decode._Preallocated, "select", lambda layer, keep: (kept.append(len(keep)), select(layer, keep)))
     got = engine.generate(prompts, settings).completions
+    if settings.seed == 11 and attention == "sdpa":  # 9 rows, 4 of them still sampling: they go on alone
+        assert kept == [4, 4]                          # (once per layer)
     want = _generate_reference(m, tok, prompts, settings, engine.stop_ids)
     assert [c.response_ids for c in got] == [w[0] for w in want]
     if settings.seed == 11:  # rows that stop early and rows cut at max_new_tokens, in one batch
         assert any(c.finished for c in got) and any(not c.finished for c in got)
     for c, (_, lps) in zip(got, want):
         torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(lps), atol=1e-5, rtol=0)
+
+
+def test_sampling_a_subset_of_rows_uses_the_whole_batchs_draws():
+    # The decode loop's sampler is torch.multinomial's own one-sample algorithm: on the whole
+    # batch it gives multinomial's tokens and leaves the RNG where multinomial does; on the rows
+    # still sampling it gives those rows' tokens of the whole batch.
+    probs = torch.softmax(torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3, -1)
+    rows = torch.tensor([1, 4, 5])
+    for seed in range(20):
+        torch.manual_seed(seed)
+        want, after = torch.multinomial(probs, 1)[:, 0], torch.rand(2)
+        torch.manual_seed(seed)
+        assert torch.equal(decode._multinomial(probs, torch.arange(6), 6), want)
+        assert torch.equal(torch.rand(2), after)
+        torch.manual_seed(seed)
+        assert torch.equal(decode._multinomial(probs[rows], rows, 6), want[rows])
+
+
+def test_nan_logits_stop_the_rollout_with_a_hint(model, tok, prompts):
+    from tinyrl.errors import TinyRLError
+
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        m.model.norm.weight[0] = float("nan")  # every hidden state, so every logit, is NaN
+    with pytest.raises(TinyRLError, match="NaN") as e:
+        HFEngine(m, tok, "cpu").generate(prompts, SamplingSettings(n=2, max_new_tokens=4, seed=1))
+    assert "actor.lr" in e.value.hint

@@ -12,12 +12,20 @@ last position in fp32, the warpers (temperature, then top_p: transformers' own c
 or argmax when greedy; a finished row gets the pad token and stays finished. Prompt rows are
 left-padded; position ids count real tokens only (generate's `cumsum(mask) - 1`).
 
+Finished rows leave the batch (issue 16): once half the rows computed have stopped, the rest
+go on alone (their KV cache rows selected), so the long tail of a rollout (a Countdown batch
+stops at ~29 tokens on average but runs to 64) costs the rows still sampling, not the whole
+batch. The RNG stream stays the full batch's: each step draws generate's Exp(1) numbers for
+every row and the live rows use theirs (`_multinomial`).
+
 What this file does not know: adapters, engines, seeds, completions.
 """
 
 from __future__ import annotations
 
 import torch
+
+from tinyrl.errors import TinyRLError
 
 # Attention implementations that take a boolean [B, 1, Q, K] mask as is (True: attend).
 # "tinyrl_packed" is sdpa for unpacked inputs (tinyrl.packing). Eager adds the mask to the
@@ -62,7 +70,9 @@ def sample_tokens(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
                         for layer in cache.layers]
     position = positions[:, -1:]                                                 # [B, 1]
     stops = torch.tensor(stop_ids, device=device)
-    unfinished = torch.ones(B, dtype=torch.bool, device=device)
+    compactable = bool_masks and all(type(layer) is _Preallocated for layer in cache.layers)
+    rows = torch.arange(B, device=device)            # [L] the batch rows still computed (L <= B)
+    unfinished = torch.ones(B, dtype=torch.bool, device=device)                  # [L]
     tokens, logprobs = [], []
     for step in range(max_new_tokens):
         if step:
@@ -72,21 +82,54 @@ def sample_tokens(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
             step_mask = {"full_attention": step_mask} if bool_masks else step_mask
             logits = model(input_ids=token[:, None], attention_mask=step_mask, position_ids=position,
                            past_key_values=cache, use_cache=True).logits
-        scores = logits[:, -1].float()                                           # [B, V]
+        scores = logits[:, -1].float()                                           # [L, V]
         for warper in warpers:
             scores = warper(None, scores)
         logp = torch.log_softmax(scores, dim=-1)
         if greedy:
             token = torch.argmax(scores, dim=-1)
         else:
-            token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)[:, 0]
+            token = _multinomial(torch.softmax(scores, dim=-1), rows, B)
         token = torch.where(unfinished, token, pad_id)
-        tokens.append(token)
-        logprobs.append(logp.gather(1, token[:, None])[:, 0].masked_fill(~unfinished, 0.0))
+        step_logp = logp.gather(1, token[:, None])[:, 0].masked_fill(~unfinished, 0.0)
+        tokens.append(_scatter(token, rows, B, pad_id))
+        logprobs.append(_scatter(step_logp, rows, B, 0.0))
         unfinished = unfinished & ~torch.isin(token, stops)
-        if not bool(unfinished.any()):  # one host sync a step, as generate's own stop check
+        live = int(unfinished.sum())  # one host sync a step, as generate's own stop check
+        if not live:
             break
-    return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
+        if compactable and live <= len(rows) // 2:  # drop finished rows from the batch
+            keep = unfinished.nonzero()[:, 0]
+            rows, token, position, keys, unfinished = (t[keep] for t in (rows, token, position, keys, unfinished))
+            for layer in cache.layers:
+                layer.select(keep)
+    tokens, logprobs = torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
+    if bool(torch.isnan(logprobs).any()):  # torch.multinomial's own check, once per rollout
+        raise TinyRLError("the model's logits became NaN while sampling a rollout",
+                          hint="the weights have diverged: lower actor.lr, or resume from an earlier checkpoint")
+    return tokens, logprobs
+
+
+def _multinomial(probs: torch.Tensor, rows: torch.Tensor, B: int) -> torch.Tensor:
+    """probs [L, V] of batch rows `rows` [L] -> one token per row [L]: torch.multinomial's own
+    one-sample algorithm with the draws of the whole [B, V] batch, so dropping finished rows
+    leaves the RNG stream, and every token, as the full batch's.
+
+    torch 2.13 aten/src/ATen/native/Distributions.cpp `multinomial_out`, the fast path for one
+    sample (CPU and CUDA alike): `q = empty_like(p).exponential_(); argmax(p / q)`. Its input
+    checks (max, min and row sums read on the host: three syncs a step) are left out: a NaN
+    shows in the log-probs and is reported once per rollout."""
+    q = torch.empty(B, probs.shape[1], dtype=probs.dtype, device=probs.device).exponential_()
+    if len(rows) < B:
+        q = q.index_select(0, rows)
+    return (probs / q).argmax(dim=-1)
+
+
+def _scatter(values: torch.Tensor, rows: torch.Tensor, B: int, fill) -> torch.Tensor:
+    """values [L] of batch rows `rows` -> [B], `fill` elsewhere."""
+    if len(rows) == B:
+        return values
+    return torch.full((B,), fill, dtype=values.dtype, device=values.device).index_copy_(0, rows, values)
 
 
 class _Preallocated:
@@ -110,6 +153,9 @@ class _Preallocated:
         self._k[..., start:self.length, :] = key_states
         self._v[..., start:self.length, :] = value_states
         return self._k[..., :self.length, :], self._v[..., :self.length, :]
+
+    def select(self, keep: torch.Tensor) -> None:
+        self._k, self._v = self._k.index_select(0, keep), self._v.index_select(0, keep)
 
     def get_seq_length(self) -> int:
         return self.length
