@@ -368,3 +368,49 @@ def test_nan_logits_stop_the_rollout_with_a_hint(model, tok, prompts):
     with pytest.raises(TinyRLError, match="NaN") as e:
         HFEngine(m, tok, "cpu").generate(prompts, SamplingSettings(n=2, max_new_tokens=4, seed=1))
     assert "actor.lr" in e.value.hint
+
+
+@pytest.mark.parametrize("policy, decode_threads", [("PASSIVE", 1), ("passive", 1), ("ACTIVE", 2), (None, 2)])
+def test_decode_steps_take_one_thread_only_while_openmp_threads_sleep(model, tok, prompts, monkeypatch,
+                                                                      policy, decode_threads):
+    # Sleeping OpenMP threads (PASSIVE) make every small op of a decode step pay their wake-up,
+    # so the steps run on one thread; the prefill keeps them all, and so does everything after.
+    if policy is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen = []
+    m = copy.deepcopy(model)
+    m.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    try:
+        HFEngine(m, tok, "cpu").generate(prompts, SamplingSettings(n=2, max_new_tokens=6, seed=1))
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert seen[0] == 2 and len(seen) > 2  # the prefill, then the decode steps
+    assert set(seen[1:]) == {decode_threads}
+    assert after == 2
+
+
+def test_a_failing_decode_step_gives_the_threads_back(model, tok, prompts, monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    m = copy.deepcopy(model)
+    calls = []
+
+    def fail_on_second_call(*_):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("a decode step fails")
+
+    m.register_forward_pre_hook(fail_on_second_call)
+    try:
+        with pytest.raises(RuntimeError, match="a decode step fails"):
+            HFEngine(m, tok, "cpu").generate(prompts, SamplingSettings(n=2, max_new_tokens=6, seed=1))
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert after == 2

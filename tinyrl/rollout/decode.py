@@ -23,6 +23,9 @@ What this file does not know: adapters, engines, seeds, completions.
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 
 from tinyrl.errors import TinyRLError
@@ -74,40 +77,66 @@ def sample_tokens(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
     rows = torch.arange(B, device=device)            # [L] the batch rows still computed (L <= B)
     unfinished = torch.ones(B, dtype=torch.bool, device=device)                  # [L]
     tokens, logprobs = [], []
-    for step in range(max_new_tokens):
-        if step:
-            keys[:, W + step - 1] = True
-            position = position + 1
-            step_mask = keys[:, None, None, :W + step] if bool_masks else keys[:, :W + step]
-            step_mask = {"full_attention": step_mask} if bool_masks else step_mask
-            logits = model(input_ids=token[:, None], attention_mask=step_mask, position_ids=position,
-                           past_key_values=cache, use_cache=True).logits
-        scores = logits[:, -1].float()                                           # [L, V]
-        for warper in warpers:
-            scores = warper(None, scores)
-        logp = torch.log_softmax(scores, dim=-1)
-        if greedy:
-            token = torch.argmax(scores, dim=-1)
-        else:
-            token = _multinomial(torch.softmax(scores, dim=-1), rows, B)
-        token = torch.where(unfinished, token, pad_id)
-        step_logp = logp.gather(1, token[:, None])[:, 0].masked_fill(~unfinished, 0.0)
-        tokens.append(_scatter(token, rows, B, pad_id))
-        logprobs.append(_scatter(step_logp, rows, B, 0.0))
-        unfinished = unfinished & ~torch.isin(token, stops)
-        live = int(unfinished.sum())  # one host sync a step, as generate's own stop check
-        if not live:
-            break
-        if compactable and live <= len(rows) // 2:  # drop finished rows from the batch
-            keep = unfinished.nonzero()[:, 0]
-            rows, token, position, keys, unfinished = (t[keep] for t in (rows, token, position, keys, unfinished))
-            for layer in cache.layers:
-                layer.select(keep)
+    with decode_threads(device):
+        for step in range(max_new_tokens):
+            if step:
+                keys[:, W + step - 1] = True
+                position = position + 1
+                step_mask = keys[:, None, None, :W + step] if bool_masks else keys[:, :W + step]
+                step_mask = {"full_attention": step_mask} if bool_masks else step_mask
+                logits = model(input_ids=token[:, None], attention_mask=step_mask, position_ids=position,
+                               past_key_values=cache, use_cache=True).logits
+            scores = logits[:, -1].float()                                           # [L, V]
+            for warper in warpers:
+                scores = warper(None, scores)
+            logp = torch.log_softmax(scores, dim=-1)
+            if greedy:
+                token = torch.argmax(scores, dim=-1)
+            else:
+                token = _multinomial(torch.softmax(scores, dim=-1), rows, B)
+            token = torch.where(unfinished, token, pad_id)
+            step_logp = logp.gather(1, token[:, None])[:, 0].masked_fill(~unfinished, 0.0)
+            tokens.append(_scatter(token, rows, B, pad_id))
+            logprobs.append(_scatter(step_logp, rows, B, 0.0))
+            unfinished = unfinished & ~torch.isin(token, stops)
+            live = int(unfinished.sum())  # one host sync a step, as generate's own stop check
+            if not live:
+                break
+            if compactable and live <= len(rows) // 2:  # drop finished rows from the batch
+                keep = unfinished.nonzero()[:, 0]
+                rows, token, position, keys, unfinished = (t[keep] for t in (rows, token, position, keys, unfinished))
+                for layer in cache.layers:
+                    layer.select(keep)
     tokens, logprobs = torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
     if bool(torch.isnan(logprobs).any()):  # torch.multinomial's own check, once per rollout
         raise TinyRLError("the model's logits became NaN while sampling a rollout",
                           hint="the weights have diverged: lower actor.lr, or resume from an earlier checkpoint")
     return tokens, logprobs
+
+
+@contextlib.contextmanager
+def decode_threads(device: torch.device):
+    """Decode steps on one CPU thread when OpenMP's threads sleep between ops (issue 16).
+
+    A decode step is a chain of small ops (the tiny model: [32, 128] x [128, 384] matmuls).
+    With OMP_WAIT_POLICY=PASSIVE (what .ci/run and benchmarks/vs_trl.py set, so that busy
+    cores do not starve) every parallel op wakes the sleeping threads first: a 32x128x384
+    matmul took ~185 us on 2 such threads, ~50 us on 1 (benchmarks/decode_threads.py prints
+    this machine's figures). Spinning threads (ACTIVE, or an unset policy) pay no wake-up and
+    2 of them beat 1, so the count is left alone then. The choice follows the environment,
+    never a timing, so a run and its resume decode alike. Tokens were the same on 1 and 2
+    threads in every seed measured; log-probs may differ in the last bits (a matmul's sums
+    split differently), as they do between machines. The prefill and the training passes
+    (large matmuls) keep every thread. On CUDA the host threads do not compute: untouched."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1 or os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _multinomial(probs: torch.Tensor, rows: torch.Tensor, B: int) -> torch.Tensor:
