@@ -18,6 +18,9 @@ stops at ~29 tokens on average but runs to 64) costs the rows still sampling, no
 batch. The RNG stream stays the full batch's: each step draws generate's Exp(1) numbers for
 every row and the live rows use theirs (`_multinomial`).
 
+On a CPU whose OpenMP threads sleep between ops (OMP_WAIT_POLICY=PASSIVE) the decode steps run
+on one thread (`decode_threads`).
+
 What this file does not know: adapters, engines, seeds, completions.
 """
 
@@ -120,23 +123,32 @@ def decode_threads(device: torch.device):
 
     A decode step is a chain of small ops (the tiny model: [32, 128] x [128, 384] matmuls).
     With OMP_WAIT_POLICY=PASSIVE (what .ci/run and benchmarks/vs_trl.py set, so that busy
-    cores do not starve) every parallel op wakes the sleeping threads first: a 32x128x384
-    matmul took ~185 us on 2 such threads, ~50 us on 1 (benchmarks/decode_threads.py prints
-    this machine's figures). Spinning threads (ACTIVE, or an unset policy) pay no wake-up and
-    2 of them beat 1, so the count is left alone then. The choice follows the environment,
-    never a timing, so a run and its resume decode alike. Tokens were the same on 1 and 2
-    threads in every seed measured; log-probs may differ in the last bits (a matmul's sums
-    split differently), as they do between machines. The prefill and the training passes
-    (large matmuls) keep every thread. On CUDA the host threads do not compute: untouched."""
-    threads = torch.get_num_threads()
-    if device.type != "cpu" or threads == 1 or os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
+    cores do not starve) every parallel op wakes the sleeping threads first: on this project's
+    2-core machine a 32x128x384 matmul took 142 us on 2 such threads and 39 us on 1, and the
+    rollout of 8 prompts x 4 was 1.63x faster with its decode steps on 1 thread. Spinning
+    threads (ACTIVE, or an unset policy) pay no wake-up (28 us) and 2 of them beat 1 (0.87x,
+    0.92x), so the count is left alone then (benchmarks/decode_threads.py prints these).
+
+    The choice follows the environment, never a timing, so a run and its resume decode alike.
+    Tokens were the same on 1 and 2 threads in every seed measured; log-probs may differ in the
+    last bits (a matmul's sums split differently), as they do between machines. The prefill and
+    the training passes (large matmuls) keep every thread. On CUDA: untouched (host threads
+    only launch kernels there)."""
+    threads, count = torch.get_num_threads(), decode_thread_count(device)
+    if count == threads:
         yield
         return
-    torch.set_num_threads(1)
+    torch.set_num_threads(count)
     try:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def decode_thread_count(device: torch.device) -> int:
+    """The torch threads decode steps run on (decode_threads says why)."""
+    passive = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
+    return 1 if device.type == "cpu" and passive else torch.get_num_threads()
 
 
 def _multinomial(probs: torch.Tensor, rows: torch.Tensor, B: int) -> torch.Tensor:
