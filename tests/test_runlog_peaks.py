@@ -5,6 +5,7 @@ really touched."""
 
 import json
 
+import psutil
 import torch
 
 from tinyrl.runlog import RunLog
@@ -14,6 +15,7 @@ def test_a_phase_record_holds_the_peak_reached_inside_it(tmp_path):
     run = RunLog(tmp_path, torch.device("cpu"))
     run.phase(1, "forward")
     big = torch.ones(64 * 2**20 // 4)  # 64 MiB touched inside the phase, freed before it ends
+    inside = psutil.Process().memory_info().rss
     started = json.loads(json.dumps(run._open))["memory_bytes"]
     del big
     run.phase(1, "actor_update")
@@ -21,6 +23,10 @@ def test_a_phase_record_holds_the_peak_reached_inside_it(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "timeline.jsonl").read_text().splitlines()]
     assert [r["phase"] for r in records] == ["forward", "actor_update"]
     forward = records[0]
-    assert forward["peak_allocated_bytes"] >= started + 60 * 2**20
+    # Against the RSS seen while `big` lived, not `started` + 64 MiB: the kernel may page out
+    # file-backed pages (mapped libraries) during the phase (this machine runs DAMON with action
+    # "pageout"), so the process can peak below `started` + 64 MiB; a CI run saw started + 25 MiB.
+    # 1 MiB: the kernel's per-CPU RSS counters are read approximately (a few hundred KiB).
+    assert forward["peak_allocated_bytes"] >= inside - 2**20
     assert forward["peak_reserved_bytes"] >= forward["peak_allocated_bytes"]
     assert forward["memory_bytes"] == started
