@@ -14,7 +14,6 @@ two tinyrl.rollout.decode.decode_threads picks under that policy.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import subprocess
@@ -44,17 +43,6 @@ def _matmul_us(threads: int, repeats: int = 2000) -> float:
     return (time.perf_counter() - start) / repeats * 1e6
 
 
-@contextlib.contextmanager
-def _threads(count: int, device):
-    """Stands in for decode.decode_threads: the decode steps on `count` threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def one_policy(rounds: int) -> None:
     every = torch.get_num_threads()
     mm = {t: _matmul_us(t) for t in (1, every)}
@@ -66,7 +54,7 @@ def one_policy(rounds: int) -> None:
     times, tokens = {1: [], every: []}, {}
     for rnd in range(rounds + 1):  # round 0: warm-up, not counted
         for count in (1, every) if rnd % 2 else (every, 1):
-            decode.decode_threads = lambda device, count=count: _threads(count, device)
+            decode.decode_threads = lambda device, count=count: decode.torch_threads(count)
             sampling = SamplingSettings(n=4, max_new_tokens=64, seed=rnd)
             start = time.perf_counter()
             result = engine.generate(prompts, sampling)
@@ -76,7 +64,6 @@ def one_policy(rounds: int) -> None:
     same = all(tokens[(r, 1)] == tokens[(r, every)] for r in range(rounds + 1))
     mean_len = statistics.mean(len(t) for t in tokens[(0, 1)])
     policy = os.environ.get("OMP_WAIT_POLICY", "unset")
-    torch.set_num_threads(every)
     picks = decode.decode_thread_count(torch.device("cpu"))
     one, alls = (statistics.median(times[c]) * 1e3 for c in (1, every))
     print(f"| {policy} | {mm[1]:.0f} / {mm[every]:.0f} | {one:.0f} / {alls:.0f} | {alls / one:.2f}x | {same} "

@@ -117,8 +117,7 @@ def sample_tokens(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
     return tokens, logprobs
 
 
-@contextlib.contextmanager
-def decode_threads(device: torch.device):
+def decode_threads(device: torch.device) -> contextlib.AbstractContextManager:
     """Decode steps on one CPU thread when OpenMP's threads sleep between ops (issue 16).
 
     A decode step is a chain of small ops (the tiny model: [32, 128] x [128, 384] matmuls).
@@ -134,21 +133,27 @@ def decode_threads(device: torch.device):
     last bits (a matmul's sums split differently), as they do between machines. The prefill and
     the training passes (large matmuls) keep every thread. On CUDA: untouched (host threads
     only launch kernels there)."""
-    threads, count = torch.get_num_threads(), decode_thread_count(device)
-    if count == threads:
-        yield
-        return
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+    return torch_threads(decode_thread_count(device))
 
 
 def decode_thread_count(device: torch.device) -> int:
     """The torch threads decode steps run on (decode_threads says why)."""
     passive = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
     return 1 if device.type == "cpu" and passive else torch.get_num_threads()
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    """torch's intra-op thread count is `count` inside, what it was after (even on an error)."""
+    before = torch.get_num_threads()
+    if count == before:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _multinomial(probs: torch.Tensor, rows: torch.Tensor, B: int) -> torch.Tensor:
