@@ -122,3 +122,37 @@ def test_foreign_checkpoints_are_refused_and_own_resume_continues(tmp_path, data
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step 2" in resumed.stdout + resumed.stderr
     assert json.loads((old / "checkpoints" / "step_0000003" / "meta.json").read_text())["run_id"] == old_id
+
+
+# ------------------------------------------------------------------ a reward that breaks the run (item 5)
+
+
+def test_user_rewards_that_break_the_run_stop_it_loudly(tmp_path, data, tiny_model_dir):
+    """A user's reward file over a user's parquet: 1e308 (was: every optimizer step skipped,
+    "run finished", exit 0) and os._exit(0) after the first checkpoint (was: exit 0, no output)
+    each stop the run with exit 2 naming the function; the checkpoint on disk stays good."""
+    rewards = tmp_path / "rewards.py"
+    out = tmp_path / "run"
+    rewards.write_text(textwrap.dedent(f"""
+        import os
+        def huge(completion, example):
+            return 1e308
+        def quits(completion, example):
+            if os.path.exists({str(out / 'checkpoints' / 'step_0000001')!r}):
+                os._exit(0)
+            return 0.5
+    """))
+    huge = run(data, tmp_path / "huge", "--max-steps", "2", sets=(f"reward.fn={rewards}:huge",))
+    err = " ".join(huge.stderr.split())
+    assert huge.returncode == 2 and f"{rewards}:huge" in err and "beyond the bound" in err, err[-3000:]
+    assert "run finished" not in huge.stdout and "Traceback" not in err
+
+    quits = run(data, out, "--max-steps", "3", sets=(f"reward.fn={rewards}:quits",))
+    err = " ".join(quits.stderr.split())
+    assert quits.returncode == 2, (quits.returncode, err[-3000:])
+    assert f"{rewards}:quits" in err and "ended its worker process without returning" in err and "exit code 0" in err
+    assert "run finished" not in quits.stdout
+    from tinyrl import checkpoint as ckpt
+
+    assert [ckpt.step_of(p) for p in ckpt.list_checkpoints(out / "checkpoints")] == [1]
+    assert ckpt.load_latest(out / "checkpoints")["step"] == 1  # whole and loadable: --resume goes on from it
