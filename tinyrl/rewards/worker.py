@@ -22,6 +22,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from multiprocessing.connection import Connection, Pipe
@@ -40,6 +41,7 @@ class WorkerReward:
         self.spec, self.timeout_s = spec, timeout_s
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
+        self._lock = threading.Lock()  # one call at a time on the pipe (verl may call from threads)
         self._start()  # an import error is reported now, before any model loads
 
     def _start(self) -> None:
@@ -55,9 +57,10 @@ class WorkerReward:
         self._ask(("load", self.spec, self.timeout_s), None)
 
     def __call__(self, completion: str, example: Any) -> float:
-        if self._proc is None:  # the last worker died: a fresh one (eval and verl call on)
-            self._start()
-        return self._ask(("call", completion, example), (completion, example))
+        with self._lock:
+            if self._proc is None:  # the last worker died: a fresh one (eval and verl call on)
+                self._start()
+            return self._ask(("call", completion, example), (completion, example))
 
     def _ask(self, message: tuple, sample: tuple | None) -> Any:
         started = time.monotonic()
