@@ -4,7 +4,7 @@
                            file holds the owner's pid. The OS drops the lock when the process
                            ends in any way (SIGKILL included), so there is nothing stale to clean.
     RUN_DIR/run.json       {"run_id", "started"}: written when a run starts; every checkpoint
-                           carries the same id (state["run_id"], meta.json), so --resume knows the
+                           carries the same id (its meta.json), so --resume knows the
                            checkpoint is this run's and a new run never adopts another's.
 
 flock, not a pid file: a pid file outlives a killed process and its pid may be reused. The lock
@@ -86,7 +86,8 @@ def claim(run_dir: Path, command: str = "train") -> Iterator[None]:
     finally:
         # Unlocked by closing; the file stays (removing it would race a process opening it).
         _held.pop(key, None)
-        os.close(fd)
+        with contextlib.suppress(OSError):  # a forked child that got here closed it already
+            os.close(fd)
 
 
 def check_new_run(run_dir: Path) -> None:

@@ -139,13 +139,17 @@ def serve(fd: int) -> None:
             if message[0] == "load":
                 _, spec, timeout_s = message
                 fn = _wrap(resolve_user_fn(spec), spec, timeout_s)
-                conn.send(("ready",))
+                reply = ("ready",)
             else:
-                conn.send(("ok", fn(message[1], message[2])))
+                reply = ("ok", fn(message[1], message[2]))
         except TinyRLError as exc:
             cause = exc.__cause__
             try:
                 blob = pickle.dumps(cause) if cause is not None else None
             except Exception:  # noqa: BLE001 - an unpicklable exception: the message says it all
                 blob = None
-            conn.send(("error", exc.message, exc.hint, blob))
+            reply = ("error", exc.message, exc.hint, blob)
+        try:
+            conn.send(reply)
+        except OSError:  # the trainer is gone (killed while this call ran): nobody to answer
+            return
