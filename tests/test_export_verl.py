@@ -290,3 +290,50 @@ def test_from_run_can_start_from_the_exported_actor(tmp_path):
     assert args["data.train_batch_size"] == "128" and args["trainer.total_epochs"] == "2"
     assert "also verl's KL reference" in script.read_text()
     assert json.loads((tmp_path / "o" / "tinyrl_config.json").read_text())["trainer"]["total_epochs"] == 2
+
+
+def test_an_export_never_writes_over_its_own_inputs(tmp_path):
+    """Issue 29 item 3: with --overwrite, data.test_path = OUT/data/test.parquet was cut from the
+    user's 200 rows to 64, and data.train_path there raised SameFileError. Now: exit 2, every
+    clash named, nothing in OUT changed."""
+    out = tmp_path / "out"
+    train, test = generate_countdown(out / "data", 256, 200, progress=False)  # the user's own files, inside OUT
+    (out / "run_verl.sh").write_text("an older export")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    cmd = [sys.executable, "-m", "tinyrl.cli", "export-verl", "--preset", "countdown-tiny", "--out", str(out),
+           "--overwrite", "--set", f"data.train_path={train}", "--set", f"data.test_path={test}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
+    err = " ".join(done.stderr.split())
+    assert done.returncode == 2 and "Traceback" not in err, done.stderr[-3000:]
+    assert "write over files it reads" in err and "data.train_path" in err and "data.test_path" in err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert pq.ParquetFile(test).metadata.num_rows == 200
+
+    # test file alone inside OUT; then reached through a hard link and a symlink from outside
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "train.parquet").write_bytes(train.read_bytes())
+    os.link(test, elsewhere / "hard.parquet")
+    (elsewhere / "soft.parquet").symlink_to(test)
+    for given in (test, elsewhere / "hard.parquet", elsewhere / "soft.parquet"):
+        cfg = load_config("countdown-tiny", [f"data.train_path={elsewhere / 'train.parquet'}",
+                                             f"data.test_path={given}"])
+        with pytest.raises(TinyRLError, match="data.test_path") as info:
+            export_verl(cfg, out, overwrite=True)
+        assert "data.train_path" not in info.value.message
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    # a user's reward file inside OUT/user_reward/ would be copied onto itself
+    mine = out / "user_reward" / "mine.py"
+    mine.parent.mkdir()
+    mine.write_text("def score(c, e):\n    return 1.0\n")
+    cfg = load_config("countdown-tiny", [f"data.train_path={elsewhere / 'train.parquet'}",
+                                         f"data.test_path={elsewhere / 'hard.parquet'}", f"reward.fn={mine}:score"])
+    with pytest.raises(TinyRLError, match="reward.fn"):
+        export_verl(cfg, out, overwrite=True)
+    # inputs outside OUT: the export goes through and the user's files keep their rows
+    test_copy = elsewhere / "test.parquet"
+    test_copy.write_bytes(test.read_bytes())
+    cfg = load_config("countdown-tiny", [f"data.train_path={elsewhere / 'train.parquet'}", f"data.test_path={test_copy}"])
+    export_verl(cfg, out, overwrite=True)
+    assert pq.ParquetFile(test_copy).metadata.num_rows == 200
+    assert pq.ParquetFile(out / "data" / "test.parquet").metadata.num_rows == cfg.data.max_test_prompts < 200

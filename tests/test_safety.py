@@ -182,17 +182,55 @@ def test_non_numeric_rewards_are_rejected(tmp_path, value):
     assert _reward(tmp_path, "def score(c, e):\n    return 1\n")("x", EXAMPLE) == 1.0
 
 
-def test_reward_stuck_in_c_code_ends_the_process_with_the_message(tmp_path):
-    import subprocess
+def test_reward_stuck_in_c_code_ends_its_worker_with_the_message(tmp_path, capfd):
+    # One C loop never returns to Python: faulthandler's watchdog ends the reward's worker
+    # process (tinyrl.rewards.worker), not this one, and the caller gets the function's error.
+    fn = _reward(tmp_path, """
+        def score(completion, example):
+            return float(sum(range(10**13)))
+    """, timeout_s=0.5)
+    with pytest.raises(TinyRLError, match="did not return within reward.timeout_s = 0.5") as info:
+        fn("x", EXAMPLE)
+    assert "hostile.py:score" in str(info.value) and "row index 17" in str(info.value)
+    dump = capfd.readouterr().err  # the worker's stack dump: where the user's code was stuck
+    assert "Timeout" in dump and "hostile.py" in dump and "in score" in dump
 
-    path = tmp_path / "stuck.py"
-    path.write_text("def score(completion, example):\n"
-                    "    return float(sum(range(10**13)))\n")  # one C loop: never returns to Python
-    code = (f"from tinyrl.rewards.registry import load_reward_fn\n"
-            f"load_reward_fn({str(path) + ':score'!r}, timeout_s=0.5)('x', {{}})\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1, done.stderr[-2000:]  # faulthandler's watchdog ended it
-    assert "Timeout" in done.stderr and "stuck.py" in done.stderr and "in score" in done.stderr
+
+@pytest.mark.parametrize("body,code", [("import os; os._exit(0)", "exit code 0"),
+                                       ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "SIGKILL")])
+def test_reward_that_ends_its_process_is_an_error(tmp_path, body, code):
+    # Issue 29: os._exit(0) inside a reward ended `tinyrl train` with exit 0, no output.
+    fn = _reward(tmp_path, f"""
+        def score(completion, example):
+            {body}
+    """)
+    with pytest.raises(TinyRLError, match="ended its worker process without returning") as info:
+        fn("my answer", EXAMPLE)
+    assert "hostile.py:score" in str(info.value) and code in str(info.value) and "row index 17" in str(info.value)
+    with pytest.raises(TinyRLError, match="ended its worker process"):  # a fresh worker, the same verdict
+        fn("x", EXAMPLE)
+
+
+def test_reward_keeps_its_state_between_calls(tmp_path):
+    fn = _reward(tmp_path, """
+        calls = []
+        def score(completion, example):
+            calls.append(completion)
+            return float(len(calls))
+    """)
+    assert [fn("x", EXAMPLE) for _ in range(3)] == [1.0, 2.0, 3.0]  # one worker, its module imported once
+
+
+@pytest.mark.parametrize("value", ["1e308", "-2e6", "float('inf')"])
+def test_absurd_rewards_are_rejected(tmp_path, value):
+    fn = _reward(tmp_path, f"""
+        def score(completion, example):
+            return {value}
+    """)
+    with pytest.raises(TinyRLError, match=r"hostile.py:score") as info:
+        fn("x", EXAMPLE)
+    assert "not a finite number" in str(info.value) or "beyond the bound of +-1e+06" in str(info.value)
+    assert _reward(tmp_path, "def score(c, e):\n    return -1e6\n")("x", EXAMPLE) == -1e6  # the bound itself is allowed
 
 
 # ------------------------------------------------------------------ 7. export --out

@@ -5,7 +5,8 @@ optimizers, schedulers, KL controller, RNG states, the step — the data positio
 step because the data order is a seeded permutation per epoch).
 
     checkpoints/step_0000012/state.pt    torch.save of the state
-    checkpoints/step_0000012/meta.json   {"step", "bytes"}: state.pt's size once fsync'ed
+    checkpoints/step_0000012/meta.json   {"step", "bytes", "run_id"}: state.pt's size once fsync'ed,
+                                         and the run that wrote it (tinyrl.rundir)
 
 Written into a hidden temporary directory, fsync'ed, then renamed into place, so a kill mid-write
 leaves the previous one intact. Loading checks state.pt against meta.json and falls back to the
@@ -98,7 +99,7 @@ def needed_bytes(ckpt_dir: Path, state: dict) -> tuple[int, str]:
     return need, f"{human_bytes(tensors)} of tensors plus headers"
 
 
-def save_checkpoint(ckpt_dir: Path, step: int, state: dict, keep_last: int) -> SaveResult:
+def save_checkpoint(ckpt_dir: Path, step: int, state: dict, keep_last: int, run_id: str | None = None) -> SaveResult:
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     clean_leftovers(ckpt_dir)
     need, why = needed_bytes(ckpt_dir, state)
@@ -138,7 +139,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, state: dict, keep_last: int) -> S
             torch.save(state, fh)
             fh.flush()
             os.fsync(fh.fileno())
-        (tmp / "meta.json").write_text(json.dumps({"step": step, "bytes": path.stat().st_size}))
+        (tmp / "meta.json").write_text(json.dumps({"step": step, "bytes": path.stat().st_size, "run_id": run_id}))
     except (OSError, RuntimeError) as exc:  # ENOSPC and friends: the previous checkpoint is untouched
         # torch.save turns a write's OSError into a RuntimeError of its zip writer (torch 2.13,
         # torch/serialization.py _open_zipfile_writer_buffer.__exit__); report the OS error.

@@ -176,28 +176,29 @@ def sft(
 def _run_command(command: str, preset: str, overrides: Optional[list[str]], out_dir: Optional[Path],
                  max_steps: Optional[int], resume: bool, no_dashboard: bool) -> None:
     """`train` and `sft`: the same checks, loop and endings; only the trainer differs."""
-    from tinyrl import interrupts
+    from tinyrl import interrupts, rundir
     from tinyrl.config import load_config
     from tinyrl.setup import check_train_path
 
     interrupts.install()  # from here on, Ctrl-C/SIGTERM end cleanly (see tinyrl.interrupts)
     cfg = load_config(preset, overrides)
     run_dir = out_dir or Path(cfg.trainer.out_dir) / cfg.preset
-    if not resume and (run_dir / "metrics.jsonl").exists():
-        raise TinyRLError(f"{run_dir} already holds a run (metrics.jsonl); nothing was changed",
-                          hint="add --resume to continue it (from its last checkpoint, or from step 0 if it "
-                               "has none), or choose another --out directory")
     if max_steps is not None and max_steps < 1:
         raise TinyRLError(f"--max-steps {max_steps} must be at least 1", hint="e.g. --max-steps 3")
     check_train_path(cfg, sft=command == "sft")  # a mistyped data path fails here, before anything is loaded or written
     resume_cmd = _resume_command(preset, overrides, run_dir, max_steps, command)
-    try:
-        _train(cfg, run_dir, resume, max_steps, no_dashboard, resume_cmd, command)
-    except interrupts.Interrupted as exc:
-        again = resume_cmd if (run_dir / "config.json").exists() else "the same command"
-        err.print(f"stopped by {interrupts.SIGNAL_NAMES.get(exc.signum, exc.signum)} before training began; "
-                  f"nothing to save. Start again with: {again}", highlight=False, soft_wrap=True)
-        sys.exit(interrupts.exit_code(exc.signum))
+    # The run directory's owner until this command ends (a second process: exit 2 with this pid);
+    # taken before anything is written into it, and before looking at what it holds.
+    with rundir.claim(run_dir, command):
+        if not resume:
+            rundir.check_new_run(run_dir)  # another run's metrics or checkpoints: --resume or another --out
+        try:
+            _train(cfg, run_dir, resume, max_steps, no_dashboard, resume_cmd, command)
+        except interrupts.Interrupted as exc:
+            again = resume_cmd if (run_dir / "config.json").exists() else "the same command"
+            err.print(f"stopped by {interrupts.SIGNAL_NAMES.get(exc.signum, exc.signum)} before training began; "
+                      f"nothing to save. Start again with: {again}", highlight=False, soft_wrap=True)
+            sys.exit(interrupts.exit_code(exc.signum))
 
 
 def _resume_command(preset: str, overrides: Optional[list[str]], run_dir: Path, max_steps: Optional[int],

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from tinyrl import checkpoint as ckpt
-from tinyrl import interrupts
+from tinyrl import interrupts, rundir
 from tinyrl.config import Config
 from tinyrl.errors import TinyRLError
 from tinyrl.learners import make_learners
@@ -98,10 +98,12 @@ class Trainer:
         self._last_sample: dict | None = None       # shown by the dashboard after each step
         self.stopped_by: int | None = None          # the signal that stopped train() early, if any
         self.val_before: dict | None = None         # trainer.val_before_train's metrics (step 0)
-        if resume:
+        if resume:  # settings, then the checkpoints' owner (tinyrl.rundir)
             from tinyrl.resume_check import check_resume
 
             self.notices += check_resume(run_dir, cfg)
+            self.run_id, notes = rundir.resume_run(run_dir)
+            self.notices += notes
         from tinyrl.sinks import make_sinks
 
         self.sinks = make_sinks(run_dir, cfg.trainer.tensorboard, cfg.trainer.wandb)
@@ -118,6 +120,7 @@ class Trainer:
             self._resume()
         else:
             self.run.write_config(self.cfg.to_dict())
+            self.run_id = rundir.start_run(run_dir)  # every checkpoint carries it
         self.n_rows = n_rows
         self.steps_per_epoch = n_rows // self.cfg.trainer.train_batch_size
         if self.steps_per_epoch < 1:
@@ -519,7 +522,8 @@ class Trainer:
 
     def save(self) -> ckpt.SaveResult:
         self._phase(Phase.CHECKPOINT)
-        result = ckpt.save_checkpoint(self.ckpt_dir, self.step, self.state(), self.cfg.trainer.keep_last)
+        result = ckpt.save_checkpoint(self.ckpt_dir, self.step, self.state(), self.cfg.trainer.keep_last,
+                                      run_id=self.run_id)
         self.run.write_parquet()
         self.saves.record(self.step, result)  # says it; a failure loudly, once
         return result

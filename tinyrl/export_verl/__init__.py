@@ -50,6 +50,7 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
     if gpus < 1 or nodes < 1:
         raise TinyRLError(f"--gpus {gpus} --nodes {nodes}: both must be at least 1", hint="e.g. --gpus 8 --nodes 1")
     check_out_dir(out, overwrite)
+    files.check_inputs_kept(cfg, out)  # --overwrite never writes over the export's own inputs
     path, model_notes = model_path(cfg, actor)
     out.mkdir(parents=True, exist_ok=True)
     spec, whole_row = files.reward_spec(cfg, out)

@@ -73,24 +73,66 @@ def write_val_files(cfg: Config, data_dir: Path, with_row: bool) -> list[Path]:
     data.max_test_prompts rows as tinyrl validates (tinyrl.setup.load_inputs); verl reads the
     list in data.val_files (verl 0.9.1 utils/dataset/rl_dataset.py: a str or a list of files)."""
     from tinyrl.data.io import load_prompts
-    from tinyrl.eval import parse_data_args
 
     out = []
-    for name, path in parse_data_args(cfg.data.val_files):
-        source = resolve_path(str(path))
+    for name, path, source, target in val_targets(cfg, data_dir):
         if not source.is_file():
             raise TinyRLError(f"data.val_files: {name} = {path} does not exist; nothing for verl to validate on",
                               hint="make or download it (`tinyrl data math --from ... --out DIR`), "
                               "or drop it from data.val_files")
         load_prompts(source, max_rows=1)  # the same checks (and errors) as training
-        target = data_dir / f"val_{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.parquet"
-        if target in out or target.name == "test.parquet":
-            target = data_dir / f"val_{len(out)}_{target.name[4:]}"
         pq.write_table(pq.read_table(source).slice(0, cfg.data.max_test_prompts), target)
         if with_row:
             _add_rows(target)
         out.append(target)
     return out
+
+
+def val_targets(cfg: Config, data_dir: Path) -> list[tuple[str, str, Path, Path]]:
+    """(name, path as given, source, data/val_<name>.parquet) of each data.val_files entry."""
+    from tinyrl.eval import parse_data_args
+
+    out: list[tuple[str, str, Path, Path]] = []
+    for name, path in parse_data_args(cfg.data.val_files):
+        target = data_dir / f"val_{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.parquet"
+        if target in [t for *_, t in out] or target.name == "test.parquet":
+            target = data_dir / f"val_{len(out)}_{target.name[4:]}"
+        out.append((name, str(path), resolve_path(str(path)), target))
+    return out
+
+
+def _reward_file(spec: str) -> Path | None:
+    """The file of a `file.py:func` reward spec (None: a task, or module:func)."""
+    target = spec.rpartition(":")[0]
+    return Path(target).expanduser() if target.endswith(".py") or "/" in target or "\\" in target else None
+
+
+def check_inputs_kept(cfg: Config, out: Path) -> None:
+    """Nothing the export writes may be a file it reads (issue 29): with --overwrite and
+    data.test_path = OUT/data/test.parquet the user's file was cut to the exported rows, and
+    data.train_path there failed with shutil's SameFileError. Checked before anything is written;
+    every clash is reported. Paths compare resolved (symlinks), and by inode (hard links)."""
+    data = out / "data"
+    inputs = [("data.train_path", resolve_path(cfg.data.train_path), data / "train.parquet"),
+              ("data.test_path", resolve_path(cfg.data.test_path), data / "test.parquet")]
+    inputs += [(f"data.val_files ({name})", source, target) for name, _, source, target in val_targets(cfg, data)]
+    for key, spec in [("reward.fn", cfg.reward.fn), *(("reward.extra_fns", s) for s in cfg.reward.extra_fns)]:
+        source = _reward_file(spec)
+        if source is not None:
+            inputs.append((key, source, out / "user_reward" / source.name))
+    written = [target for *_, target in inputs] + [out / n for n in ("run_verl.sh", "reward_fn.py", "tinyrl_config.json")]
+    clashes = []
+    for key, source, _ in inputs:
+        if not source.is_file():
+            continue  # a missing input has its own error later; generated data is written, not read
+        for target in written:
+            if source.resolve() == target.resolve() or (target.is_file() and source.samefile(target)):
+                clashes.append(f"{key} = {source} would be overwritten by the export's {target}")
+    if clashes:
+        raise TinyRLError("export-verl would write over files it reads; nothing was changed:\n"
+                          + "\n".join(f"  - {c}" for c in clashes),
+                          hint="keep inputs outside --out: copy them elsewhere and point the setting there "
+                               "(e.g. --set data.test_path=/elsewhere/test.parquet), or export to another --out")
 
 
 def _add_rows(path: Path) -> None:
@@ -118,9 +160,8 @@ def reward_spec(cfg: Config, out: Path) -> tuple[str, bool]:
 
 def _copied(spec: str, out: Path) -> str:
     """A reward spec as reward_fn.py loads it: a user's file is copied into out/user_reward/."""
-    target, _, func = spec.rpartition(":")
-    if target.endswith(".py") or "/" in target or "\\" in target:
-        source = Path(target).expanduser()
+    source, func = _reward_file(spec), spec.rpartition(":")[2]
+    if source is not None:
         if not source.is_file():
             raise TinyRLError(f"reward file not found: {source}", hint="give reward.fn=path/to/file.py:func")
         (out / "user_reward").mkdir(exist_ok=True)

@@ -1,10 +1,11 @@
 """Turn a reward spec from the config into `fn(completion, example) -> float`.
 
 Specs: a builtin name ("countdown"), `path/to/file.py:func`, or a dotted `module:func`.
-`example` is one dataset row (TinyZero schema) as a dict or pandas Series. User functions are
-wrapped so that a crash (SystemExit included), a non-number return (True included) or a call
-longer than reward.timeout_s (tinyrl.rewards.limits) becomes a TinyRLError naming the function
-and the sample.
+`example` is one dataset row (TinyZero schema) as a dict or pandas Series. User functions run
+in a worker process (tinyrl.rewards.worker: one that ends the process, e.g. os._exit, cannot end
+the run quietly) and are wrapped so that a crash (SystemExit included), a non-number return
+(True included), a non-finite or absurd one (|r| > MAX_ABS_REWARD) or a call longer than
+reward.timeout_s (tinyrl.rewards.limits) becomes a TinyRLError naming the function and the sample.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from tinyrl.errors import TinyRLError
 from tinyrl.rewards import limits
 
 RewardFn = Callable[[str, Any], float]
+# A reward beyond this is a bug, not a score: 1e308 made the advantages inf and every optimizer
+# step was skipped while the run "finished" (issue 29). Rewards in RL are O(1); shaping sums
+# stay far below a million.
+MAX_ABS_REWARD = 1e6
 _SPEC_HINT = "set the reward to a builtin name, `path/to/file.py:func` or `module:func`"
 
 
@@ -96,18 +101,37 @@ def _wrap(fn: Callable, label: str, timeout_s: float) -> RewardFn:
                 f"reward function {label} returned {value!r:.100} ({type(value).__name__}), "
                 f"not a finite number, on {sample()}",
                 hint=f"make {label} return a float, e.g. 1.0 for a correct completion")
+        if abs(value) > MAX_ABS_REWARD:
+            raise TinyRLError(
+                f"reward function {label} returned {float(value):g}, beyond the bound of +-{MAX_ABS_REWARD:g} "
+                f"tinyrl accepts, on {sample()}; a reward that large overflows the advantages",
+                hint=f"make {label} return rewards of order 1 (scale them down)")
         return float(value)
     return reward
 
 
 def load_reward_fn(spec: str, format_score: float = 0.1, strict: bool = False, timeout_s: float = 60.0) -> RewardFn:
-    """Resolve `spec`; `format_score` and `strict` apply to builtin rewards only."""
+    """Resolve `spec`; `format_score` and `strict` apply to builtin rewards only. A user's
+    function is loaded (and its import errors reported) in its worker process."""
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec](format_score, strict)
+    _split(spec)
+    from tinyrl.rewards.worker import WorkerReward
+
+    return WorkerReward(spec, timeout_s)
+
+
+def _split(spec: str) -> tuple[str, str]:
     target, sep, func_name = spec.rpartition(":")  # rpartition: "C:\\x.py:f" keeps the drive
     if not sep or not target or not func_name:
         raise TinyRLError(f"unknown reward {spec!r}",
                           hint=f"builtin rewards: {', '.join(BUILTIN_REWARDS)}; or {_SPEC_HINT}")
+    return target, func_name
+
+
+def resolve_user_fn(spec: str) -> Callable:
+    """The user's function itself (in the reward worker: tinyrl.rewards.worker)."""
+    target, func_name = _split(spec)
     is_file = target.endswith(".py") or "/" in target or "\\" in target
     module = _load_file(target) if is_file else _load_module(target)
     fn = getattr(module, func_name, None)
@@ -118,4 +142,4 @@ def load_reward_fn(spec: str, format_score: float = 0.1, strict: bool = False, t
     if not callable(fn):
         raise TinyRLError(f"{spec} is a {type(fn).__name__}, not a function",
                           hint="point the reward at `def func(completion: str, example: dict) -> float`")
-    return _wrap(fn, spec, timeout_s)
+    return fn

@@ -1,0 +1,158 @@
+"""A run directory belongs to one run (issue 29, items 1-2), with the real CLI in real processes:
+a second `tinyrl train` (or `sft`) into a directory another process owns is refused naming its
+pid; a SIGKILLed owner frees it; a new run refuses another run's checkpoints; --resume refuses a
+checkpoint of another run and continues its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tinyrl import rundir
+
+ENV = {**os.environ, "COLUMNS": "200"}
+
+
+def command(data: Path, out: Path, *extra: str, sets: tuple[str, ...] = (), verb: str = "train") -> list[str]:
+    base = [f"data.train_path={data}", "trainer.train_batch_size=4", "actor.ppo_mini_batch_size=4",
+            "rollout.max_response_length=8", "trainer.save_every=1", "trainer.test_every=0",
+            "trainer.device=cpu", *sets]
+    args = [sys.executable, "-m", "tinyrl.cli", verb, "--preset", "countdown-tiny", "--out", str(out),
+            "--no-dashboard", *extra]
+    for item in base:
+        args += ["--set", item]
+    return args
+
+
+def run(*args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(command(*args, **kw), capture_output=True, text=True, timeout=600, env=ENV)
+
+
+@pytest.fixture(scope="module")
+def data(countdown_train):
+    return countdown_train(64)
+
+
+def _lock_holder(out: Path) -> str:
+    path = out / rundir.LOCK_FILE
+    return path.read_text().split(" ")[0] if path.exists() else ""
+
+
+def test_second_process_is_refused_and_a_sigkill_frees_the_directory(tmp_path, data, tiny_model_dir):
+    gate = tmp_path / "gate"
+    reward = tmp_path / "gated.py"  # holds the first run inside step 1 until the test opens the gate
+    reward.write_text(textwrap.dedent(f"""
+        import os, time
+        def gated(completion, example):
+            while not os.path.exists({str(gate)!r}):
+                time.sleep(0.05)
+            return 0.5
+    """))
+    out = tmp_path / "run"
+    first = subprocess.Popen(command(data, out, "--max-steps", "1",
+                                     sets=(f"reward.fn={reward}:gated", "reward.timeout_s=600")),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        deadline = time.monotonic() + 300
+        while _lock_holder(out) != str(first.pid):  # written once the lock is held
+            assert first.poll() is None, first.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the first run never took the lock"
+            time.sleep(0.05)
+        config_before = (out / "config.json").read_text() if (out / "config.json").exists() else None
+        second = run(data, out, "--max-steps", "1", sets=("trainer.seed=7",))
+        err = " ".join(second.stderr.split())
+        assert second.returncode == 2, second.stderr[-3000:]
+        assert f"pid {first.pid}" in err and "in use by another tinyrl process" in err and "Traceback" not in err
+        sft = run(data, out, "--max-steps", "1", verb="sft")  # the same run-directory code
+        assert sft.returncode == 2 and f"pid {first.pid}" in " ".join(sft.stderr.split()), sft.stderr[-3000:]
+        if config_before is not None:  # the refused runs wrote nothing
+            assert (out / "config.json").read_text() == config_before
+        assert not (out / "metrics.jsonl").exists() or all(
+            json.loads(line)["step"] == 1 for line in (out / "metrics.jsonl").read_text().splitlines())
+        # SIGKILL: no handler runs, the OS drops the lock with the process
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=60)
+        with rundir.claim(out):  # this process (not the killed one) now owns it
+            assert _lock_holder(out) == str(os.getpid())
+    finally:
+        gate.touch()  # the reward worker the killed run left waits on it: let it end
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+
+def test_foreign_checkpoints_are_refused_and_own_resume_continues(tmp_path, data, tiny_model_dir):
+    old, other = tmp_path / "old", tmp_path / "other"
+    done = run(data, old, "--max-steps", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = run(data, other, "--max-steps", "1", sets=("trainer.seed=3",))
+    assert done.returncode == 0, done.stderr[-3000:]
+    old_id, other_id = (json.loads((d / rundir.RUN_FILE).read_text())["run_id"] for d in (old, other))
+    assert old_id != other_id
+    assert json.loads((old / "checkpoints" / "step_0000002" / "meta.json").read_text())["run_id"] == old_id
+
+    # issue 29 item 2: metrics.jsonl deleted, a new run (other settings, save_every=1) started there
+    (old / "metrics.jsonl").unlink()
+    kept = {p: p.read_bytes() for p in old.rglob("*") if p.is_file() and p.name != rundir.LOCK_FILE}
+    new = run(data, old, "--max-steps", "2", sets=("trainer.seed=5",))
+    err = " ".join(new.stderr.split())
+    assert new.returncode == 2 and "holds checkpoints this new run did not write (step 1, 2)" in err, err[-3000:]
+    assert "--resume" in err and "Traceback" not in err
+    assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file() and p.name != rundir.LOCK_FILE} == kept
+
+    # another run's real checkpoint copied into a run directory: --resume names both runs
+    shutil.copytree(old / "checkpoints" / "step_0000002", other / "checkpoints" / "step_0000002")
+    resumed = run(data, other, "--resume", "--max-steps", "3", sets=("trainer.seed=3",))
+    err = " ".join(resumed.stderr.split())
+    assert resumed.returncode == 2, err[-3000:]
+    assert f"step_0000002 (run {old_id})" in err and f"this directory's run is {other_id}" in err
+    assert not (other / "checkpoints" / "step_0000003").exists()
+
+    # the run's own checkpoints resume as before
+    resumed = run(data, old, "--resume", "--max-steps", "3")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from step 2" in resumed.stdout + resumed.stderr
+    assert json.loads((old / "checkpoints" / "step_0000003" / "meta.json").read_text())["run_id"] == old_id
+
+
+# ------------------------------------------------------------------ a reward that breaks the run (item 5)
+
+
+def test_user_rewards_that_break_the_run_stop_it_loudly(tmp_path, data, tiny_model_dir):
+    """A user's reward file over a user's parquet: 1e308 (was: every optimizer step skipped,
+    "run finished", exit 0) and os._exit(0) after the first checkpoint (was: exit 0, no output)
+    each stop the run with exit 2 naming the function; the checkpoint on disk stays good."""
+    rewards = tmp_path / "rewards.py"
+    out = tmp_path / "run"
+    rewards.write_text(textwrap.dedent(f"""
+        import os
+        def huge(completion, example):
+            return 1e308
+        def quits(completion, example):
+            if os.path.exists({str(out / 'checkpoints' / 'step_0000001')!r}):
+                os._exit(0)
+            return 0.5
+    """))
+    huge = run(data, tmp_path / "huge", "--max-steps", "2", sets=(f"reward.fn={rewards}:huge",))
+    err = " ".join(huge.stderr.split())
+    assert huge.returncode == 2 and f"{rewards}:huge" in err and "beyond the bound" in err, err[-3000:]
+    assert "run finished" not in huge.stdout and "Traceback" not in err
+
+    quits = run(data, out, "--max-steps", "3", sets=(f"reward.fn={rewards}:quits",))
+    err = " ".join(quits.stderr.split())
+    assert quits.returncode == 2, (quits.returncode, err[-3000:])
+    assert f"{rewards}:quits" in err and "ended its worker process without returning" in err and "exit code 0" in err
+    assert "run finished" not in quits.stdout
+    from tinyrl import checkpoint as ckpt
+
+    assert [ckpt.step_of(p) for p in ckpt.list_checkpoints(out / "checkpoints")] == [1]
+    assert ckpt.load_latest(out / "checkpoints")["step"] == 1  # whole and loadable: --resume goes on from it

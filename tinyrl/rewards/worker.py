@@ -1,0 +1,155 @@
+"""A user's reward function runs in a worker process, so nothing it does can end the run quietly.
+
+In the trainer's process, `os._exit(0)` inside a reward ended `tinyrl train` with exit code 0,
+no output and no checkpoint (issue 29), and a crash in C code took the run down with it. Here
+the function runs in one long-lived child (its module is imported once, so a function that
+keeps state -- a cache, a loaded model -- keeps it across calls), one call at a time over a
+pipe. A worker that ends without answering becomes a TinyRLError naming the function, the
+sample and the worker's exit code: `tinyrl` exits 2 and the checkpoints already on disk stay.
+
+Inside the worker each call runs exactly as it did in-process (tinyrl.rewards.registry._wrap:
+the time limit of tinyrl.rewards.limits, exceptions and bad values as errors naming the
+function and the sample). The worker ignores SIGINT/SIGTERM (a Ctrl-C reaches the whole process
+group: the trainer stops at a step boundary, and needs its rewards until then) and ends when
+its pipe closes, which the OS does when the trainer dies.
+
+Cost: a process start and the module's import once, then ~0.1 ms of pipe and pickling per call.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from multiprocessing.connection import Connection, Pipe
+from typing import Any
+
+from tinyrl.errors import TinyRLError
+from tinyrl.rewards import limits
+
+BACKSTOP_S = 30.0  # past the worker's own limit (timeout + faulthandler's grace): it is hung
+
+
+class WorkerReward:
+    """`fn(completion, example) -> float` for a user's `file.py:func` / `module:func` spec."""
+
+    def __init__(self, spec: str, timeout_s: float):
+        self.spec, self.timeout_s = spec, timeout_s
+        self._proc: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()  # one call at a time on the pipe (verl may call from threads)
+        self._start()  # an import error is reported now, before any model loads
+
+    def _start(self) -> None:
+        ours, theirs = Pipe()
+        # -c with this process's sys.path: the function imports as it would in-process
+        # (a module:func found through a path the caller added, this checkout of tinyrl).
+        code = (f"import sys; sys.path[:] = {sys.path!r}; from tinyrl.rewards.worker import serve; "
+                f"serve({theirs.fileno()})")
+        self._proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),))
+        theirs.close()
+        self._conn = ours
+        self._finalizer = weakref.finalize(self, _stop, self._proc, ours)
+        self._ask(("load", self.spec, self.timeout_s), None)
+
+    def __call__(self, completion: str, example: Any) -> float:
+        with self._lock:
+            if self._proc is None:  # the last worker died: a fresh one (eval and verl call on)
+                self._start()
+            return self._ask(("call", completion, example), (completion, example))
+
+    def _ask(self, message: tuple, sample: tuple | None) -> Any:
+        started = time.monotonic()
+        try:
+            self._conn.send(message)
+            while not self._conn.poll(0.2):
+                if self._proc.poll() is not None:
+                    break
+                if time.monotonic() - started > self.timeout_s + limits.GRACE_S + BACKSTOP_S:
+                    self._proc.kill()  # hung past its own watchdog (e.g. stopped): not ours to wait for
+                    break
+            reply = self._conn.recv()
+        except (EOFError, OSError):
+            reply = None
+        if reply is None:
+            raise self._died(sample, time.monotonic() - started)
+        if reply[0] == "error":
+            _, message_, hint, cause = reply
+            raise TinyRLError(message_, hint=hint) from _unpickled(cause)
+        return reply[-1]  # ("ok", value), or ("ready",) after a load
+
+    def _died(self, sample: tuple | None, elapsed: float) -> TinyRLError:
+        from tinyrl.rewards.registry import describe_sample
+
+        self._proc.wait()
+        code = self._proc.returncode
+        self._finalizer()
+        self._proc = None
+        how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        on = f" on {describe_sample(*sample)}" if sample else " while importing it"
+        if elapsed > self.timeout_s:  # faulthandler's watchdog: C code that never returned
+            return TinyRLError(
+                f"reward function {self.spec} did not return within reward.timeout_s = {self.timeout_s:g} s{on} "
+                f"(stuck in C code: its worker process was ended, {how}; the stack is printed above)",
+                hint=f"fix {self.spec} or raise reward.timeout_s; the checkpoints on disk are kept (--resume)")
+        return TinyRLError(
+            f"reward function {self.spec} ended its worker process without returning a reward ({how}){on}. "
+            "A reward function must return a number: os._exit(), a crash in C code or a kill ends the "
+            "process it runs in",
+            hint=f"fix {self.spec} (call it on that row to reproduce; its output, if any, is above); the "
+                 "checkpoints on disk are kept: --resume continues once it is fixed")
+
+
+def _stop(proc: subprocess.Popen, conn: Connection) -> None:
+    """Close the pipe (the worker's loop ends) and reap the process."""
+    conn.close()
+    try:
+        proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _unpickled(blob: bytes | None) -> BaseException | None:
+    """The function's own exception as the error's cause, when this process can rebuild it."""
+    try:
+        return pickle.loads(blob) if blob else None
+    except Exception:  # noqa: BLE001 - a class only the user's module defines: no cause, same message
+        return None
+
+
+def serve(fd: int) -> None:
+    """The worker's loop: ("load", spec, timeout_s), then ("call", completion, example) ..."""
+    from tinyrl.rewards.registry import _wrap, resolve_user_fn
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    conn = Connection(fd)
+    fn = None
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the trainer closed the pipe, or died
+        try:
+            if message[0] == "load":
+                _, spec, timeout_s = message
+                fn = _wrap(resolve_user_fn(spec), spec, timeout_s)
+                reply = ("ready",)
+            else:
+                reply = ("ok", fn(message[1], message[2]))
+        except TinyRLError as exc:
+            cause = exc.__cause__
+            try:
+                blob = pickle.dumps(cause) if cause is not None else None
+            except Exception:  # noqa: BLE001 - an unpicklable exception: the message says it all
+                blob = None
+            reply = ("error", exc.message, exc.hint, blob)
+        try:
+            conn.send(reply)
+        except OSError:  # the trainer is gone (killed while this call ran): nobody to answer
+            return

@@ -1,0 +1,174 @@
+"""A run directory belongs to one run, written by one process at a time (issue 29).
+
+    RUN_DIR/.tinyrl.lock   the owner: an OS lock (flock) held while `tinyrl train|sft` runs; the
+                           file holds the owner's pid. The OS drops the lock when the process
+                           ends in any way (SIGKILL included), so there is nothing stale to clean.
+    RUN_DIR/run.json       {"run_id", "started"}: written when a run starts; every checkpoint
+                           carries the same id (its meta.json), so --resume knows the
+                           checkpoint is this run's and a new run never adopts another's.
+
+flock, not a pid file: a pid file outlives a killed process and its pid may be reused. The lock
+is on the open file, so forked children (vLLM's workers, DataLoader processes) close their copy
+(os.register_at_fork): a child that outlives a killed trainer does not keep the directory locked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+from tinyrl.errors import TinyRLError
+
+LOCK_FILE = ".tinyrl.lock"
+RUN_FILE = "run.json"
+
+_held: dict[Path, int] = {}  # resolved run dir -> the lock's fd, in this process
+
+
+def _close_in_child() -> None:
+    for fd in _held.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
+def _open_dir(run_dir: Path) -> Path:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise TinyRLError(f"--out {run_dir} is a file, not a directory", hint="choose a directory for --out") from None
+    except OSError as exc:
+        raise TinyRLError(f"cannot create the run directory {run_dir}: {exc.strerror or exc}",
+                          hint="choose a writable --out directory") from None
+    return run_dir.resolve()
+
+
+@contextlib.contextmanager
+def claim(run_dir: Path, command: str = "train") -> Iterator[None]:
+    """Own `run_dir` for the body (the command's life): exit 2 naming the holder's pid when
+    another process owns it. Re-entrant within one process (the CLI called twice in-process)."""
+    key = _open_dir(run_dir)
+    if key in _held:
+        yield
+        return
+    path = key / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise TinyRLError(f"cannot write in the run directory {run_dir}: {exc.strerror or exc}",
+                          hint="choose a writable --out directory") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 4096).decode(errors="replace").split()
+        os.close(fd)
+        pid = holder[0] if holder else "unknown"
+        what = " ".join(holder[1:]) or "tinyrl"
+        raise TinyRLError(
+            f"{run_dir} is in use by another tinyrl process (pid {pid}, {what}); two runs in one "
+            "directory would mix their metrics and checkpoints. Nothing was changed",
+            hint=f"wait for it to end, or stop it (kill {pid}; --resume continues it later), or give this "
+                 "run another --out") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} tinyrl {command} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+    _held[key] = fd
+    try:
+        yield
+    finally:
+        # Unlocked by closing; the file stays (removing it would race a process opening it).
+        _held.pop(key, None)
+        with contextlib.suppress(OSError):  # a forked child that got here closed it already
+            os.close(fd)
+
+
+def check_new_run(run_dir: Path) -> None:
+    """A new run (no --resume) starts only in a directory that holds no other run's results."""
+    from tinyrl import checkpoint as ckpt
+
+    if (run_dir / "metrics.jsonl").exists():
+        raise TinyRLError(f"{run_dir} already holds a run (metrics.jsonl); nothing was changed",
+                          hint="add --resume to continue it (from its last checkpoint, or from step 0 if it "
+                               "has none), or choose another --out directory")
+    done = ckpt.list_checkpoints(run_dir / "checkpoints")
+    if done:
+        steps = ", ".join(str(ckpt.step_of(p)) for p in done)
+        raise TinyRLError(
+            f"{run_dir / 'checkpoints'} holds checkpoints this new run did not write (step {steps}); "
+            "a new run there would prune them as its own and a later --resume would continue from them. "
+            "Nothing was changed",
+            hint="add --resume to continue the run they belong to, or choose another --out directory")
+
+
+def start_run(run_dir: Path) -> str:
+    """A new run: its id, written to RUN_DIR/run.json (replacing a run that never checkpointed)."""
+    run_id = _new_id()
+    _write_id(run_dir, run_id)
+    return run_id
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def _write_id(run_dir: Path, run_id: str) -> None:
+    from tinyrl.jsonl import write_atomic
+
+    write_atomic(run_dir / RUN_FILE, json.dumps({"run_id": run_id, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}))
+
+
+def _read_id(path: Path, key: str) -> str | None:
+    try:
+        value = json.loads(path.read_text()).get(key)
+    except (OSError, ValueError, AttributeError) as exc:
+        raise TinyRLError(f"cannot read {path}: {exc}",
+                          hint="restore it from a copy, or start a new run in another --out") from None
+    return None if value is None else str(value)
+
+
+def _meta_id(checkpoint: Path) -> str | None:
+    """A checkpoint's run id; None when it has none or its meta.json is torn (loading it then
+    finds it damaged and falls back: tinyrl.checkpoint.load_checkpoint)."""
+    try:
+        return _read_id(checkpoint / "meta.json", "run_id")
+    except TinyRLError:
+        return None
+
+
+def resume_run(run_dir: Path) -> tuple[str, list[str]]:
+    """--resume, before anything loads: every checkpoint must be this run's (its meta.json's
+    run_id = RUN_DIR/run.json's), else exit 2 naming both. -> (the run id, notices).
+    A run begun before run ids (no run.json) gets one now; checkpoints without an id (written
+    before run ids) are accepted, said in a notice: nothing tells them apart."""
+    from tinyrl import checkpoint as ckpt
+
+    done = ckpt.list_checkpoints(run_dir / "checkpoints")
+    ids = {p: _meta_id(p) for p in done}
+    ours = _read_id(run_dir / RUN_FILE, "run_id") if (run_dir / RUN_FILE).is_file() else None
+    notices = []
+    if ours is None:  # an older tinyrl's run: config.json (checked already) is all there is to go by
+        found = {i for i in ids.values() if i is not None}
+        ours = found.pop() if len(found) == 1 else _new_id()
+        _write_id(run_dir, ours)
+        notices.append(f"--resume: {run_dir} had no {RUN_FILE} (begun before run ids); its run id is now {ours}")
+    foreign = {p: i for p, i in ids.items() if i is not None and i != ours}
+    if foreign:
+        raise TinyRLError(
+            f"--resume: {run_dir / 'checkpoints'} holds checkpoints of another run: "
+            + ", ".join(f"{p.name} (run {i})" for p, i in foreign.items())
+            + f"; this directory's run is {ours} ({run_dir / RUN_FILE}). Continuing would train another run's "
+            "weights under this run's settings. Nothing was changed",
+            hint="resume the run they belong to from its own directory, or move them away, or start a new run "
+                 "in another --out")
+    legacy = [p.name for p, i in ids.items() if i is None]
+    if legacy:
+        notices.append(f"--resume: {', '.join(legacy)} predate run ids; taken as this run's ({ours})")
+    return ours, notices
