@@ -171,6 +171,12 @@ def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = No
         except TinyRLError as exc:  # say where: a 327,680-row file has one bad row
             raise TinyRLError(f"{path} row {i} (counting from 0): {exc.message}", hint=exc.hint) from exc
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    empty = [i for i, x in enumerate(ids) if not x]
+    if empty:  # a model cannot continue nothing (all of them empty used to crash step 1 in the embedding)
+        raise TinyRLError(
+            f"{len(empty)} of {len(ids)} prompts in {path} are empty (first at row {empty[0]}, counting from 0)",
+            hint="check the file's prompt column (`prompt`: text, or [{'role': 'user', 'content': ...}] with "
+            "non-empty content), or drop those rows")
     too_long = [(i, len(x)) for i, x in enumerate(ids) if len(x) > max_len]
     if too_long:
         worst = max(n for _, n in too_long)
