@@ -101,7 +101,8 @@ def ensure_train_data(cfg: Config, sft: bool = False) -> Path:
         raise TinyRLError(f"data.train_path = {cfg.data.train_path} does not exist and the {task.name} "
                           f"task does not generate it{' for SFT' if sft else ''}",
                           hint=f"make it with {task.data_hint}")
-    log.warning("generating %d %s tasks into %s (first use)", cfg.data.generate_train_size, task.name, path)
+    # INFO, not WARNING: this is the normal first run (the CLI shows this logger's INFO lines)
+    log.info("generating %d %s tasks into %s (first use, once)", cfg.data.generate_train_size, task.name, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=".tinyrl-generate-", dir=path.parent))
     try:

@@ -109,9 +109,10 @@ class Trainer:
     def _start_run(self, run_dir: Path, resume: bool, n_rows: int, rows_are: str) -> None:
         """What every run sets last, once models and learners exist: the run log, the
         checkpoint ledger, the resumed state, and the epoch over `n_rows` training rows."""
-        warn = lambda m: (log.warning(m), self._notice(m))  # noqa: E731  (full disk: loud, once)
-        self.run = RunLog(run_dir, self.device, warn=warn)
-        self.saves = ckpt.SaveLedger(warn, self._notice)  # which step is safely on disk
+        # A full disk: loud, once. One channel, the warning on stderr (the CLI's log handler; above
+        # the live view in a terminal); echoing it as a dashboard note printed it twice.
+        self.run = RunLog(run_dir, self.device, warn=log.warning)
+        self.saves = ckpt.SaveLedger(log.warning, self._notice)  # which step is safely on disk
         self.ckpt_dir = run_dir / "checkpoints"
         self.step = 0
         if resume:
