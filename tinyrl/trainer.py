@@ -169,6 +169,22 @@ class Trainer:
         else:
             self.notices.append(message)
 
+    def _check_cpu(self, history: list[dict]) -> None:
+        """One notice a run when its CPU is oversubscribed, with what to set (tinyrl.contention)."""
+        from tinyrl.contention import cpu_contention, load_average, usable_cpus
+
+        load = load_average()
+        if getattr(self, "_cpu_noticed", False) or self.device.type != "cpu" or load is None:
+            return
+        import os
+
+        found = cpu_contention(load, usable_cpus(), torch.get_num_threads(),
+                               [m["timing/step"] for m in history if "timing/step" in m],
+                               os.environ.get("OMP_WAIT_POLICY", ""))
+        if found is not None:
+            self._cpu_noticed = True
+            self._notice(f"{found.found}. What to do: {found.fix}")
+
     # ------------------------------------------------------------------ the loop
 
     def _before_training(self) -> None:
@@ -197,6 +213,7 @@ class Trainer:
                 for sink in self.sinks:
                     sink.log(metrics, self.step)
                 history.append(metrics)
+                self._check_cpu(history)
                 if self.dash is not None:
                     self.dash.update(metrics, self._last_sample)
                 if self.step == total or stops.requested or (
