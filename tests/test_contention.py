@@ -68,7 +68,7 @@ def test_the_run_says_it_once(monkeypatch):
     load = {"now": 1.0}
     monkeypatch.setattr(contention, "load_average", lambda: load["now"])
     notes: list[str] = []
-    run = SimpleNamespace(device=torch.device("cpu"), _notice=notes.append)
+    run = SimpleNamespace(device=torch.device("cpu"), _notice=notes.append, _cpu_noticed=False)
     history = [{"timing/step": 4.0}]
     Trainer._check_cpu(run, history)
     assert notes == []  # quiet
@@ -77,6 +77,6 @@ def test_the_run_says_it_once(monkeypatch):
         history.append({"timing/step": 30.0})
         Trainer._check_cpu(run, history)
     assert len(notes) == 1 and "oversubscribed" in notes[0] and "OMP_NUM_THREADS=1" in notes[0]
-    on_a_card = SimpleNamespace(device=torch.device("cuda"), _notice=notes.append)
+    on_a_card = SimpleNamespace(device=torch.device("cuda"), _notice=notes.append, _cpu_noticed=False)
     Trainer._check_cpu(on_a_card, history)
     assert len(notes) == 1

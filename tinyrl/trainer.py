@@ -98,6 +98,7 @@ class Trainer:
         self._last_sample: dict | None = None       # shown by the dashboard after each step
         self.stopped_by: int | None = None          # the signal that stopped train() early, if any
         self.val_before: dict | None = None         # trainer.val_before_train's metrics (step 0)
+        self._cpu_noticed = False                   # an oversubscribed CPU is said once (_check_cpu)
         if resume:
             from tinyrl.resume_check import check_resume
 
@@ -174,7 +175,7 @@ class Trainer:
         from tinyrl.contention import cpu_contention, load_average, usable_cpus
 
         load = load_average()
-        if getattr(self, "_cpu_noticed", False) or self.device.type != "cpu" or load is None:
+        if self._cpu_noticed or self.device.type != "cpu" or load is None:
             return
         import os
 
