@@ -153,3 +153,13 @@ def test_eval_of_a_path_that_does_not_exist_says_so(tmp_path, where, monkeypatch
     for extra in ([], ["--task", "countdown"]):
         text = one_screen(tinyrl("eval", target, "--data", str(TEST_DATA), "--n", "0", *extra))
         assert f"{target}: no such directory" in text and "tokenizer" not in text
+
+
+def test_eval_of_an_unknown_model_id_says_so(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing called nobody/ here: taken as a Hugging Face id (offline)
+    text = one_screen(tinyrl("eval", "nobody/no-such-model", "--data", str(TEST_DATA), "--n", "0"))
+    assert "--task is needed for nobody/no-such-model, which is no directory here" in text
+    text = one_screen(tinyrl("eval", "nobody/no-such-model", "--data", str(TEST_DATA), "--n", "0",
+                             "--task", "countdown"))
+    assert "nobody/no-such-model: no such directory here, and no Hugging Face model" in text
+    assert "model.name" not in text.split("what to do")[-1]

@@ -192,7 +192,14 @@ def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: i
         out = out_dir or (Path(target) / "eval" if cfg is not None else Path("eval") / Path(target).name)
         if (out / "eval.json").exists():
             raise TinyRLError(f"{out / 'eval.json'} exists; nothing was changed", hint="give another --out directory")
-        tokenizer = load_tokenizer(model_path)
+        try:
+            tokenizer = load_tokenizer(model_path)
+        except TinyRLError as exc:
+            if Path(target).expanduser().exists():
+                raise
+            raise TinyRLError(f"{target}: no such directory here, and no Hugging Face model of that id could be "
+                              f"loaded ({exc.message})", hint="give a run directory, a model directory, or a "
+                              "Hugging Face id (org/name) with network access or in the local cache") from exc
         loaded = []
         for name, path in files:
             rows = load_prompts(path).to_dict("records")
