@@ -26,7 +26,8 @@ from tinyrl.errors import TinyRLError
 app = typer.Typer(
     help="RL for language models (PPO with a critic, GRPO) on ONE GPU: Countdown, then maths.\n\n"
     "Start with `tinyrl presets`, then `tinyrl probe-memory`, `tinyrl estimate-cost` and "
-    "`tinyrl train` with --preset NAME. Try the CPU demo: `tinyrl train --preset countdown-tiny`.",
+    "`tinyrl train` with --preset NAME. Try the CPU demo (minutes, no GPU): "
+    "`tinyrl sft --preset countdown-demo-sft && tinyrl train --preset countdown-demo`.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -360,6 +361,12 @@ def export_verl_cmd(
               "where verl is installed", soft_wrap=True)
 
 
+# Loggers whose INFO lines the user sees: one-off work on first use that takes a while (the tiny
+# model's build, data generation). Others stay at WARNING: the trainer's INFO lines repeat what
+# the dashboard already shows.
+PROGRESS_LOGGERS = ("tinyrl.tiny_model", "tinyrl.setup")
+
+
 def _log_to_stderr() -> None:
     import logging
 
@@ -367,6 +374,8 @@ def _log_to_stderr() -> None:
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s",
                         handlers=[RichHandler(console=err, show_path=False, show_time=False)])
+    for name in PROGRESS_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO)
 
 
 @app.command("estimate-cost")

@@ -434,12 +434,7 @@ def problems_of(cfg: Config) -> list[str]:
             guess = f" (did you mean {near[0]!r}?)" if near else ""
             out.append(f"{dotted} = {value!r} is not one of {', '.join(allowed)}{guess}")
     t, a, r = cfg.trainer, cfg.actor, cfg.rollout
-    for dotted in ("algorithm.max_gen_rounds", "trainer.train_batch_size", "rollout.n", "rollout.max_response_length", "data.max_prompt_length", "actor.ppo_epochs",
-                   "critic.ppo_epochs",
-                   "trainer.total_epochs", "model.lora_rank", "model.logprob_chunk", "trainer.keep_last",
-                   "data.max_test_prompts", "sft.max_length"):
-        if get_setting(cfg, dotted) < 1:
-            out.append(f"{dotted} = {get_setting(cfg, dotted)} must be at least 1")
+    out += _count_problems(cfg)
     out += _number_problems(cfg)
     for role in ("actor", "critic"):
         mini = get_setting(cfg, f"{role}.ppo_mini_batch_size")
@@ -485,13 +480,40 @@ def problems_of(cfg: Config) -> list[str]:
 
 
 def _float_settings(obj: Any, prefix: str = "") -> dict[str, float]:
+    return _settings_of_type(obj, float, prefix)
+
+
+def _settings_of_type(obj: Any, kind: type, prefix: str = "") -> dict[str, Any]:
+    """Every setting of type `kind` (bool is not an int here), by dotted name."""
     out = {}
     for f in fields(obj):
         value = getattr(obj, f.name)
         if is_dataclass(value):
-            out.update(_float_settings(value, f"{prefix}{f.name}."))
-        elif isinstance(value, float):
+            out.update(_settings_of_type(value, kind, f"{prefix}{f.name}."))
+        elif isinstance(value, kind) and not isinstance(value, bool):
             out[prefix + f.name] = value
+    return out
+
+
+# Integer settings: counts, sizes and steps. Those below must be at least 1; seeds may be any
+# integer; a few have their own rule further down (or in their task). Every other integer is a
+# count or a step where 0 means "off" / "from the plan" / "the default", so it must be >= 0:
+# a new integer key is covered without being listed (trainer.max_steps = -3 used to run on).
+AT_LEAST_ONE = ("algorithm.max_gen_rounds", "algorithm.kl_horizon", "trainer.train_batch_size", "rollout.n",
+                "rollout.max_response_length", "data.max_prompt_length", "actor.ppo_epochs", "critic.ppo_epochs",
+                "trainer.total_epochs", "model.lora_rank", "model.lora_alpha", "model.logprob_chunk",
+                "trainer.keep_last", "data.max_test_prompts", "sft.max_length")
+ANY_INTEGER = ("trainer.seed", "data.generate_seed")
+OWN_RULE = ("actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size", "rollout.vllm.sleep_level", "task.max_number")
+
+
+def _count_problems(cfg: Config) -> list[str]:
+    out = []
+    for dotted, value in _settings_of_type(cfg, int).items():
+        if dotted in AT_LEAST_ONE and value < 1:
+            out.append(f"{dotted} = {value} must be at least 1")
+        elif dotted not in AT_LEAST_ONE + ANY_INTEGER + OWN_RULE and value < 0:
+            out.append(f"{dotted} = {value} must be >= 0")
     return out
 
 

@@ -165,12 +165,15 @@ def plain_line(m: dict, total_steps: Any, val: Any, critic: bool) -> str:
 
 
 def sft_line(m: dict, total_steps: Any, val_loss: Any) -> str:
-    """`tinyrl sft`'s line: losses instead of rewards, no rollout."""
+    """`tinyrl sft`'s line: losses instead of rewards, no rollout. The validation fields appear
+    once there is a figure (an SFT run validates every trainer.test_every steps, the demo only
+    at its end: 299 lines of `val loss – | val score –` said nothing)."""
     kind = m.get("memory/kind")
+    val = ([f"val loss {fmt(val_loss, '.4f')}"] if val_loss is not None else []) + \
+        ([f"val score {fmt(m.get('val/score'), '.3f')}"] if m.get("val/score") is not None else [])
     return " | ".join([
         f"step {fmt(m.get('step'))}/{fmt(total_steps)}", f"epoch {fmt(m.get('epoch'))}",
-        f"loss {fmt(m.get('sft/loss'), '.4f')}", f"val loss {fmt(val_loss, '.4f')}",
-        f"val score {fmt(m.get('val/score'), '.3f')}",
+        f"loss {fmt(m.get('sft/loss'), '.4f')}", *val,
         f"lr {fmt(m.get('sft/lr'), '.2e')}", f"grad_norm {fmt(m.get('sft/grad_norm'))}",
         f"{fmt(m.get('timing/step'), '.2f')}s", f"{fmt(m.get('perf/tokens_per_s'), ',.0f')} tok/s",
         f"{memory_label(kind)} {fmt_gib(m.get('memory/used_bytes'))}/{fmt_gib(m.get('memory/total_bytes'))} GiB",

@@ -105,17 +105,39 @@ def _resolve_target(target: str, tmp: Path):
     from tinyrl.tiny_model import resolve_model_path
 
     path = Path(target).expanduser()
-    if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
+    if is_run_dir(path):
         from tinyrl.export import export_run
 
         cfg = config_from_dict(json.loads((path / "config.json").read_text()))
-        merged = export_run(path, tmp / "model")
+        merged = export_run(path, tmp / "model")  # a run with no checkpoint yet: its own message
         step = json.loads((merged / "tinyrl_export.json").read_text())["step"]
         return str(merged), cfg, f"{path} (step {step})"
     if path.exists() and not (path / "config.json").is_file():
         raise TinyRLError(f"{target} is neither a run directory nor a model directory (no config.json)",
                           hint="give a `tinyrl train` --out directory, a Hugging Face model directory or id")
+    if not path.exists() and _looks_local(target):
+        raise TinyRLError(f"{target}: no such directory ({path.absolute()}); nothing was evaluated",
+                          hint="give the --out directory of a `tinyrl train` or `tinyrl sft` run, a model "
+                               "directory, or a Hugging Face model id (org/name, with --task)")
     return resolve_model_path(target), None, target
+
+
+def is_run_dir(path: Path) -> bool:
+    """A tinyrl run directory: its config.json is tinyrl's (sections such as `trainer`), not a
+    Hugging Face model's (`model_type`), whether or not it holds a checkpoint yet."""
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and "trainer" in raw and "model_type" not in raw
+
+
+def _looks_local(target: str) -> bool:
+    """A target that cannot be a Hugging Face id (org/name): an absolute or ./ ~ path, more than
+    one '/', or an org part that is a directory here (runs/NAME when runs/ exists)."""
+    if target.startswith((".", "/", "~", "\\")) or target.count("/") > 1:
+        return True
+    return "/" in target and Path(target).parent.is_dir()
 
 
 def _engine(kind: str, model_path: str, tokenizer, device, max_model_len: int, seed: int):
@@ -161,14 +183,23 @@ def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: i
         if task_name:
             task_cfg.name = task_name
         elif cfg is None:
-            raise TinyRLError("--task is needed for a model directory", hint="e.g. --task math (`tinyrl tasks`)")
+            what = "a model directory" if Path(target).expanduser().exists() else \
+                f"{target}, which is no directory here and is taken as a Hugging Face model id"
+            raise TinyRLError(f"--task is needed for {what}", hint="e.g. --task math (`tinyrl tasks`)")
         task = get_task(task_cfg.name)
         max_new = max_new_tokens or (cfg.rollout.max_response_length if cfg is not None else 1024)
         chat = chat_template if chat_template is not None else bool(cfg is not None and cfg.data.chat_template)
         out = out_dir or (Path(target) / "eval" if cfg is not None else Path("eval") / Path(target).name)
         if (out / "eval.json").exists():
             raise TinyRLError(f"{out / 'eval.json'} exists; nothing was changed", hint="give another --out directory")
-        tokenizer = load_tokenizer(model_path)
+        try:
+            tokenizer = load_tokenizer(model_path)
+        except TinyRLError as exc:
+            if Path(target).expanduser().exists():
+                raise
+            raise TinyRLError(f"{target}: no such directory here, and no Hugging Face model of that id could be "
+                              f"loaded ({exc.message})", hint="give a run directory, a model directory, or a "
+                              "Hugging Face id (org/name) with network access or in the local cache") from exc
         loaded = []
         for name, path in files:
             rows = load_prompts(path).to_dict("records")

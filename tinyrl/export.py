@@ -51,7 +51,11 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, base_dtype
     cfg = config_from_dict(json.loads(config_path.read_text()))
     state = ckpt.load_latest(run_dir / "checkpoints")
     if state is None:
-        raise TinyRLError(f"{run_dir} has no checkpoint yet", hint="train at least until the first save")
+        every = cfg.trainer.save_every
+        raise TinyRLError(f"{run_dir} has no checkpoint yet: nothing of it can be loaded",
+                          hint="a run saves " + (f"every {every} steps and " if every else "")
+                          + "at its last step: wait for its first save, or continue it (the command that "
+                          "started it, with --resume)")
     model_path = base_of_run(cfg, run_dir)  # model.init_from: the run's own starting model
     base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     actor_state = state["models"]["actor"]

@@ -3,7 +3,8 @@ come minutes or hours into a run, said up front with what to change.
 
     1 the card     a torch build without kernels for it (RTX 5090, sm_120) fails here, not at
                    the first kernel launch
-    2 the disk     room for two checkpoints and the training data in their filesystems
+    2 the disk     the run directory can be written (not a file, not on a read-only disk), and
+                   room for two checkpoints and the training data in their filesystems
     3 the memory   the card's plan (cached by probe-memory, else simulated now): does every phase
                    fit; the micro-batch budgets and vLLM settings left at 0 are filled from it
 
@@ -36,6 +37,7 @@ def preflight(cfg: Config, run_dir: Path, memory_plan: bool = True) -> list[str]
     """Raises TinyRLError for what would fail later; returns notes worth showing. May fill
     cfg's micro-batch budgets and vLLM settings (only those left at 0) from the memory plan.
     memory_plan=False (`tinyrl sft`: the plan models RL's phases): the card and the disk only."""
+    check_writable(run_dir)
     gpu = _card(cfg)
     notes = check_disk(cfg, run_dir, cuda=gpu is not None)
     if gpu is not None and not memory_plan:
@@ -80,6 +82,30 @@ def _existing(path: Path) -> Path:
     while not path.exists() and path != path.parent:
         path = path.parent
     return path
+
+
+def check_writable(run_dir: Path) -> None:
+    """The run directory is (or can be made) a directory this process can write in: --out an
+    existing file, or a read-only disk, used to fail only after the model had loaded. Tried
+    for real (a file made and removed in the nearest existing directory): permission bits
+    do not stop root, and a read-only mount is only seen by a write (or access(2))."""
+    import errno
+    import os
+    import tempfile
+
+    where = _existing(run_dir)
+    if not where.is_dir():
+        what = "is a file" if where == run_dir.expanduser().absolute() else f"is inside {where}, which is a file"
+        raise TinyRLError(f"--out {run_dir} {what}, not a directory; nothing was loaded or written",
+                          hint="give --out a directory (new or a run's), e.g. --out runs/my-run")
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".tinyrl-write-check-", dir=where)
+    except OSError as exc:
+        why = "a read-only filesystem" if exc.errno == errno.EROFS else (exc.strerror or str(exc))
+        raise TinyRLError(f"--out {run_dir}: cannot write in {where} ({why}); nothing was loaded or written",
+                          hint="give --out a directory on a writable disk (e.g. under your home or /tmp)") from exc
+    os.close(handle)
+    os.unlink(probe)
 
 
 def checkpoint_bytes(cfg: Config, cuda: bool) -> int:

@@ -24,6 +24,9 @@ from tinyrl.jsonl import read_records
 from tinyrl.memory import versus
 
 GIB = 1024**3
+# What val/score is (trainer.validate): the task's "solved" share of greedy completions of the
+# test prompts, not their mean reward (that is val/reward_mean).
+VAL_SCORE_MEANS = "greedy accuracy (share of test prompts solved)"
 _STYLE = {"font.size": 11, "axes.titlesize": 13, "axes.labelsize": 11, "legend.fontsize": 9,
           "xtick.labelsize": 10, "ytick.labelsize": 10, "axes.grid": True, "grid.alpha": 0.3}
 
@@ -186,8 +189,8 @@ def _plot_timings(ax, recs: list[dict]) -> None:
 
 def _plot_val(ax, recs: list[dict]) -> None:
     xs, ys = series(recs, "val/score")
-    ax.plot(xs, ys, color="tab:orange", marker="o", label="validation score")
-    ax.set(title="Validation score", xlabel="step", ylabel="score (mean reward on test prompts)")
+    ax.plot(xs, ys, color="tab:orange", marker="o", label="val/score")
+    ax.set(title="Validation: greedy accuracy", xlabel="step", ylabel=VAL_SCORE_MEANS)
     ax.legend(loc="upper left")
 
 

@@ -101,7 +101,8 @@ def ensure_train_data(cfg: Config, sft: bool = False) -> Path:
         raise TinyRLError(f"data.train_path = {cfg.data.train_path} does not exist and the {task.name} "
                           f"task does not generate it{' for SFT' if sft else ''}",
                           hint=f"make it with {task.data_hint}")
-    log.warning("generating %d %s tasks into %s (first use)", cfg.data.generate_train_size, task.name, path)
+    # INFO, not WARNING: this is the normal first run (the CLI shows this logger's INFO lines)
+    log.info("generating %d %s tasks into %s (first use, once)", cfg.data.generate_train_size, task.name, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=".tinyrl-generate-", dir=path.parent))
     try:
@@ -171,6 +172,12 @@ def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = No
         except TinyRLError as exc:  # say where: a 327,680-row file has one bad row
             raise TinyRLError(f"{path} row {i} (counting from 0): {exc.message}", hint=exc.hint) from exc
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    empty = [i for i, x in enumerate(ids) if not x]
+    if empty:  # a model cannot continue nothing (all of them empty used to crash step 1 in the embedding)
+        raise TinyRLError(
+            f"{len(empty)} of {len(ids)} prompts in {path} are empty (first at row {empty[0]}, counting from 0)",
+            hint="check the file's prompt column (`prompt`: text, or [{'role': 'user', 'content': ...}] with "
+            "non-empty content), or drop those rows")
     too_long = [(i, len(x)) for i, x in enumerate(ids) if len(x) > max_len]
     if too_long:
         worst = max(n for _, n in too_long)

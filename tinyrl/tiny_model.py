@@ -46,6 +46,8 @@ TINY_MODEL_NAME = "tinyrl/tiny-qwen2"
 _BUILD_NAME = "tiny-qwen2-v1"        # bump the version when the recipe changes
 _MARKER = "tinyrl_build.json"        # written last: a dir without it is not a finished build
 
+PROGRESS_LINES = 4                  # warm-up progress lines a build logs (INFO)
+
 EOS = "<|endoftext|>"
 SPECIAL_TOKENS = [EOS, "<|im_start|>", "<|im_end|>"]
 
@@ -126,6 +128,8 @@ def _build_lock(path: Path) -> Iterator[None]:
 def _build_and_rename(root: Path, final: Path, recipe: TinyRecipe, force: bool) -> Path:
     tmp = root / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     start = time.perf_counter()
+    # INFO lines: the CLI shows this logger's (a minute of silence looked like a hang); tests do not
+    log.info("building the tiny model (first use, about a minute, once): %s", final)
     try:
         _build_into(tmp, recipe)
         if not force and _is_complete(final, recipe):
@@ -318,7 +322,8 @@ def _warmup(model, tokenizer, recipe: TinyRecipe) -> list[float]:
     pad = tokenizer.pad_token_id
     losses = []
     model.train()
-    for _ in range(recipe.warmup_steps):
+    every = max(1, recipe.warmup_steps // PROGRESS_LINES)
+    for step in range(recipe.warmup_steps):
         rows, labels = [], []
         for _ in range(recipe.warmup_batch):
             prompt, completion = _warmup_example(rng)
@@ -337,6 +342,8 @@ def _warmup(model, tokenizer, recipe: TinyRecipe) -> list[float]:
         opt.step()
         sched.step()
         losses.append(loss.item())
+        if (step + 1) % every == 0 or step + 1 == recipe.warmup_steps:
+            log.info("tiny model: warm-up step %d/%d, loss %.3f", step + 1, recipe.warmup_steps, losses[-1])
     model.eval()
     return losses
 
@@ -351,6 +358,8 @@ def _build_into(out: Path, recipe: TinyRecipe) -> None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(recipe.seed)
             tokenizer = _train_tokenizer(recipe)
+            log.info("tiny model: tokenizer trained (%d tokens); supervised warm-up of %d steps next",
+                     len(tokenizer), recipe.warmup_steps)
             model = _make_model(recipe, len(tokenizer), tokenizer.eos_token_id)
             losses = _warmup(model, tokenizer, recipe) if recipe.warmup_steps > 0 else []
     finally:

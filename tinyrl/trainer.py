@@ -98,6 +98,7 @@ class Trainer:
         self._last_sample: dict | None = None       # shown by the dashboard after each step
         self.stopped_by: int | None = None          # the signal that stopped train() early, if any
         self.val_before: dict | None = None         # trainer.val_before_train's metrics (step 0)
+        self._cpu_noticed = False                   # an oversubscribed CPU is said once (_check_cpu)
         if resume:  # settings, then the checkpoints' owner (tinyrl.rundir)
             from tinyrl.resume_check import check_resume
 
@@ -111,9 +112,10 @@ class Trainer:
     def _start_run(self, run_dir: Path, resume: bool, n_rows: int, rows_are: str) -> None:
         """What every run sets last, once models and learners exist: the run log, the
         checkpoint ledger, the resumed state, and the epoch over `n_rows` training rows."""
-        warn = lambda m: (log.warning(m), self._notice(m))  # noqa: E731  (full disk: loud, once)
-        self.run = RunLog(run_dir, self.device, warn=warn)
-        self.saves = ckpt.SaveLedger(warn, self._notice)  # which step is safely on disk
+        # A full disk: loud, once. One channel, the warning on stderr (the CLI's log handler; above
+        # the live view in a terminal); echoing it as a dashboard note printed it twice.
+        self.run = RunLog(run_dir, self.device, warn=log.warning)
+        self.saves = ckpt.SaveLedger(log.warning, self._notice)  # which step is safely on disk
         self.ckpt_dir = run_dir / "checkpoints"
         self.step = 0
         if resume:
@@ -171,6 +173,22 @@ class Trainer:
         else:
             self.notices.append(message)
 
+    def _check_cpu(self, history: list[dict]) -> None:
+        """One notice a run when its CPU is oversubscribed, with what to set (tinyrl.contention)."""
+        from tinyrl.contention import cpu_contention, load_average, usable_cpus
+
+        load = load_average()
+        if self._cpu_noticed or self.device.type != "cpu" or load is None:
+            return
+        import os
+
+        found = cpu_contention(load, usable_cpus(), torch.get_num_threads(),
+                               [m["timing/step"] for m in history if "timing/step" in m],
+                               os.environ.get("OMP_WAIT_POLICY", ""))
+        if found is not None:
+            self._cpu_noticed = True
+            self._notice(f"{found.found}. What to do: {found.fix}")
+
     # ------------------------------------------------------------------ the loop
 
     def _before_training(self) -> None:
@@ -199,6 +217,7 @@ class Trainer:
                 for sink in self.sinks:
                     sink.log(metrics, self.step)
                 history.append(metrics)
+                self._check_cpu(history)
                 if self.dash is not None:
                     self.dash.update(metrics, self._last_sample)
                 if self.step == total or stops.requested or (

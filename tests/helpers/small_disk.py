@@ -11,11 +11,13 @@ import subprocess
 from pathlib import Path
 
 
-def mount_tmpfs(where: Path, size_bytes: int) -> bool:
+def mount_tmpfs(where: Path, size_bytes: int, read_only: bool = False) -> bool:
+    """read_only: a read-only filesystem (root included: chmod does not stop root, EROFS does)."""
     where.mkdir(parents=True, exist_ok=True)
     if shutil.which("mount") is None or os.geteuid() != 0:
         return False
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(where)],
+    options = f"size={size_bytes}" + (",ro" if read_only else "")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
                           capture_output=True)
     return done.returncode == 0
 

@@ -19,6 +19,7 @@ Exit codes: 0 every row passed (warnings and skipped rows included), 1 a row fai
 
 from __future__ import annotations
 
+from tinyrl.contention import usable_cpus
 from tinyrl.doctor.report import Report, Row
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -37,7 +38,7 @@ def run_doctor(preset: str, overrides: list[str] | None = None, *, bench: bool =
     cfg = load_config(preset, overrides)  # bad input: TinyRLError, exit 2, before anything runs
     report = Report(preset=cfg.preset, overrides=list(overrides or []),
                     machine={"platform": platform.platform(), "python": sys.version.split()[0],
-                             "cpus": _cpus()})
+                             "cpus": usable_cpus()})
     say("checking the install, the card, the disk and the memory ...")
     report.rows += env.environment_rows(cfg)
     import torch
@@ -54,9 +55,3 @@ def run_doctor(preset: str, overrides: list[str] | None = None, *, bench: bool =
         say(f"bench: {bench_steps} steps of `tinyrl train --preset {cfg.preset}` at its planned settings ...")
         report.rows += bench_mod.bench_rows(preset, overrides, bench_steps, report)
     return report
-
-
-def _cpus() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

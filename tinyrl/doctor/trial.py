@@ -2,6 +2,8 @@
 Trainer (tinyrl.trainer), in a temporary run directory, with the configured engine. Rows:
 
     two-step run       it ran (or the error it stopped with, and its hint)
+    CPU load           on a CPU run: the cores shared with other work (load average, threads,
+                       steps far slower than the first), with what to set (tinyrl.contention)
     sleep / wake       vLLM's sleep and wake timings, and what sleep freed (CUDA only)
     rollout parity     training/rollout_probs_diff of each step against rollout.max_probs_diff
     adapter sync       the actor is moved, synced into the engine (sleep, then wake with the
@@ -114,6 +116,7 @@ def _trial(cfg: Config, workdir: Path, cuda: bool) -> list[Row]:
         return [_error_row("two-step run", error, "the trainer could not be built")]
     try:
         rows.append(_run_row(cfg, trainer, history, error, seconds, setup_s, data_note))
+        rows.append(cpu_load_row(trainer.device.type, [h["timing/step"] for h in history]))
         rows.append(_sleep_row(trainer.engine, sleeps, cuda))
         rows.append(_parity_row(cfg, history, error, trainer.notices))
         rows.append(sync_row(trainer))
@@ -163,6 +166,29 @@ def _run_row(cfg, trainer, history, error, seconds, setup_s, data_note) -> Row:
     return Row("two-step run", "pass", found, basis="measured",
                data={"engine": trainer.engine.name, "device": trainer.device.type, "setup_s": setup_s,
                      "seconds": seconds, "step_s": step_s, "metrics": history})
+
+
+def cpu_load_row(device: str, step_s: list[float]) -> Row:
+    """The trial's steps and the load average after them (its own threads included)."""
+    import os
+
+    import torch
+
+    from tinyrl.contention import cpu_contention, load_average, usable_cpus
+
+    load = load_average()
+    if device != "cpu":
+        return skipped("CPU load", f"the run is on {device}")
+    if load is None:
+        return skipped("CPU load", "no load average on this OS")
+    cpus, threads = usable_cpus(), torch.get_num_threads()
+    data = {"load_1min": load, "cpus": cpus, "torch_threads": threads, "step_s": step_s,
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+    found = cpu_contention(load, cpus, threads, step_s, os.environ.get("OMP_WAIT_POLICY", ""))
+    if found is None:
+        return Row("CPU load", "pass", f"load average {load:.1f} on {cpus} usable cores, torch {threads} "
+                   "thread(s): not oversubscribed", basis="measured", data=data)
+    return Row("CPU load", "warn", found.found, fix=found.fix, basis="measured", data=data)
 
 
 # ------------------------------------------------------------------------------- sleep / wake

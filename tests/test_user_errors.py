@@ -1,0 +1,165 @@
+"""Bad input a new user gives that used to end in a traceback (issue 29 item 4): each is now one
+screen, exit code 2, said before any model loads, and nothing the user owns is changed."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from helpers import small_disk
+from tinyrl.config import ANY_INTEGER, AT_LEAST_ONE, OWN_RULE, Config, _settings_of_type, load_config, problems_of
+from tinyrl.errors import TinyRLError
+
+ENV = {**os.environ, "COLUMNS": "160", "HF_HUB_OFFLINE": "1"}
+TEST_DATA = Path(__file__).resolve().parent.parent / "data" / "countdown" / "test.parquet"
+
+
+def tinyrl(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tinyrl.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=ENV)
+
+
+def one_screen(done: subprocess.CompletedProcess) -> str:
+    """The error as the user reads it (exit 2, no traceback, one screen), joined into one line."""
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) < 25, done.stderr
+    return " ".join(done.stderr.replace("│", " ").split())
+
+
+def train(run: Path, *sets: str) -> subprocess.CompletedProcess:
+    args = ["train", "--preset", "countdown-tiny", "--out", str(run), "--no-dashboard", "--max-steps", "1"]
+    for item in sets:
+        args += ["--set", item]
+    return tinyrl(*args)
+
+
+# ------------------------------------------------------------------ counts and steps
+
+def test_every_count_setting_is_checked_with_the_others():
+    """An invariant over every integer setting, so a key added later is covered: below its
+    minimum it is a problem naming the key, reported with all the others at once."""
+    ints = _settings_of_type(Config(), int)
+    assert "trainer.max_steps" in ints and "trainer.save_every" in ints
+    checked = [k for k in ints if k not in ANY_INTEGER + OWN_RULE]
+    too_small = [f"{k}={0 if k in AT_LEAST_ONE else -3}" for k in checked]
+    problems = problems_of(load_config("countdown-tiny", too_small, check=False))
+    for key in checked:
+        assert any(p.startswith(f"{key} = ") for p in problems), key
+    for key in OWN_RULE:  # their own rules still speak for them
+        assert any(p.startswith(f"{key} = ") for p in
+                   problems_of(load_config("countdown-tiny", [f"{key}=-3"], check=False))), key
+    seeds = problems_of(load_config("countdown-tiny", [f"{k}=-3" for k in ANY_INTEGER], check=False))
+    assert not any(p.startswith(k) for p in seeds for k in ANY_INTEGER)
+    assert problems_of(load_config("countdown-tiny", ["trainer.max_steps=0"], check=False)) == []
+
+
+def test_negative_max_steps_is_exit_2_before_anything_runs(tmp_path):
+    text = one_screen(train(tmp_path / "run", "trainer.max_steps=-3"))
+    assert "trainer.max_steps = -3 must be >= 0" in text
+    assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------ the data
+
+def test_all_prompts_empty_is_exit_2_before_the_model_loads(tmp_path):
+    rows = pd.read_parquet(TEST_DATA).head(64)
+    rows["prompt"] = [[{"role": "user", "content": ""}] for _ in range(len(rows))]
+    rows.to_parquet(tmp_path / "empty.parquet")
+    text = one_screen(train(tmp_path / "run", f"data.train_path={tmp_path / 'empty.parquet'}",
+                            "trainer.test_every=0"))
+    assert "64 of 64 prompts in" in text and "are empty (first at row 0" in text
+    assert not (tmp_path / "run" / "config.json").exists()  # written once the models exist
+
+
+def test_one_empty_prompt_is_named_by_its_row(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from tinyrl.setup import tokenize_rows
+
+    rows = pd.read_parquet(TEST_DATA).head(8)
+    rows.at[5, "prompt"] = [{"role": "user", "content": ""}]
+    rows.to_parquet(tmp_path / "one.parquet")
+    with pytest.raises(TinyRLError, match=r"1 of 8 prompts .* are empty \(first at row 5"):
+        tokenize_rows(tmp_path / "one.parquet", AutoTokenizer.from_pretrained(tiny_model_dir), 256)
+
+
+# ------------------------------------------------------------------ --out
+
+def test_out_an_existing_file_is_exit_2_and_the_file_is_kept(tmp_path):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine")
+    text = one_screen(train(mine))
+    assert f"--out {mine} is a file, not a directory" in text
+    text = one_screen(train(mine / "run"))
+    assert f"is inside {mine}, which is a file" in text
+    assert mine.read_text() == "mine"
+
+
+def test_out_on_a_read_only_filesystem_is_exit_2_before_loading(tmp_path):
+    disk = tmp_path / "ro"
+    if not small_disk.mount_tmpfs(disk, 1 << 20, read_only=True):
+        pytest.skip("cannot mount a read-only tmpfs here (needs root); the check's logic is tested below")
+    try:
+        with pytest.raises(OSError):
+            (disk / "x").write_text("x")  # the mount really is read-only, for root too
+        text = one_screen(train(disk / "run"))
+        assert f"cannot write in {disk} (a read-only filesystem)" in text and "nothing was loaded" in text
+    finally:
+        small_disk.unmount(disk)
+
+
+def test_write_check_reports_the_os_reason(tmp_path, monkeypatch):
+    """Where no filesystem can be mounted: the same check, with the OS's answer given to it."""
+    import tempfile
+
+    from tinyrl.preflight import check_writable
+
+    check_writable(tmp_path / "a" / "b")  # a writable place passes and leaves nothing behind
+    assert list(tmp_path.iterdir()) == []
+
+    def refuse(**kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    with pytest.raises(TinyRLError, match="a read-only filesystem"):
+        check_writable(tmp_path / "run")
+
+
+# ------------------------------------------------------------------ tinyrl eval
+
+def test_eval_of_a_run_without_checkpoints_says_so(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(load_config("countdown-tiny").to_dict()))
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    text = one_screen(tinyrl("eval", str(run), "--data", str(TEST_DATA), "--n", "0"))
+    assert f"{run} has no checkpoint yet" in text and "every 10 steps" in text and "--task" not in text
+    (run / "checkpoints").mkdir()  # made, still empty
+    assert f"{run} has no checkpoint yet" in one_screen(tinyrl("eval", str(run), "--data", str(TEST_DATA)))
+
+
+@pytest.mark.parametrize("where", ["missing/run", "./missing", "{tmp}/missing"])
+def test_eval_of_a_path_that_does_not_exist_says_so(tmp_path, where, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "missing").mkdir() if where == "missing/run" else None  # runs/NAME with runs/ there
+    target = where.format(tmp=tmp_path)
+    for extra in ([], ["--task", "countdown"]):
+        text = one_screen(tinyrl("eval", target, "--data", str(TEST_DATA), "--n", "0", *extra))
+        assert f"{target}: no such directory" in text and "tokenizer" not in text
+
+
+def test_eval_of_an_unknown_model_id_says_so(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing called nobody/ here: taken as a Hugging Face id (offline)
+    text = one_screen(tinyrl("eval", "nobody/no-such-model", "--data", str(TEST_DATA), "--n", "0"))
+    assert "--task is needed for nobody/no-such-model, which is no directory here" in text
+    text = one_screen(tinyrl("eval", "nobody/no-such-model", "--data", str(TEST_DATA), "--n", "0",
+                             "--task", "countdown"))
+    assert "nobody/no-such-model: no such directory here, and no Hugging Face model" in text
+    assert "model.name" not in text.split("what to do")[-1]
