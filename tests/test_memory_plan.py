@@ -99,10 +99,12 @@ def test_nf4_and_offloading_make_room_for_more_kv_cache():
     kw = dict(gpu=get_gpu("rtx4090"), prompt_len=256, response_len=1024, prompts_per_step=256,
               lora_rank=64, micro_batch=4, simulate=False)
     plain = build_plan(spec, **kw)
-    nf4 = build_plan(spec, quantize="nf4", **kw)
+    nf4 = build_plan(spec, quantize="nf4", engine="hf", **kw)  # vLLM cannot load an NF4 base
     offload = build_plan(spec, offload_optimizer_in_rollout=True, **kw)
     assert not plain.simulated
     assert nf4.phases["actor_update"].parts["base_weights"] < plain.phases["actor_update"].parts["base_weights"] / 2
-    assert nf4.vllm_max_num_seqs > plain.vllm_max_num_seqs
+    assert nf4.phases["rollout"].parts["trainer_weights"] < plain.phases["rollout"].parts["trainer_weights"] / 2
+    with pytest.raises(TinyRLError, match="vLLM"):
+        build_plan(spec, quantize="nf4", engine="vllm", **kw)
     assert offload.phases["rollout"].parts["trainer_optimizer"] == 0
     assert offload.vllm_max_num_seqs > plain.vllm_max_num_seqs

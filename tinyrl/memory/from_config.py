@@ -124,7 +124,8 @@ def advice(cfg: Config, plan: MemoryPlan) -> list[str]:
     if m.finetune == "full":
         tips.append("model.finetune=lora (one frozen base + adapters instead of three full models)")
     if m.quantize == "none" and m.finetune == "lora":
-        tips.append("model.quantize=nf4 (4-bit base, QLoRA: about a quarter of the base weights)")
+        tips.append("model.quantize=nf4 (4-bit base, QLoRA: about a quarter of the base weights)"
+                    + ("" if cfg.rollout.engine == "hf" else " with rollout.engine=hf (vLLM cannot load an NF4 base)"))
     if m.finetune == "lora" and m.lora_rank > 16:
         tips.append(f"a smaller model.lora_rank (now {m.lora_rank}), e.g. {m.lora_rank // 2}")
     if m.logprob_chunk > 512:

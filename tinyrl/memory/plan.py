@@ -91,6 +91,9 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
     if quantize not in (None, "nf4") or (quantize == "nf4" and finetune != "lora"):
         raise TinyRLError(f"quantize={quantize!r} with finetune={finetune!r} cannot be planned",
                           hint="NF4 (QLoRA) quantises a frozen base: use it with finetune=lora")
+    if quantize == "nf4" and engine == "vllm":  # config.problems_of refuses the same (vLLM has no bnb method)
+        raise TinyRLError("an NF4 base with the vLLM rollout engine cannot be planned: vLLM cannot load a "
+                          "bitsandbytes 4-bit base", hint="plan it with engine='hf', or quantize=None")
     seq = prompt_len + response_len
     budget = budget_bytes if budget_bytes is not None else int(gpu.memory_bytes * (1 - margin_fraction))
     per_step = prompts_per_step * rollout_n
@@ -130,9 +133,8 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
     notes += rollout_notes
     if quantize == "nf4":
         notes.append("NF4 base: weights from the formula; activations traced for a bf16 base plus "
-                     "one dequantised linear. vLLM's weights are counted 4-bit too: the engine loads "
-                     "the checkpoint with quantization='bitsandbytes' (quantized in flight), so it "
-                     "samples from a 4-bit base like the trainer's")
+                     "one dequantised linear. Rollouts sample from that NF4 base with the hf engine "
+                     "(vLLM has no bitsandbytes method, so nf4 runs never use it)")
     if not simulate:
         notes.append("not simulated: activations from a rule of thumb; rerun with simulation")
     return MemoryPlan(model, gpu.name, gpu.memory_bytes, budget, phases, util, max_seqs, share,
