@@ -401,6 +401,47 @@ def test_decode_loop_gives_generates_tokens_and_logprobs(model, tok, prompts, se
         torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(lps), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "tinyrl_packed"])
+def test_decode_steps_never_copy_kv_to_every_query_head(model, tok, prompts, attention, monkeypatch):
+    # The tiny model has 2 query heads on 1 kv head (GQA). transformers' sdpa copies K/V to all
+    # heads (repeat_kv) whenever a mask is given: with the decode loop's padded-key mask that was
+    # every layer at every step (2.46 GB a layer for a 3B rollout of 256 rows on CUDA). Only the
+    # prefill may do it now (once per layer, K and V), whatever the number of steps.
+    from transformers.integrations import sdpa_attention
+
+    from tinyrl.packing import use_packed_attention
+
+    m = copy.deepcopy(model)
+    if attention == "sdpa":
+        m.config._attn_implementation = "sdpa"
+    else:
+        use_packed_attention(m)
+    calls = []
+    real = sdpa_attention.repeat_kv
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda x, n: (calls.append(x.shape), real(x, n))[1])
+    result = HFEngine(m, tok, "cpu").generate(prompts, SamplingSettings(n=2, max_new_tokens=12, seed=3))
+    assert max(len(c.response_ids) for c in result.completions) > 2  # several decode steps ran
+    layers = m.config.num_hidden_layers
+    assert len(calls) == 2 * layers and all(shape[0] == len(prompts) for shape in calls)  # the prefill's
+    assert m.config._attn_implementation == attention  # restored after the rollout
+
+
+def test_grouped_decode_attention_is_transformers_sdpa_with_repeated_kv():
+    # 6 query heads on 2 kv heads (query head h reads kv head h // 3), padded keys masked per row
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(*shape, generator=g) for shape in ((4, 6, 1, 8), (4, 2, 9, 8), (4, 2, 9, 8)))
+    mask = torch.arange(9)[None, None, None, :] >= torch.tensor([0, 3, 5, 8])[:, None, None, None]  # [4, 1, 1, 9]
+    module = SimpleNamespace(num_key_value_groups=3, is_causal=True)
+    want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.3)
+    got, _ = decode._grouped_decode_attention(module, q, k, v, mask, scaling=0.3)
+    assert got.shape == want.shape == (4, 1, 6, 8)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
 def test_sampling_a_subset_of_rows_uses_the_whole_batchs_draws():
     # The decode loop's sampler is torch.multinomial's own one-sample algorithm: on the whole
     # batch it gives multinomial's tokens and leaves the RNG where multinomial does; on the rows
