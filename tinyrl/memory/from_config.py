@@ -159,7 +159,8 @@ def categories(cfg: Config, plan: MemoryPlan) -> dict[str, dict[str, int]]:
         if trainer_w:
             c["base weights"] += min(base_w, trainer_w)
             c["adapters"] += trainer_w - min(base_w, trainer_w)
-        act = p.pop("activations", 0) + p.pop("hf_logits", 0) + p.pop("trainer_measured", 0)
+        act = p.pop("activations", 0) + p.pop("hf_decode_transient", 0) + p.pop("hf_merge_fixes", 0) \
+            + p.pop("trainer_measured", 0)
         chunk = 0
         if name in ("forward", "actor_update") and "activations" in ph.parts:
             # parts are for max(micro_batch, 1): a phase where nothing fits shows one sequence
