@@ -72,6 +72,20 @@ def test_all_problems_are_reported_at_once():
         assert fragment in message
 
 
+@pytest.mark.parametrize("engine", ["vllm", "auto"])
+def test_an_nf4_base_with_vllm_is_refused_with_the_other_problems(engine):
+    # vLLM 0.32/0.33 cannot load a bitsandbytes base; "auto" is vLLM on CUDA, where nf4 runs
+    message = _problems("countdown-4090", "model.quantize=nf4", f"rollout.engine={engine}", "rollout.top_p=2")
+    assert "2 problem(s)" in message
+    assert f"model.quantize = nf4 with rollout.engine = {engine}" in message
+    assert "rollout.engine=hf" in message and "model.quantize=none" in message
+    assert "rollout.top_p" in message
+
+
+def test_an_nf4_base_with_the_hf_engine_is_valid():
+    assert problems_of(load_config("countdown-4090", ["model.quantize=nf4", "rollout.engine=hf"])) == []
+
+
 def test_mini_batch_larger_than_batch():
     assert "larger than" in _problems("countdown-4090", "actor.ppo_mini_batch_size=512")
 

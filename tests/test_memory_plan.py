@@ -99,10 +99,27 @@ def test_nf4_and_offloading_make_room_for_more_kv_cache():
     kw = dict(gpu=get_gpu("rtx4090"), prompt_len=256, response_len=1024, prompts_per_step=256,
               lora_rank=64, micro_batch=4, simulate=False)
     plain = build_plan(spec, **kw)
-    nf4 = build_plan(spec, quantize="nf4", **kw)
+    nf4 = build_plan(spec, quantize="nf4", engine="hf", **kw)  # vLLM cannot load an NF4 base
     offload = build_plan(spec, offload_optimizer_in_rollout=True, **kw)
     assert not plain.simulated
     assert nf4.phases["actor_update"].parts["base_weights"] < plain.phases["actor_update"].parts["base_weights"] / 2
-    assert nf4.vllm_max_num_seqs > plain.vllm_max_num_seqs
+    assert nf4.phases["rollout"].parts["trainer_weights"] < plain.phases["rollout"].parts["trainer_weights"] / 2
+    with pytest.raises(TinyRLError, match="vLLM"):
+        build_plan(spec, quantize="nf4", engine="vllm", **kw)
     assert offload.phases["rollout"].parts["trainer_optimizer"] == 0
     assert offload.vllm_max_num_seqs > plain.vllm_max_num_seqs
+
+
+def test_the_hf_rollout_counts_its_decode_transients_and_merge_fixes():
+    # 3B rollout of 256 sequences of 1,174 tokens with the hf engine: the sampling temporaries
+    # (1,011,286,016 bytes, formulas.sampling_bytes) and merged_adapter's fixes are in the plan
+    spec = load_spec("Qwen/Qwen2.5-3B")
+    plan = build_plan(spec, gpu=get_gpu("rtx4090"), prompt_len=150, response_len=1024, prompts_per_step=32,
+                      rollout_n=8, engine="hf", micro_batch=1, simulate=False)
+    parts = plan.phases["rollout"].parts
+    assert parts["hf_decode_transient"] == fm.hf_decode_transient_bytes(spec, 256, 1174, expands_kv=False)
+    assert parts["hf_merge_fixes"] == fm.merge_fix_bytes(spec)
+    assert plan.phases["rollout"].peak == sum(parts.values())
+    full = build_plan(spec, gpu=get_gpu("rtx4090"), prompt_len=150, response_len=1024, prompts_per_step=32,
+                      rollout_n=8, engine="hf", micro_batch=1, simulate=False, finetune="full")
+    assert "hf_merge_fixes" not in full.phases["rollout"].parts  # nothing merged without adapters

@@ -161,3 +161,31 @@ def test_a_shared_prompt_is_summed_in_the_same_order_every_run(tiny_model_dir):
     batch, _ = _shared_batch()
     seen = _accumulating_puts(lambda: _passes(models, batch, True))
     assert seen and all(repeats == 0 for _, repeats in seen), seen  # seen: the masks' puts ran
+
+
+def _sliding_window_model(tmp_path, sliding: bool):
+    """A tiny Qwen2 built here (no download) whose second layer is sliding-window when asked."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, use_sliding_window=sliding,
+                         sliding_window=4, max_window_layers=1)
+    path = tmp_path / ("sliding" if sliding else "full")
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_a_sliding_window_model_is_refused_by_packed_passes_and_loads_padded(tmp_path, finetune):
+    from tinyrl.errors import TinyRLError
+
+    cfg = load_config("countdown-tiny", [f"model.finetune={finetune}", "model.dtype=fp32"], check=False)
+    with pytest.raises(TinyRLError) as caught:
+        PolicyModels(cfg.model, _sliding_window_model(tmp_path, True), torch.device("cpu"))
+    text = caught.value.message + caught.value.hint
+    assert "sliding_window = 4" in text and "use_sliding_window = True" in text and "layers [1]" in text
+    assert "model.padding_free=false" in text
+    cfg.model.padding_free = False  # padded passes: transformers' own sliding-window masks
+    PolicyModels(cfg.model, _sliding_window_model(tmp_path, True), torch.device("cpu"))
+    cfg.model.padding_free = True   # the same model without a window packs as before
+    PolicyModels(cfg.model, _sliding_window_model(tmp_path, False), torch.device("cpu"))

@@ -86,16 +86,26 @@ def test_a_ppo_run_leaves_a_trained_critic_adapter_in_its_checkpoint(tmp_path, c
     assert not zero, f"{len(zero)} of {len(lora_b)} critic lora_B matrices are still zero: {zero[:3]}"
 
 
-def test_an_nf4_base_makes_vllm_quantize_the_same_checkpoint(tmp_path):
-    # The plan counts vLLM's weights 4-bit and the trainer's base is NF4: a bf16 engine would
-    # neither fit the plan nor sample from the trainer's base.
+@pytest.mark.parametrize("preset, quantize", [("countdown-4090", "none"), ("countdown-4090", "nf4"),
+                                              ("countdown-0.5b-4090", "none"), ("countdown-grpo-4090", "nf4"),
+                                              ("math-grpo-4090", "none"), ("countdown-tiny", "none")])
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_the_vllm_engine_accepts_exactly_what_the_trainer_and_factory_pass(preset, quantize, device):
+    # The keywords the trainer builds, after the factory adds LoRA serving for a peft actor, bind
+    # to VLLMEngine.__init__ (an extra keyword was a TypeError on the first nf4 run).
+    import inspect
     from types import SimpleNamespace
 
-    cfg = load_config("countdown-4090", ["model.quantize=nf4"])
-    kwargs = Trainer._vllm_settings(SimpleNamespace(cfg=cfg, device=torch.device("cuda")))
-    assert kwargs["quantization"] == "bitsandbytes"
-    plain = Trainer._vllm_settings(SimpleNamespace(cfg=load_config("countdown-4090"), device=torch.device("cuda")))
-    assert "quantization" not in plain
+    from tinyrl.rollout.factory import vllm_engine_kwargs
+    from tinyrl.rollout.vllm_engine import VLLMEngine
+
+    cfg = load_config(preset, [f"model.quantize={quantize}", "rollout.engine=hf"])
+    settings = Trainer._vllm_settings(SimpleNamespace(cfg=cfg, device=torch.device(device)))
+    lora = cfg.model.finetune == "lora"
+    actor = SimpleNamespace(peft_config={"actor": SimpleNamespace(r=cfg.model.lora_rank)} if lora else None)
+    kwargs = vllm_engine_kwargs(actor, settings)
+    assert kwargs.get("enable_lora", False) == lora
+    inspect.signature(VLLMEngine.__init__).bind(None, "model-dir", object(), **kwargs)
 
 
 @pytest.mark.parametrize("padding_free", ["true", "false"])

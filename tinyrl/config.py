@@ -469,6 +469,13 @@ def problems_of(cfg: Config) -> list[str]:
         out.append(f"rollout.vllm.gpu_memory_utilization = {r.vllm.gpu_memory_utilization} must be in [0, 1)")
     if cfg.model.quantize == "nf4" and cfg.model.finetune == "full":
         out.append("model.quantize = nf4 freezes a 4-bit base; it needs model.finetune = lora")
+    if cfg.model.quantize == "nf4" and r.engine in ("vllm", "auto"):
+        # vLLM 0.32/0.33 have no bitsandbytes method (vllm/model_executor/layers/quantization/
+        # __init__.py `QuantizationMethods`), so it cannot sample from the trainer's 4-bit base;
+        # "auto" needs CUDA for nf4, and on CUDA it picks vLLM (rollout/factory.py `_auto`).
+        out.append(f"model.quantize = nf4 with rollout.engine = {r.engine}: vLLM cannot load a bitsandbytes "
+                   "4-bit base (vLLM 0.32/0.33 have no such quantization method); set rollout.engine=hf "
+                   "(transformers samples from the NF4 base) or model.quantize=none")
     out += _length_problems(cfg)
     out += _data_problems(cfg)
     out += _init_from_problems(cfg)

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tinyrl.errors import TinyRLError
+
 PACKED_ATTENTION = "tinyrl_packed"
 
 
@@ -100,12 +102,32 @@ def _packed_attention(module, query, key, value, attention_mask, dropout: float 
     return out.index_select(0, layout.dest)[None], None                  # [1, N, Hq, D]
 
 
+def sliding_window_problem(config) -> str | None:
+    """What a model's sliding-window attention layers are, or None when every layer attends to
+    all keys. `_packed_attention` is causal over each whole sequence: it would let a sliding
+    layer see keys beyond its window, so packed passes refuse such a model."""
+    types = list(getattr(config, "layer_types", None) or [])
+    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    if not sliding and not (getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None)):
+        return None
+    where = f"layers {sliding}" if sliding else "its layers"
+    return (f"the model uses sliding-window attention (use_sliding_window = "
+            f"{getattr(config, 'use_sliding_window', None)}, sliding_window = {getattr(config, 'sliding_window', None)}, "
+            f"{where}), which tinyrl's padding-free passes do not implement")
+
+
 def use_packed_attention(model: torch.nn.Module) -> None:
     """Give `model` (a causal LM, or a peft model around one) the "tinyrl_packed" attention:
-    transformers' sdpa for padded batches, per-sequence attention for packed ones."""
+    transformers' sdpa for padded batches, per-sequence attention for packed ones. A model
+    with sliding-window layers is refused (TinyRLError): packed, they would see too far."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+    for m in model.modules():
+        problem = sliding_window_problem(getattr(m, "config", None))
+        if problem:
+            raise TinyRLError(problem, hint="set model.padding_free=false (padded passes use transformers' own "
+                              "sliding-window masks), or use a model without sliding-window attention")
     AttentionInterface.register(PACKED_ATTENTION, _packed_attention)
     AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask)  # padded batches: sdpa's own masks
     for m in model.modules():

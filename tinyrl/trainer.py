@@ -141,11 +141,6 @@ class Trainer:
         kwargs = dict(max_model_len=self.cfg.data.max_prompt_length + r.max_response_length,
                       sleep_level=r.vllm.sleep_level, seed=self.cfg.trainer.seed, enforce_eager=r.vllm.enforce_eager,
                       max_num_seqs=r.vllm.max_num_seqs or min(256, self.cfg.trainer.train_batch_size * r.n))
-        if self.cfg.model.quantize == "nf4":
-            # The trainer's base is NF4: vLLM quantizes the same checkpoint in flight with
-            # bitsandbytes (vLLM docs, "BitsAndBytes: in-flight quantization"), so the engine
-            # samples from a 4-bit base as the memory plan assumes, not from bf16 weights.
-            kwargs["quantization"] = "bitsandbytes"
         if self.device.type == "cuda":
             kwargs["gpu_memory_utilization"] = r.vllm.gpu_memory_utilization or 0.4
         else:

@@ -6,7 +6,8 @@ a fix for each failure, and the basis of the figure: "measured" on this machine,
 skipped row. Sections:
 
     environment   Python, torch (build, CUDA, card and its arch vs the build, driver), vLLM and
-                  bitsandbytes vs tinyrl's own pins, free disk for the run dir, RAM   (env.py)
+                  bitsandbytes vs tinyrl's own pins, whether tinyrl has run these torch and
+                  transformers versions (exercised.py), free disk for the run dir, RAM   (env.py)
     trial         two real training steps of the preset at a small batch, in a temporary run
                   dir, with the configured engine: sleep/wake timings, the parity check, an
                   explicit adapter-sync check, measured peak memory per phase vs the plan (trial.py)

@@ -23,7 +23,7 @@ def environment_rows(cfg: Config) -> list[Row]:
     import torch
 
     cuda = torch.cuda.is_available()
-    rows = [python_row(), torch_row(), cuda_row(cuda)]
+    rows = [python_row(), torch_row(), versions_row(), cuda_row(cuda)]
     rows += card_rows(cuda)
     rows += [vllm_row(cfg, cuda), bitsandbytes_row(cfg, cuda), disk_row(cfg, cuda), ram_row(cfg)]
     return rows
@@ -98,6 +98,25 @@ def torch_row() -> Row:
                                                             "pin": str(req.specifier) if req else None})
 
 
+def versions_row(torch_version: str | None = None, transformers_version: str | None = None) -> Row:
+    """Whether tinyrl has run with this torch and transformers (doctor/exercised.py's table)."""
+    import torch
+
+    from tinyrl.doctor import exercised
+
+    tv = torch_version or torch.__version__
+    hv = transformers_version or version_of("transformers")
+    data = {"torch": tv, "transformers": hv, "exercised": exercised.summary(),
+            "cuda_extra_resolves": exercised.CUDA_EXTRA_RESOLVES}
+    row = exercised.ran(tv, hv)
+    if row is not None:
+        return Row("versions", "pass", f"torch {tv}, transformers {hv}: as tinyrl ran them ({row.where})",
+                   basis="read", data=data)
+    return Row("versions", "warn", f"torch {tv}, transformers {hv}: never run by tinyrl (it ran with: "
+               f"{exercised.summary()})", fix="it should work within the pins, but it is untested: attach "
+               "`tinyrl doctor --json --out doctor.json` to any bug report", basis="read", data=data)
+
+
 def cuda_row(cuda: bool) -> Row:
     import torch
 
@@ -119,6 +138,7 @@ def cuda_row(cuda: bool) -> Row:
 def card_rows(cuda: bool) -> list[Row]:
     import torch
 
+    from tinyrl.doctor import exercised
     from tinyrl.hardware import MIN_LINUX_DRIVER, check_arch_supported, detect_gpu, nvidia_driver_version
 
     driver = nvidia_driver_version()
@@ -141,7 +161,7 @@ def card_rows(cuda: bool) -> list[Row]:
     old = need is not None and tuple(int(x) for x in driver.split(".")[:2]) < need
     found = f"NVIDIA driver {driver}" + (f"; CUDA {torch.version.cuda} needs >= {need[0]}.{need[1]:02d}" if need else "")
     return [card, Row("driver", "fail" if old else "pass", found, basis="measured",
-                      fix="upgrade the NVIDIA driver, or install a torch built for an older CUDA" if old else "",
+                      fix=exercised.OLD_DRIVER_ADVICE if old else "",
                       data={"driver": driver})]
 
 

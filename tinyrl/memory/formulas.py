@@ -111,3 +111,50 @@ def logprob_chunk_bytes(chunk_tokens: int, vocab_size: int, logits_dtype: str = 
 def full_logits_bytes(tokens: int, vocab_size: int) -> int:
     """What chunking avoids: one fp32 [tokens, vocab] tensor (1,280 Qwen tokens: ~0.78 GB)."""
     return tokens * vocab_size * 4
+
+
+# ------------------------------------------------------------ the HF engine's rollout (decode)
+
+# merged_adapter (rollout/hf_engine.py) keeps at most 1/32 of a layer's elements as fixes
+# (int64 index + original value); a layer that would need more is left unmerged.
+MERGE_FIX_DENOMINATOR = 32
+
+# Bytes per (row, vocab entry) alive at the sampling peak of one decode step
+# (rollout/decode.py `sample_tokens`): the model's bf16 logits (2), fp32 scores (4), then
+#   sampling: log-probs, softmax probs, the Exp(1) draws and probs / draws (4 x 4) -> 22;
+#   top_p (transformers TopPLogitsWarper): sorted scores (4), sort indices (int64, 8), the
+#   softmax and its cumsum (4 + 4) -> 26, the larger, before any log-prob exists.
+SAMPLING_BYTES_PER_LOGIT = 22
+TOP_P_BYTES_PER_LOGIT = 26
+
+
+def merge_fix_bytes(spec: dict, targets: tuple[str, ...] | list[str] = ALL_LINEAR, dtype: str = "bf16") -> int:
+    """The most `merged_adapter` holds beyond the weights: its fixes (index 8 + value bytes for
+    1/MERGE_FIX_DENOMINATOR of every adapted element) plus one layer's transients while it
+    merges (delta, W + delta, (W + delta) - delta in `dtype`, and a bool per element)."""
+    b = dtype_bytes(dtype)
+    sizes = [i * o for name, (i, o) in linear_shapes(spec).items() if name in targets]
+    fixes = spec["num_hidden_layers"] * sum(sizes) // MERGE_FIX_DENOMINATOR * (8 + b)
+    return fixes + max(sizes, default=0) * (3 * b + 1)
+
+
+def kv_expansion_bytes(spec: dict, rows: int, keys: int, dtype: str = "bf16") -> int:
+    """transformers' repeat_kv (5.20.2 integrations/sdpa_attention.py: whenever a mask is passed
+    on CUDA) copies one layer's K and V to every query head: 2 x rows x heads x keys x head_dim
+    (Qwen2.5-3B, 256 rows, 1,174 keys: 2,462,056,448 bytes)."""
+    return 2 * rows * spec["num_attention_heads"] * keys * head_dim(spec) * dtype_bytes(dtype)
+
+
+def sampling_bytes(rows: int, vocab_size: int, top_p: bool = True) -> int:
+    """One decode step's sampling temporaries over [rows, vocab] (SAMPLING_BYTES_PER_LOGIT says
+    which; Qwen2.5-3B, 256 rows, top_p: 1,011,286,016 bytes)."""
+    return rows * vocab_size * (TOP_P_BYTES_PER_LOGIT if top_p else SAMPLING_BYTES_PER_LOGIT)
+
+
+def hf_decode_transient_bytes(spec: dict, rows: int, keys: int, expands_kv: bool, top_p: bool = True) -> int:
+    """The largest transient of a decode step beside the KV cache: the forward (the previous
+    step's bf16 logits, plus the K/V expansion where the decode loop cannot avoid it) or the
+    sampling, whichever is larger (they do not overlap: decode.py frees the step's fp32
+    temporaries before the next forward)."""
+    forward = 2 * rows * spec["vocab_size"] + (kv_expansion_bytes(spec, rows, keys) if expands_kv else 0)
+    return max(forward, sampling_bytes(rows, spec["vocab_size"], top_p))

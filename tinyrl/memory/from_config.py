@@ -124,7 +124,8 @@ def advice(cfg: Config, plan: MemoryPlan) -> list[str]:
     if m.finetune == "full":
         tips.append("model.finetune=lora (one frozen base + adapters instead of three full models)")
     if m.quantize == "none" and m.finetune == "lora":
-        tips.append("model.quantize=nf4 (4-bit base, QLoRA: about a quarter of the base weights)")
+        tips.append("model.quantize=nf4 (4-bit base, QLoRA: about a quarter of the base weights)"
+                    + ("" if cfg.rollout.engine == "hf" else " with rollout.engine=hf (vLLM cannot load an NF4 base)"))
     if m.finetune == "lora" and m.lora_rank > 16:
         tips.append(f"a smaller model.lora_rank (now {m.lora_rank}), e.g. {m.lora_rank // 2}")
     if m.logprob_chunk > 512:
@@ -158,7 +159,8 @@ def categories(cfg: Config, plan: MemoryPlan) -> dict[str, dict[str, int]]:
         if trainer_w:
             c["base weights"] += min(base_w, trainer_w)
             c["adapters"] += trainer_w - min(base_w, trainer_w)
-        act = p.pop("activations", 0) + p.pop("hf_logits", 0) + p.pop("trainer_measured", 0)
+        act = p.pop("activations", 0) + p.pop("hf_decode_transient", 0) + p.pop("hf_merge_fixes", 0) \
+            + p.pop("trainer_measured", 0)
         chunk = 0
         if name in ("forward", "actor_update") and "activations" in ph.parts:
             # parts are for max(micro_batch, 1): a phase where nothing fits shows one sequence

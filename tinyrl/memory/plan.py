@@ -91,6 +91,9 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
     if quantize not in (None, "nf4") or (quantize == "nf4" and finetune != "lora"):
         raise TinyRLError(f"quantize={quantize!r} with finetune={finetune!r} cannot be planned",
                           hint="NF4 (QLoRA) quantises a frozen base: use it with finetune=lora")
+    if quantize == "nf4" and engine == "vllm":  # config.problems_of refuses the same (vLLM has no bnb method)
+        raise TinyRLError("an NF4 base with the vLLM rollout engine cannot be planned: vLLM cannot load a "
+                          "bitsandbytes 4-bit base", hint="plan it with engine='hf', or quantize=None")
     seq = prompt_len + response_len
     budget = budget_bytes if budget_bytes is not None else int(gpu.memory_bytes * (1 - margin_fraction))
     per_step = prompts_per_step * rollout_n
@@ -125,14 +128,13 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
     rollout, util, max_seqs, share, rollout_notes = _rollout(
         spec, gpu, budget, seq, per_step, engine, quantize, vllm_max_batched_tokens,
         _trainer_parts(spec, Phase.FORWARD, 1, seq, common, simulate, quantize),
-        offload_optimizer_in_rollout)
+        offload_optimizer_in_rollout, (prompts_per_step, prompt_len, common))
     phases = {"rollout": rollout, **phases}
     notes += rollout_notes
     if quantize == "nf4":
         notes.append("NF4 base: weights from the formula; activations traced for a bf16 base plus "
-                     "one dequantised linear. vLLM's weights are counted 4-bit too: the engine loads "
-                     "the checkpoint with quantization='bitsandbytes' (quantized in flight), so it "
-                     "samples from a 4-bit base like the trainer's")
+                     "one dequantised linear. Rollouts sample from that NF4 base with the hf engine "
+                     "(vLLM has no bitsandbytes method, so nf4 runs never use it)")
     if not simulate:
         notes.append("not simulated: activations from a rule of thumb; rerun with simulation")
     return MemoryPlan(model, gpu.name, gpu.memory_bytes, budget, phases, util, max_seqs, share,
@@ -140,7 +142,7 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
 
 
 def _rollout(spec, gpu, budget, seq, per_step, engine, quantize, batched_tokens, trainer,
-             offload_optimizer) -> tuple[PhasePlan, float, int, dict[str, int], list[str]]:
+             offload_optimizer, hf_shape) -> tuple[PhasePlan, float, int, dict[str, int], list[str]]:
     """The trainer's resident state (weights, Adam state unless offloaded; no grads, no
     activations) beside the rollout engine, which gets what is left."""
     parts = {"trainer_weights": trainer["base_weights"] + trainer["adapters"],
@@ -156,7 +158,7 @@ def _rollout(spec, gpu, budget, seq, per_step, engine, quantize, batched_tokens,
                   f"(of {per_step} sequences per step)",
                   "vLLM share: " + ", ".join(f"{k} {v / GiB:.2f} GiB" for k, v in share.items())]
     else:
-        parts.update(_hf_generate_parts(spec, per_step, seq))
+        parts.update(_hf_generate_parts(spec, per_step, seq, *hf_shape))
     peak = sum(parts.values())
     return PhasePlan(peak, parts, fits=max_seqs >= 1 and peak <= budget), util, max_seqs, share, notes
 
@@ -209,10 +211,18 @@ def _vllm_profile_bytes(spec: dict, tokens: int, seqs: int) -> int:
     return layer + seqs * spec["vocab_size"] * 4 * 2
 
 
-def _hf_generate_parts(spec: dict, seqs: int, seq: int) -> dict[str, int]:
-    """transformers' generate keeps a KV cache for the whole batch, plus one step's logits."""
-    return {"hf_kv_cache": seqs * seq * fm.kv_bytes_per_token(spec),
-            "hf_logits": seqs * spec["vocab_size"] * 4 * 2}
+def _hf_generate_parts(spec: dict, seqs: int, seq: int, prompts: int, prompt_len: int, common: dict) -> dict[str, int]:
+    """tinyrl's decode loop (rollout/decode.py) keeps a KV cache for the whole batch; beside it
+    the largest transient: the prefill's K/V copied to every query head (transformers' repeat_kv
+    with a padding mask, one layer at a time), or a decode step's (its sampling temporaries,
+    plus the same copy where the loop cannot avoid it: sliding-window layers keep transformers'
+    own masks). With LoRA, merged_adapter's exact-restore fixes (the most it may keep)."""
+    decode = fm.hf_decode_transient_bytes(spec, seqs, seq, expands_kv=bool(spec.get("use_sliding_window")))
+    parts = {"hf_kv_cache": seqs * seq * fm.kv_bytes_per_token(spec),
+             "hf_decode_transient": max(decode, fm.kv_expansion_bytes(spec, prompts, prompt_len))}
+    if common["finetune"] == "lora":
+        parts["hf_merge_fixes"] = fm.merge_fix_bytes(spec, common["lora_targets"])
+    return parts
 
 
 # ------------------------------------------------------------------------------- rough rule

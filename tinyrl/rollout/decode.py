@@ -75,12 +75,13 @@ def sample_tokens(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
         cache.layers = [_Preallocated(layer, W + max_new_tokens) if type(layer) is DynamicLayer else layer
                         for layer in cache.layers]
     position = positions[:, -1:]                                                 # [B, 1]
+    steps = grouped_decode_attention(model) if bool_masks else contextlib.nullcontext()
     stops = torch.tensor(stop_ids, device=device)
     compactable = bool_masks and all(type(layer) is _Preallocated for layer in cache.layers)
     rows = torch.arange(B, device=device)            # [L] the batch rows still computed (L <= B)
     unfinished = torch.ones(B, dtype=torch.bool, device=device)                  # [L]
     tokens, logprobs = [], []
-    with decode_threads(device):
+    with decode_threads(device), steps:
         for step in range(max_new_tokens):
             if step:
                 keys[:, W + step - 1] = True
@@ -99,6 +100,7 @@ def sample_tokens(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
                 token = _multinomial(torch.softmax(scores, dim=-1), rows, B)
             token = torch.where(unfinished, token, pad_id)
             step_logp = logp.gather(1, token[:, None])[:, 0].masked_fill(~unfinished, 0.0)
+            del scores, logp  # the fp32 [L, V] temporaries are gone before the next forward (the plan counts so)
             tokens.append(_scatter(token, rows, B, pad_id))
             logprobs.append(_scatter(step_logp, rows, B, 0.0))
             unfinished = unfinished & ~torch.isin(token, stops)
@@ -115,6 +117,55 @@ def sample_tokens(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
         raise TinyRLError("the model's logits became NaN while sampling a rollout",
                           hint="the weights have diverged: lower actor.lr, or resume from an earlier checkpoint")
     return tokens, logprobs
+
+
+GROUPED_DECODE_ATTENTION = "tinyrl_grouped_decode"
+
+
+def _grouped_decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                              is_causal=None, **kwargs):
+    """One decode step's attention without copying K/V to every query head: query [B, Hq, 1, D],
+    key/value [B, Hkv, K, D], a bool mask [B, 1, 1, K] -> ([B, 1, Hq, D], None).
+
+    transformers' sdpa (5.19 and 5.20.2 integrations/sdpa_attention.py `use_gqa_in_sdpa`) passes
+    `enable_gqa` only without a mask on CUDA (and CPU); with one it runs `repeat_kv`, a copy of
+    the layer's whole K and V to all query heads at every layer and step (Qwen2.5-3B, 256 rows,
+    1,174 keys: 2.46 GB; memory/formulas.py `kv_expansion_bytes`). A decode step has one query
+    per head, and query head h reads kv head h // G (repeat_kv's order), so the G query heads of
+    a group become G query rows of their kv head: the same scores, softmax and weighted sum per
+    (row, head), one sdpa call, any mask, nothing copied. Anything else (a prefill, no mask, no
+    grouping) goes to transformers' sdpa as before."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    B, Hq, Q, D = query.shape
+    Hkv = key.shape[1]
+    if Q != 1 or Hkv == Hq or attention_mask is None or attention_mask.dtype != torch.bool:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(B, Hkv, Hq // Hkv, D), key, value, attn_mask=attention_mask, dropout_p=dropout,
+        scale=scaling)                                                            # [B, Hkv, G, D]
+    return out.reshape(B, Hq, 1, D).transpose(1, 2), None                        # [B, 1, Hq, D]
+
+
+@contextlib.contextmanager
+def grouped_decode_attention(model: torch.nn.Module):
+    """The model's layers use `_grouped_decode_attention` inside (its decode steps get their
+    masks ready-made from the loop, so no mask function is ever asked for); every config's
+    attention implementation is restored after, on an error too."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(GROUPED_DECODE_ATTENTION, _grouped_decode_attention)
+    configs = {id(c): c for m in model.modules()
+               if (c := getattr(m, "config", None)) is not None and hasattr(c, "_attn_implementation")}
+    before = {k: c._attn_implementation for k, c in configs.items()}
+    try:
+        for c in configs.values():
+            c._attn_implementation = GROUPED_DECODE_ATTENTION
+        yield
+    finally:
+        for k, c in configs.items():
+            c._attn_implementation = before[k]
 
 
 def decode_threads(device: torch.device) -> contextlib.AbstractContextManager:

@@ -55,15 +55,22 @@ def _vllm(*, model, tokenizer, model_path, device, **vllm_kwargs):
     if model_path is None:
         raise TinyRLError("the vllm rollout engine needs the model's path",
                           hint="set model.name to a local directory or a Hugging Face name")
-    peft_config = getattr(model, "peft_config", None)
-    if peft_config:
-        vllm_kwargs.setdefault("enable_lora", True)
-        ranks = [getattr(c, "r", 0) for c in peft_config.values()]
-        vllm_kwargs.setdefault("max_lora_rank", max(ranks + [1]))
-    engine = VLLMEngine(model_path, tokenizer, **vllm_kwargs)
+    engine = VLLMEngine(model_path, tokenizer, **vllm_engine_kwargs(model, vllm_kwargs))
     if model is not None:
         engine.sync_weights(model)
     return engine
+
+
+def vllm_engine_kwargs(model: torch.nn.Module | None, vllm_kwargs: dict) -> dict:
+    """The keyword arguments VLLMEngine gets: the trainer's settings, plus LoRA serving for a
+    peft actor (rank: its largest adapter's) unless the settings say otherwise."""
+    out = dict(vllm_kwargs)
+    peft_config = getattr(model, "peft_config", None)
+    if peft_config:
+        out.setdefault("enable_lora", True)
+        ranks = [getattr(c, "r", 0) for c in peft_config.values()]
+        out.setdefault("max_lora_rank", max(ranks + [1]))
+    return out
 
 
 def _auto(*, model, tokenizer, model_path, device, **vllm_kwargs):

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 
 import torch
 
+from tinyrl.memory.formulas import MERGE_FIX_DENOMINATOR
 from tinyrl.rollout.base import Completion, RolloutResult, SamplingSettings
 from tinyrl.rollout.decode import sample_tokens
 
@@ -175,32 +176,60 @@ def merged_adapter(model: torch.nn.Module, adapter_name: str) -> Iterator[int]:
     252 linears and ~1,000 extra launches per token, and decoding a 32-row batch is launch-
     bound. Merged, each is one plain matmul (peft's own `merged` branch: base_layer only).
 
-    Exact restore: peft's unmerge subtracts the delta again (`weight.data -= delta`), which in
-    bf16 does not give the original weight back and would drift the frozen base (shared with
-    the critic and the reference) a little every rollout. So each base weight is copied to host
-    memory first and copied back after, whatever happens inside (exceptions included). Host,
-    not a second GPU copy: the memory plan's rollout phase (memory/plan.py `_rollout`) has no
-    room for a second copy of the adapted weights. One layer's delta exists at a time.
+    Exact restore, on the weights' own device: peft's unmerge subtracts the delta again
+    (`weight.data -= delta`), which in bf16 does not always give the original weight back and
+    would drift the frozen base (shared with the critic and the reference) a little every
+    rollout. So at merge time each layer computes (W + d) - d with the same d, finds the few
+    elements where that is not W bit for bit (a rounding of W + d that crossed into the next
+    binade, or a tie), and keeps only those: their flat indices and original values, on the
+    weight's device (`_merge_layer`). The unmerge subtracts d (recomputed from the unchanged
+    adapter: the same kernels on the same inputs give the same d) and writes those elements
+    back. Nothing goes through host memory (the earlier version copied every adapted weight,
+    ~5.5 GB for a 3B model, to pageable host memory and back on every rollout), and the
+    transients are one layer's d, W + d and (W + d) - d. A layer whose fixes would exceed
+    1/MERGE_FIX_DENOMINATOR of its elements is left unmerged (peft's own exact path), so the
+    fixes stay within the plan's `hf_merge_fixes` (memory/formulas.py `merge_fix_bytes`).
 
     While merged the weights are W + B A * scale rounded once to W's dtype, so in bf16 the
     sampler's log-probs differ from the trainer's unmerged forward by bf16 rounding; the
     trainer's probs-diff guard (rollout.max_probs_diff) watches exactly that gap.
     """
     layers = _mergeable_lora_layers(model, adapter_name)
-    saved: list[tuple[torch.nn.Module, torch.Tensor, torch.Tensor]] = []
+    saved: list[tuple[torch.nn.Module, torch.Tensor, torch.Tensor]] = []  # (layer, indices, originals)
     try:
         with torch.no_grad():
             for layer in layers:
-                weight = layer.get_base_layer().weight
-                saved.append((layer, weight, weight.detach().to("cpu", copy=True)))
-                weight.add_(layer.get_delta_weight(adapter_name).to(weight.dtype))
-                layer.merged_adapters.append(adapter_name)  # peft's forward: base layer only
-        yield len(layers)
+                fixes = _merge_layer(layer, adapter_name)
+                if fixes is not None:
+                    saved.append((layer, *fixes))
+                    layer.merged_adapters.append(adapter_name)  # peft's forward: base layer only
+        yield len(saved)
     finally:
         with torch.no_grad():
-            for layer, weight, original in reversed(saved):
-                weight.copy_(original)
+            for layer, where, original in reversed(saved):
+                weight = layer.get_base_layer().weight
+                weight.sub_(layer.get_delta_weight(adapter_name).to(weight.dtype))
+                weight.view(-1)[where] = original
                 layer.merged_adapters.remove(adapter_name)
+
+
+def _merge_layer(layer: torch.nn.Module, adapter_name: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Add the adapter's delta to the base weight in place -> (flat indices [F], original values
+    [F]) of the elements that subtracting the delta again would not restore exactly; None (and
+    the weight untouched) when more than 1/MERGE_FIX_DENOMINATOR of them would need it."""
+    weight = layer.get_base_layer().weight
+    delta = layer.get_delta_weight(adapter_name).to(weight.dtype)
+    merged = weight + delta
+    bits = _BITS[weight.element_size()]  # compare bits: -0.0 == 0.0 and NaN != NaN as floats
+    wrong = ((merged - delta).view(bits) != weight.view(bits)).view(-1).nonzero()[:, 0]
+    if wrong.numel() * MERGE_FIX_DENOMINATOR > weight.numel():
+        return None
+    fixes = (wrong, weight.view(-1)[wrong])
+    weight.copy_(merged)
+    return fixes
+
+
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _mergeable_lora_layers(model: torch.nn.Module, adapter_name: str) -> list[torch.nn.Module]:
