@@ -1,0 +1,178 @@
+"""The sandbox launcher: runs ONE snippet in a forked child with limits, kills what is left.
+
+Started by tinyrl.tools.python as `python -I -u -B _launcher.py SPEC_JSON`, in a new session,
+with a clean environment, stdout/stderr already pointing at the call's output files and the
+call's work directory as cwd. Stdlib only (it must not import the trainer's packages).
+
+What it does, in order:
+  1. becomes a child subreaper (prctl), so a process that double-forks out of the child's
+     process group is re-parented HERE, not to init, and is found and reaped below;
+  2. as root: unshares the network namespace (the child sees only a down loopback);
+  3. forks the child, which sets the rlimits, drops to the call's own uid/gid (as root), asks
+     for SIGKILL when the launcher dies, and runs the code in this interpreter;
+  4. waits for the child until the wall-clock deadline, then SIGKILLs its process group, and
+     every process of the sandbox uid (root) or every descendant (not root) until none is
+     left, reaps them all, and writes the result JSON the trainer reads.
+"""
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import procs  # noqa: E402  (the sibling module, by path: this runs as a script)
+
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
+CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _isolate_network(as_root: bool) -> str:
+    """Unshare the network namespace. Root needs CAP_SYS_ADMIN; a user needs unprivileged
+    user namespaces (then the child appears as uid 65534 inside, files stay the user's)."""
+    flags = CLONE_NEWNET if as_root else CLONE_NEWUSER | CLONE_NEWNET
+    if _libc.unshare(flags) == 0:
+        return "isolated"
+    return f"not enforced (unshare: {os.strerror(ctypes.get_errno())})"
+
+
+def _fd_paths(paths: list) -> list:
+    """Import paths reachable after the privilege drop: the interpreter may live where the
+    sandbox uid cannot traverse (/root/.pyenv under a 0700 /root). An O_PATH descriptor opened
+    as root and reached through /proc/self/fd/N skips the ancestors' permission checks; the
+    directories themselves are world-readable (others are dropped: the child could not read
+    them anyway)."""
+    out = []
+    for p in paths:
+        if p and os.path.isdir(p) and os.stat(p).st_mode & 0o005 == 0o005:
+            out.append(f"/proc/self/fd/{os.open(p, os.O_PATH | os.O_DIRECTORY)}")
+    return out
+
+
+def _run_child(spec: dict) -> None:
+    """In the forked child: limits, privilege drop, then the code. Never returns."""
+    os.setpgid(0, 0)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    os.nice(spec["nice"])
+    if spec["uid"] is not None:
+        sys.path[:] = _fd_paths(sys.path)
+    mb = 1024 * 1024
+    limits = {
+        resource.RLIMIT_CPU: spec["cpu_s"],
+        resource.RLIMIT_AS: spec["memory_mb"] * mb,
+        resource.RLIMIT_FSIZE: spec["file_size_bytes"],
+        resource.RLIMIT_NOFILE: spec["max_files"],
+        resource.RLIMIT_NPROC: spec["max_procs"] + spec["nproc_base"],
+        resource.RLIMIT_CORE: 0,
+    }
+    for which, value in limits.items():
+        resource.setrlimit(which, (value, value))
+    if spec["uid"] is not None:
+        os.setgroups([])
+        os.setgid(spec["gid"])
+        os.setuid(spec["uid"])       # real, effective and saved: no way back to root
+        _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)   # so /proc/self/fd stays ours after setuid
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != spec["launcher_pid"]:         # the launcher died before the prctl
+        os._exit(137)
+    code = spec["code"]
+    import linecache
+    import traceback
+
+    linecache.cache["<code>"] = (len(code), None, code.splitlines(True), "<code>")
+    status = 0
+    try:
+        exec(compile(code, "<code>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            status = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+            status = 1
+    except BaseException as e:  # the code's own error: its traceback, as `python main.py` shows it
+        tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+        traceback.print_exception(type(e), e, tb)
+        status = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001  (a closed or full stream: nothing more to say)
+        pass
+    os._exit(status & 0xFF)
+
+
+def _wait(pid: int, deadline: float):
+    """Wait for `pid` (reaping re-parented orphans meanwhile) until `deadline`.
+    Returns (wait status or None on timeout)."""
+    while True:
+        while True:
+            try:
+                got, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return None
+            if got == 0:
+                break
+            if got == pid:
+                return status
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        signal.sigtimedwait([signal.SIGCHLD], min(left, 0.5))
+
+
+def main() -> None:
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    start = time.monotonic()
+    as_root = spec["uid"] is not None
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    # RLIMIT_NPROC counts every thread of the real uid: a user's own processes count too
+    # (counted before a user namespace would show every uid as 65534)
+    me = os.getuid()
+    spec["nproc_base"] = 0 if as_root else sum(p.threads for p in procs.processes() if p.uids[:1] == (me,))
+    network = _isolate_network(as_root) if spec["isolate_network"] else "not requested"
+    spec["launcher_pid"] = os.getpid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _run_child(spec)
+        finally:
+            os._exit(125)            # only reached when setting the limits itself failed
+    status = _wait(pid, start + spec["timeout_s"])
+    timed_out = status is None
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if as_root:
+        uid = spec["uid"]
+        killed, alive = procs.kill_selected(lambda ps: {p.pid for p in ps if uid in p.uids}, reap=True)
+    else:
+        me = os.getpid()
+        killed, alive = procs.kill_selected(
+            lambda ps: {p.pid for p in ps if p.pgid == pid} | procs.descendants(me, ps), reap=True)
+    if timed_out:                     # the child itself is a zombie now: collect its status
+        try:
+            status = os.waitpid(pid, 0)[1]
+        except ChildProcessError:
+            status = None
+    procs.reap_children()
+    result = {
+        "status": status,
+        "timed_out": timed_out,
+        "seconds": time.monotonic() - start,
+        "network": network,
+        "leftover_killed": killed,
+        "survivors": alive,
+    }
+    with open(spec["result_path"], "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
