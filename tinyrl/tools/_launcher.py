@@ -27,17 +27,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procs  # noqa: E402  (the sibling module, by path: this runs as a script)
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
-CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
+CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWUSER = 0x40000000, 0x20000000, 0x10000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _isolate_network(as_root: bool) -> str:
-    """Unshare the network namespace. Root needs CAP_SYS_ADMIN; a user needs unprivileged
-    user namespaces (then the child appears as uid 65534 inside, files stay the user's)."""
-    flags = CLONE_NEWNET if as_root else CLONE_NEWUSER | CLONE_NEWNET
-    if _libc.unshare(flags) == 0:
-        return "isolated"
-    return f"not enforced (unshare: {os.strerror(ctypes.get_errno())})"
+def _unshare(as_root: bool) -> tuple[str, bool]:
+    """New network and pid namespaces for the next fork, the most the OS allows.
+
+    Root needs CAP_SYS_ADMIN; a user needs unprivileged user namespaces (then the code sees
+    itself as uid 65534; its files stay the user's). The network namespace holds only a down
+    loopback: no connection anywhere, 127.0.0.1 included. In a pid namespace the code's
+    `kill(-1)` / `kill(ppid)` reach nothing outside, and the kernel kills every process in it
+    when its init (our reaper) ends. Returns (network status, pid namespace or not)."""
+    user = 0 if as_root else CLONE_NEWUSER
+    if _libc.unshare(user | CLONE_NEWNET | CLONE_NEWPID) == 0:
+        return "isolated", True
+    err = os.strerror(ctypes.get_errno())
+    if _libc.unshare(user | CLONE_NEWNET) == 0:
+        return "isolated", False
+    return f"not enforced (unshare: {err})", False
 
 
 def _fd_paths(paths: list) -> list:
@@ -53,8 +61,10 @@ def _fd_paths(paths: list) -> list:
     return out
 
 
-def _run_child(spec: dict) -> None:
-    """In the forked child: limits, privilege drop, then the code. Never returns."""
+def _run_reaper(spec: dict, status_w: int) -> None:
+    """In the forked child: limits and privilege drop (inherited by all it starts), then fork
+    the code process and reap every child until it ends; report its wait status on `status_w`.
+    In a pid namespace this is its init: its exit kills whatever the code left. Never returns."""
     os.setpgid(0, 0)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     os.nice(spec["nice"])
@@ -66,7 +76,8 @@ def _run_child(spec: dict) -> None:
         resource.RLIMIT_AS: spec["memory_mb"] * mb,
         resource.RLIMIT_FSIZE: spec["file_size_bytes"],
         resource.RLIMIT_NOFILE: spec["max_files"],
-        resource.RLIMIT_NPROC: spec["max_procs"] + spec["nproc_base"],
+        # + 1: this reaper is one of the call's processes too
+        resource.RLIMIT_NPROC: spec["max_procs"] + 1 + spec["nproc_base"],
         resource.RLIMIT_CORE: 0,
     }
     for which, value in limits.items():
@@ -77,9 +88,25 @@ def _run_child(spec: dict) -> None:
         os.setuid(spec["uid"])       # real, effective and saved: no way back to root
         _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)   # so /proc/self/fd stays ours after setuid
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != spec["launcher_pid"]:         # the launcher died before the prctl
-        os._exit(137)
-    code = spec["code"]
+    if os.getppid() not in (spec["launcher_pid"], 0):   # 0: the parent is outside our pid ns
+        os._exit(137)                                   # the launcher died before the prctl
+    code_pid = os.fork()
+    if code_pid == 0:
+        os.close(status_w)
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _run_code(spec["code"])
+    while True:                      # reap: orphans of a pid namespace come to its init
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            os._exit(0)
+        if pid == code_pid:
+            os.write(status_w, status.to_bytes(4, "little"))
+            os._exit(0)
+
+
+def _run_code(code: str) -> None:
+    """Run the snippet as `python main.py` would; exit with its status. Never returns."""
     import linecache
     import traceback
 
@@ -134,39 +161,37 @@ def main() -> None:
     # (counted before a user namespace would show every uid as 65534)
     me = os.getuid()
     spec["nproc_base"] = 0 if as_root else sum(p.threads for p in procs.processes() if p.uids[:1] == (me,))
-    network = _isolate_network(as_root) if spec["isolate_network"] else "not requested"
-    spec["launcher_pid"] = os.getpid()
+    network, pid_ns = _unshare(as_root) if spec["isolate"] else ("not requested", False)
+    spec["launcher_pid"] = me_pid = os.getpid()
+    status_r, status_w = os.pipe()
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
-    pid = os.fork()
-    if pid == 0:
+    reaper = os.fork()
+    if reaper == 0:
         try:
-            _run_child(spec)
+            os.close(status_r)
+            _run_reaper(spec, status_w)
         finally:
             os._exit(125)            # only reached when setting the limits itself failed
-    status = _wait(pid, start + spec["timeout_s"])
-    timed_out = status is None
+    os.close(status_w)
+    timed_out = _wait(reaper, start + spec["timeout_s"]) is None
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(reaper, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     if as_root:
         uid = spec["uid"]
         killed, alive = procs.kill_selected(lambda ps: {p.pid for p in ps if uid in p.uids}, reap=True)
     else:
-        me = os.getpid()
         killed, alive = procs.kill_selected(
-            lambda ps: {p.pid for p in ps if p.pgid == pid} | procs.descendants(me, ps), reap=True)
-    if timed_out:                     # the child itself is a zombie now: collect its status
-        try:
-            status = os.waitpid(pid, 0)[1]
-        except ChildProcessError:
-            status = None
+            lambda ps: {p.pid for p in ps if p.pgid == reaper} | procs.descendants(me_pid, ps), reap=True)
     procs.reap_children()
+    raw = b"" if timed_out else os.read(status_r, 4)
     result = {
-        "status": status,
+        "status": int.from_bytes(raw, "little") if len(raw) == 4 else None,
         "timed_out": timed_out,
         "seconds": time.monotonic() - start,
         "network": network,
+        "pid_namespace": pid_ns,
         "leftover_killed": killed,
         "survivors": alive,
     }

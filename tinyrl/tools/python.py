@@ -52,6 +52,7 @@ class ToolResult:
     seconds: float            # wall clock of the call, launcher start to cleanup done
     message: str              # one line for the model's tool turn: what happened
     network: str              # "isolated", or why not
+    pid_namespace: bool       # the code ran in its own pid namespace
     leftover_killed: int = 0  # processes the code left behind that the cleanup killed
 
     @property
@@ -161,7 +162,7 @@ def _describe(exit_code: int, killed_by: str | None, timed_out: bool, truncated:
 
 def run_code(code: str, timeout_s: float = 10.0, memory_mb: int = 1024, *,
              max_output_bytes: int = 16384, max_processes: int = 16, max_open_files: int = 64,
-             file_size_mb: int = 16, isolate_network: bool = True) -> ToolResult:
+             file_size_mb: int = 16, isolate: bool = True) -> ToolResult:
     """Run `code` as a fresh `python` program; never raises for anything the code does.
 
     Limits: wall clock `timeout_s` (then SIGKILL of the whole process group and of every
@@ -176,10 +177,10 @@ def run_code(code: str, timeout_s: float = 10.0, memory_mb: int = 1024, *,
     base = tempfile.mkdtemp(prefix="tinyrl-sandbox-")
     try:
         return _run(code, timeout_s, memory_mb, max_output_bytes, max_processes, max_open_files,
-                    file_size_mb, isolate_network, slot, Path(base), start)
+                    file_size_mb, isolate, slot, Path(base), start)
     except OSError as e:             # the sandbox's own machinery, not the code: say so, go on
         return ToolResult("", "", -1, False, None, False, time.monotonic() - start,
-                          f"sandbox failed to run the code: {e}", "unknown")
+                          f"sandbox failed to run the code: {e}", "unknown", False)
     finally:
         _rmtree(base)
         if slot is not None:
@@ -187,7 +188,7 @@ def run_code(code: str, timeout_s: float = 10.0, memory_mb: int = 1024, *,
 
 
 def _run(code, timeout_s, memory_mb, max_output_bytes, max_processes, max_open_files,
-         file_size_mb, isolate_network, slot, base: Path, start) -> ToolResult:
+         file_size_mb, isolate, slot, base: Path, start) -> ToolResult:
     os.chmod(base, 0o711)             # the sandbox uid may pass through, not list
     work = base / "work"
     work.mkdir(mode=0o700)
@@ -198,7 +199,7 @@ def _run(code, timeout_s, memory_mb, max_output_bytes, max_processes, max_open_f
         "cpu_s": int(timeout_s) + 2, "file_size_bytes": file_size_mb * 1024 * 1024,
         "max_files": max_open_files, "max_procs": max_processes, "nice": 10,
         "uid": slot.uid if slot else None, "gid": slot.gid if slot else None,
-        "isolate_network": isolate_network, "result_path": str(base / "result.json"),
+        "isolate": isolate, "result_path": str(base / "result.json"),
     }
     (base / "spec.json").write_text(json.dumps(spec))
     with open(base / "stdout", "wb") as out, open(base / "stderr", "wb") as err:
@@ -221,10 +222,10 @@ def _run(code, timeout_s, memory_mb, max_output_bytes, max_processes, max_open_f
     result_path = base / "result.json"
     info = json.loads(result_path.read_text()) if result_path.exists() else None
     if info is None:                    # the launcher died before writing its result
-        timed_out, status, network, leftovers = True, None, "unknown", 0
+        timed_out, status, network, pid_ns, leftovers = True, None, "unknown", False, 0
     else:
         timed_out, status = info["timed_out"], info["status"]
-        network, leftovers = info["network"], info["leftover_killed"]
+        network, pid_ns, leftovers = info["network"], info["pid_namespace"], info["leftover_killed"]
     if status is not None and os.WIFSIGNALED(status):
         exit_code = -os.WTERMSIG(status)
     elif status is not None:
@@ -237,7 +238,7 @@ def _run(code, timeout_s, memory_mb, max_output_bytes, max_processes, max_open_f
         stdout=stdout, stderr=stderr, exit_code=exit_code, timed_out=timed_out,
         killed_by=killed_by, truncated=truncated, seconds=time.monotonic() - start,
         message=_describe(exit_code, killed_by, timed_out, truncated, timeout_s, stderr),
-        network=network, leftover_killed=leftovers)
+        network=network, pid_namespace=pid_ns, leftover_killed=leftovers)
 
 
 def run_many(codes: list[str], max_workers: int | None = None, **limits) -> list[ToolResult]:
