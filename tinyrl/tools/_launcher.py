@@ -1,4 +1,4 @@
-"""The sandbox launcher: runs ONE snippet in a forked child with limits, kills what is left.
+"""The sandbox launcher: runs ONE snippet in a forked process with limits, kills what is left.
 
 Started by tinyrl.tools.python as `python -I -u -B _launcher.py SPEC_JSON`, in a new session,
 with a clean environment, stdout/stderr already pointing at the call's output files and the
@@ -7,10 +7,12 @@ call's work directory as cwd. Stdlib only (it must not import the trainer's pack
 What it does, in order:
   1. becomes a child subreaper (prctl), so a process that double-forks out of the child's
      process group is re-parented HERE, not to init, and is found and reaped below;
-  2. as root: unshares the network namespace (the child sees only a down loopback);
-  3. forks the child, which sets the rlimits, drops to the call's own uid/gid (as root), asks
-     for SIGKILL when the launcher dies, and runs the code in this interpreter;
-  4. waits for the child until the wall-clock deadline, then SIGKILLs its process group, and
+  2. unshares the network and pid namespaces where the OS allows (as root: CAP_SYS_ADMIN; as a
+     user: unprivileged user namespaces); the code then sees only a down loopback;
+  3. forks a reaper (init of the pid namespace; root stays root), which forks the code
+     process: that sets the rlimits, drops to the call's own uid/gid (as root), asks for
+     SIGKILL when its parent dies, and runs the code in this interpreter;
+  4. waits for the reaper until the wall-clock deadline, then SIGKILLs its process group, and
      every process of the sandbox uid (root) or every descendant (not root) until none is
      left, reaps them all, and writes the result JSON the trainer reads.
 """
@@ -62,11 +64,33 @@ def _fd_paths(paths: list) -> list:
 
 
 def _run_reaper(spec: dict, status_w: int) -> None:
-    """In the forked child: limits and privilege drop (inherited by all it starts), then fork
-    the code process and reap every child until it ends; report its wait status on `status_w`.
-    In a pid namespace this is its init: its exit kills whatever the code left. Never returns."""
-    os.setpgid(0, 0)
+    """In the forked child: fork the code process and reap every child until it ends; report
+    its wait status on `status_w`. As root this stays root, so the code (another uid) cannot
+    kill it; in a pid namespace it is the namespace's init, and its exit kills whatever the
+    code left. Never returns."""
+    os.setpgid(0, 0)                 # the call's process group: the wall-clock kill's target
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() not in (spec["launcher_pid"], 0):   # 0: the parent is outside our pid ns
+        os._exit(137)                                   # the launcher died before the prctl
+    code_pid = os.fork()
+    if code_pid == 0:
+        os.close(status_w)
+        _confine(spec)
+        _run_code(spec["code"])
+    while True:                      # reap: orphans of a pid namespace come to its init
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            os._exit(0)
+        if pid == code_pid:
+            os.write(status_w, status.to_bytes(4, "little"))
+            os._exit(0)
+
+
+def _confine(spec: dict) -> None:
+    """In the code process, before the code: rlimits (inherited by all it starts), then the
+    privilege drop when root, then death with the reaper."""
     os.nice(spec["nice"])
     if spec["uid"] is not None:
         sys.path[:] = _fd_paths(sys.path)
@@ -76,8 +100,7 @@ def _run_reaper(spec: dict, status_w: int) -> None:
         resource.RLIMIT_AS: spec["memory_mb"] * mb,
         resource.RLIMIT_FSIZE: spec["file_size_bytes"],
         resource.RLIMIT_NOFILE: spec["max_files"],
-        # + 1: this reaper is one of the call's processes too
-        resource.RLIMIT_NPROC: spec["max_procs"] + 1 + spec["nproc_base"],
+        resource.RLIMIT_NPROC: spec["max_procs"] + spec["nproc_base"],
         resource.RLIMIT_CORE: 0,
     }
     for which, value in limits.items():
@@ -88,21 +111,6 @@ def _run_reaper(spec: dict, status_w: int) -> None:
         os.setuid(spec["uid"])       # real, effective and saved: no way back to root
         _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)   # so /proc/self/fd stays ours after setuid
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() not in (spec["launcher_pid"], 0):   # 0: the parent is outside our pid ns
-        os._exit(137)                                   # the launcher died before the prctl
-    code_pid = os.fork()
-    if code_pid == 0:
-        os.close(status_w)
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        _run_code(spec["code"])
-    while True:                      # reap: orphans of a pid namespace come to its init
-        try:
-            pid, status = os.wait()
-        except ChildProcessError:
-            os._exit(0)
-        if pid == code_pid:
-            os.write(status_w, status.to_bytes(4, "little"))
-            os._exit(0)
 
 
 def _run_code(code: str) -> None:
@@ -157,10 +165,10 @@ def main() -> None:
     start = time.monotonic()
     as_root = spec["uid"] is not None
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    # RLIMIT_NPROC counts every thread of the real uid: a user's own processes count too
-    # (counted before a user namespace would show every uid as 65534)
+    # RLIMIT_NPROC counts every thread of the real uid: a user's own processes count too (the
+    # reaper included; counted before a user namespace would show every uid as 65534)
     me = os.getuid()
-    spec["nproc_base"] = 0 if as_root else sum(p.threads for p in procs.processes() if p.uids[:1] == (me,))
+    spec["nproc_base"] = 0 if as_root else 1 + sum(p.threads for p in procs.processes() if p.uids[:1] == (me,))
     network, pid_ns = _unshare(as_root) if spec["isolate"] else ("not requested", False)
     spec["launcher_pid"] = me_pid = os.getpid()
     status_r, status_w = os.pipe()
