@@ -165,8 +165,36 @@ def test_cannot_write_outside_its_directory(tmp_path):
                 print('denied', type(e).__name__)
     """)
     r = run_code(code)
-    assert r.stdout.split("\n")[:3] == ["denied PermissionError"] * 3, r.stdout + r.stderr
+    # tmp_path sits below /tmp, hidden by the private /tmp (FileNotFoundError); the rest: EACCES
+    assert [line.split()[0] for line in r.stdout.splitlines()] == ["denied"] * 3, r.stdout + r.stderr
     assert not any(t.exists() for t in targets)
+
+
+def test_shared_temp_dirs_are_private_and_capped():
+    """/tmp, /var/tmp, /dev/shm, /run/lock are world-writable: the code gets its own tmpfs over
+    them (4 x file_size_mb), so nothing it writes there outlives the call or fills the disk."""
+    names = [f"{d}/tinyrl-sandbox-probe-{os.getpid()}" for d in ("/tmp", "/var/tmp", "/dev/shm")]
+    code = textwrap.dedent(f"""
+        import os
+        for p in {names!r}:
+            open(p, 'w').write('left behind')
+        print(sorted(os.listdir('/tmp')))
+        written = 0
+        try:
+            for i in range(8):                       # 8 x 1 MB into a 4 MB tmpfs
+                with open(f'big{{i}}', 'wb') as f:
+                    f.write(b'x' * (1024 * 1024 - 1))
+                written += 1
+        except OSError as e:
+            print('stopped after', written, e.errno)
+    """)
+    r = run_code(code, file_size_mb=1)
+    assert r.exit_code == 0, r.stderr
+    listing, stopped = r.stdout.splitlines()
+    assert "tinyrl-sandbox-probe" in listing and "tinyrl-sandbox-uids" not in listing  # its own /tmp
+    assert stopped.startswith("stopped after") and stopped.endswith(" 28")           # ENOSPC
+    assert int(stopped.split()[2]) < 4
+    assert not any(os.path.exists(n) for n in names)
 
 
 @pytest.mark.parametrize("attack", [

@@ -19,17 +19,22 @@ What it does, in order:
 
 import ctypes
 import json
+import linecache
 import os
 import resource
 import signal
 import sys
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procs  # noqa: E402  (the sibling module, by path: this runs as a script)
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
-CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWUSER = 0x40000000, 0x20000000, 0x10000000
+CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWUSER = 0x20000, 0x40000000, 0x20000000, 0x10000000
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
+# the world-writable places of a usual Linux: the code gets private, size-capped copies
+SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -42,12 +47,44 @@ def _unshare(as_root: bool) -> tuple[str, bool]:
     `kill(-1)` / `kill(ppid)` reach nothing outside, and the kernel kills every process in it
     when its init (our reaper) ends. Returns (network status, pid namespace or not)."""
     user = 0 if as_root else CLONE_NEWUSER
+    uid, gid = os.getuid(), os.getgid()
     if _libc.unshare(user | CLONE_NEWNET | CLONE_NEWPID) == 0:
-        return "isolated", True
-    err = os.strerror(ctypes.get_errno())
-    if _libc.unshare(user | CLONE_NEWNET) == 0:
-        return "isolated", False
-    return f"not enforced (unshare: {err})", False
+        network, pid_ns = "isolated", True
+    elif _libc.unshare(user | CLONE_NEWNET) == 0:
+        network, pid_ns = "isolated", False
+    else:
+        return f"not enforced (unshare: {os.strerror(ctypes.get_errno())})", False
+    if not as_root:                  # map our uid to itself, so files made inside stay ours
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    return network, pid_ns
+
+
+def _private_tmp(workdir: str, owner: tuple | None, size_mb: int) -> bool:
+    """A new mount namespace where /tmp, /var/tmp, /dev/shm and /run/lock are one private
+    tmpfs of `size_mb`: what the code writes there is capped, invisible to everyone else and
+    gone with the call. The work directory is re-made at the same path inside it (the
+    trainer's copy stays empty). False when the OS refuses (then those stay shared)."""
+    if _libc.unshare(CLONE_NEWNS) != 0:
+        return False
+    _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None)   # nothing propagates back out
+    opts = f"size={size_mb}m,mode=1777".encode()
+    first = None
+    for d in SHARED_TMP:
+        if not os.path.isdir(d) or os.path.islink(d):
+            continue
+        if first is None:
+            if _libc.mount(b"tmpfs", d.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+                return False
+            first = d
+        else:
+            _libc.mount(first.encode(), d.encode(), None, MS_BIND, None)
+    os.makedirs(workdir, mode=0o700)
+    if owner is not None:
+        os.chown(workdir, *owner)
+    os.chdir(workdir)
+    return True
 
 
 def _fd_paths(paths: list) -> list:
@@ -76,7 +113,11 @@ def _run_reaper(spec: dict, status_w: int) -> None:
     code_pid = os.fork()
     if code_pid == 0:
         os.close(status_w)
-        _confine(spec)
+        try:
+            _confine(spec)
+        except BaseException as e:  # noqa: BLE001  (the sandbox's own failure: say it, exit 125)
+            print(f"sandbox setup failed: {type(e).__name__}: {e}", file=sys.stderr)
+            os._exit(125)
         _run_code(spec["code"])
     while True:                      # reap: orphans of a pid namespace come to its init
         try:
@@ -92,6 +133,9 @@ def _confine(spec: dict) -> None:
     """In the code process, before the code: rlimits (inherited by all it starts), then the
     privilege drop when root, then death with the reaper."""
     os.nice(spec["nice"])
+    if spec["isolate"]:
+        owner = (spec["uid"], spec["gid"]) if spec["uid"] is not None else None
+        spec["private_tmp"] = _private_tmp(spec["workdir"], owner, spec["tmp_mb"])
     if spec["uid"] is not None:
         sys.path[:] = _fd_paths(sys.path)
     mb = 1024 * 1024
@@ -115,9 +159,6 @@ def _confine(spec: dict) -> None:
 
 def _run_code(code: str) -> None:
     """Run the snippet as `python main.py` would; exit with its status. Never returns."""
-    import linecache
-    import traceback
-
     linecache.cache["<code>"] = (len(code), None, code.splitlines(True), "<code>")
     status = 0
     try:

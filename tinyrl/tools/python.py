@@ -200,6 +200,7 @@ def _run(code, timeout_s, memory_mb, max_output_bytes, max_processes, max_open_f
         "max_files": max_open_files, "max_procs": max_processes, "nice": 10,
         "uid": slot.uid if slot else None, "gid": slot.gid if slot else None,
         "isolate": isolate, "result_path": str(base / "result.json"),
+        "workdir": str(work), "tmp_mb": 4 * file_size_mb,
     }
     (base / "spec.json").write_text(json.dumps(spec))
     with open(base / "stdout", "wb") as out, open(base / "stderr", "wb") as err:
