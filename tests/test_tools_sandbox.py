@@ -244,6 +244,8 @@ def test_trainer_environment_is_invisible(monkeypatch):
     r = run_code(code)
     assert r.exit_code == 0, r.stderr
     assert secret not in r.stdout + r.stderr and "HF_TOKEN" not in r.stdout
+    if ROOT:                          # another uid may not read the trainer's environ
+        assert f"environ {os.getpid()} PermissionError" in r.stdout
     assert "TINYRL_CACHE" not in r.stdout and "PYTHONPATH" not in r.stdout
 
 
@@ -278,6 +280,48 @@ def test_concurrent_calls_run_under_distinct_unprivileged_uids():
     ids = [r.stdout.split()[0] for r in results]
     assert len(set(ids)) == 4 and all(UID_BASE <= int(i) < UID_BASE + UID_SLOTS for i in ids)
     assert all(r.stdout.split()[1] == r.stdout.split()[0] and r.stdout.split()[2] == "[]" for r in results)
+
+
+def test_launcher_killed_from_outside_takes_the_code_with_it():
+    """If the launcher dies (OOM killer, a stray kill), its reaper and the code die with it
+    (PR_SET_PDEATHSIG; as root the trainer's own uid sweep too) and the call still returns."""
+    box: list[ToolResult] = []
+    call = threading.Thread(target=lambda: box.append(run_code(LEAVE_CHILDREN + "\nwhile True: pass", timeout_s=60)))
+    call.start()
+    for _ in range(600):              # wait until the code has started its children
+        live = procs.processes()
+        mine = procs.descendants(os.getpid(), live)
+        launchers = [p.pid for p in live if p.pid in mine and p.ppid == os.getpid()]
+        if launchers and len(mine) >= 4:
+            break
+        threading.Event().wait(0.05)
+    os.kill(launchers[0], 9)
+    call.join(timeout=60)
+    assert not call.is_alive()
+    r = box[0]
+    assert not r.timed_out and r.exit_code == -9 and r.seconds < 60
+    assert r.message.startswith("the sandbox launcher ended without a result (exit status -9)")
+
+
+def test_code_runs_at_a_lower_priority():
+    assert run_code("import os; print(os.nice(0))").stdout == f"{os.nice(0) + 10}\n"
+
+
+@pytest.mark.skipif(not ROOT, reason="the per-call uid exists only when the trainer is root")
+def test_a_uid_with_an_account_is_never_used(monkeypatch):
+    import pwd
+
+    import tinyrl.tools.python as sandbox
+
+    taken = set(range(UID_BASE, UID_BASE + 3))
+    real = pwd.getpwuid
+
+    def fake(uid):                    # pretend the first three sandbox uids are real accounts
+        if uid in taken:
+            return ("someone",)
+        return real(uid)
+    monkeypatch.setattr(sandbox.pwd, "getpwuid", fake)
+    assert int(run_code("import os; print(os.getuid())").stdout) == UID_BASE + 3
 
 
 # ---- the batch while the trainer trains -------------------------------------------------

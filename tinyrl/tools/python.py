@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import grp
 import json
+import math
 import os
 import pwd
 import shutil
@@ -196,7 +197,8 @@ def _run(code, timeout_s, memory_mb, max_output_bytes, max_processes, max_open_f
         os.chown(work, slot.uid, slot.gid)
     spec = {
         "code": code, "timeout_s": timeout_s, "memory_mb": memory_mb,
-        "cpu_s": int(timeout_s) + 2, "file_size_bytes": file_size_mb * 1024 * 1024,
+        "file_size_bytes": file_size_mb * 1024 * 1024,
+        "cpu_s": math.ceil(timeout_s) + 1,   # a backstop: the wall clock comes first
         "max_files": max_open_files, "max_procs": max_processes, "nice": 10,
         "uid": slot.uid if slot else None, "gid": slot.gid if slot else None,
         "isolate": isolate, "result_path": str(base / "result.json"),
@@ -208,11 +210,13 @@ def _run(code, timeout_s, memory_mb, max_output_bytes, max_processes, max_open_f
             [sys.executable, "-I", "-u", "-B", str(_LAUNCHER), str(base / "spec.json")],
             stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=work,
             env=_clean_env(str(work)), start_new_session=True, close_fds=True)
+    backstop = False
     try:
         proc.wait(timeout=timeout_s + _BACKSTOP_S)
     except subprocess.TimeoutExpired:   # the launcher itself is stuck: kill all of it from here
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        backstop = True
     # whatever the launcher did, nothing of this call survives it
     if slot is not None:
         procs.kill_selected(slot.owned)
@@ -223,7 +227,7 @@ def _run(code, timeout_s, memory_mb, max_output_bytes, max_processes, max_open_f
     result_path = base / "result.json"
     info = json.loads(result_path.read_text()) if result_path.exists() else None
     if info is None:                    # the launcher died before writing its result
-        timed_out, status, network, pid_ns, leftovers = True, None, "unknown", False, 0
+        timed_out, status, network, pid_ns, leftovers = backstop, None, "unknown", False, 0
     else:
         timed_out, status = info["timed_out"], info["status"]
         network, pid_ns, leftovers = info["network"], info["pid_namespace"], info["leftover_killed"]
@@ -235,10 +239,13 @@ def _run(code, timeout_s, memory_mb, max_output_bytes, max_processes, max_open_f
         exit_code = -signal.SIGKILL
     killed_by = signal.Signals(-exit_code).name if exit_code < 0 else None
     truncated = cut_out or cut_err
+    message = _describe(exit_code, killed_by, timed_out, truncated, timeout_s, stderr)
+    if info is None and not backstop:   # not the code's doing: say whose it was
+        message = f"the sandbox launcher ended without a result (exit status {proc.returncode}); the code was killed"
     return ToolResult(
         stdout=stdout, stderr=stderr, exit_code=exit_code, timed_out=timed_out,
         killed_by=killed_by, truncated=truncated, seconds=time.monotonic() - start,
-        message=_describe(exit_code, killed_by, timed_out, truncated, timeout_s, stderr),
+        message=message,
         network=network, pid_namespace=pid_ns, leftover_killed=leftovers)
 
 
