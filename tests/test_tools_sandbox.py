@@ -8,6 +8,7 @@ non-root mode through an unprivileged process. Bounds on seconds are loose on pu
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -22,11 +23,7 @@ import torch
 from tinyrl.errors import TinyRLError
 from tinyrl.tools import TOOLS, ToolResult, render
 from tinyrl.tools import procs
-from tinyrl.tools.python import UID_BASE, UID_SLOTS, _read_output, run_code, run_many
-
-# one xdist worker runs them all: the leftover check below counts every process under a
-# sandbox uid, which a call running in another worker at that moment would be
-pytestmark = pytest.mark.xdist_group("sandbox")
+from tinyrl.tools.python import UID_BASE, UID_SLOTS, _read_output, run_code, run_many, uid_lock_path
 
 ROOT = os.geteuid() == 0
 REPO = Path(__file__).resolve().parent.parent
@@ -36,17 +33,38 @@ SLACK_S = 20.0
 
 
 def _leftovers() -> set[int]:
-    """Processes a call may have left: any under a sandbox uid (zombies too: they would count
-    against the next call's process limit), and any live descendant of this test process."""
+    """Processes a call may have left: any under a sandbox uid that no call holds (zombies too:
+    they would count against the next call's process limit), and any live descendant of this
+    test process. A uid whose lock is held belongs to a call running now (another xdist
+    worker's): holding the lock while looking makes the check race-free."""
     everything = procs.processes()
-    sandbox = {p.pid for p in everything if any(UID_BASE <= u < UID_BASE + UID_SLOTS for u in p.uids)}
-    return sandbox | procs.descendants(os.getpid(), [p for p in everything if not p.zombie])
+    left = procs.descendants(os.getpid(), [p for p in everything if not p.zombie])
+    for uid in {u for p in everything for u in p.uids if UID_BASE <= u < UID_BASE + UID_SLOTS}:
+        fd = os.open(uid_lock_path(uid), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue                  # a call of another process is using it right now
+        else:
+            left |= {p.pid for p in procs.processes() if uid in p.uids}
+        finally:
+            os.close(fd)
+    return left
 
 
 @pytest.fixture(autouse=True)
 def no_process_left_behind():
     yield
-    assert _leftovers() == set()
+    left = _leftovers()
+    assert left == set(), [_cmdline(pid) for pid in left]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f"{pid}: " + f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return f"{pid}: gone"
 
 
 # ---- ordinary snippets ------------------------------------------------------------------
@@ -325,7 +343,8 @@ def test_a_uid_with_an_account_is_never_used(monkeypatch):
             return ("someone",)
         return real(uid)
     monkeypatch.setattr(sandbox.pwd, "getpwuid", fake)
-    assert int(run_code("import os; print(os.getuid())").stdout) == UID_BASE + 3
+    uid = int(run_code("import os; print(os.getuid())").stdout)
+    assert uid not in taken and UID_BASE + 3 <= uid < UID_BASE + UID_SLOTS   # +3 unless another call holds it
 
 
 # ---- the batch while the trainer trains -------------------------------------------------

@@ -76,18 +76,23 @@ def _check(timeout_s: float, memory_mb: int, max_output_bytes: int, max_processe
                           hint="use run_code's defaults (timeout_s=10, memory_mb=1024) or fix these")
 
 
+def uid_lock_path(uid: int) -> Path:
+    """The file a call holds (flock) while it runs under `uid`: a free lock means no call."""
+    lock_dir = Path(tempfile.gettempdir()) / "tinyrl-sandbox-uids"
+    lock_dir.mkdir(mode=0o700, exist_ok=True)
+    return lock_dir / f"{uid}.lock"
+
+
 class _UidSlot:
     """An unprivileged uid/gid held exclusively (flock) for one call; root only."""
 
     def __init__(self) -> None:
-        lock_dir = Path(tempfile.gettempdir()) / "tinyrl-sandbox-uids"
-        lock_dir.mkdir(mode=0o700, exist_ok=True)
         while True:
             for slot in range(UID_SLOTS):
                 uid = UID_BASE + slot
                 if _exists(pwd.getpwuid, uid) or _exists(grp.getgrgid, uid):
                     continue          # a real account: never run code as it
-                fd = os.open(lock_dir / f"{uid}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+                fd = os.open(uid_lock_path(uid), os.O_CREAT | os.O_RDWR, 0o600)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
