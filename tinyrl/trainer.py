@@ -257,7 +257,8 @@ class Trainer:
             if cfg.algorithm.overlong_buffer:
                 from tinyrl.rl.shaping import overlong_penalty
 
-                scores = scores + overlong_penalty(traj.mask.sum(-1), cfg.rollout.max_response_length,
+                # the episode's whole length (inserted turns too): what max_response_length bounds
+                scores = scores + overlong_penalty(traj.batch.response_mask.sum(-1), cfg.rollout.max_response_length,
                                                    cfg.algorithm.overlong_buffer, cfg.algorithm.overlong_penalty_factor)
             traj.scores = scores
         with timed(Phase.ADVANTAGES):

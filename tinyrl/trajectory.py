@@ -31,7 +31,10 @@ class Trajectory:
 
     @property
     def mask(self) -> torch.Tensor:
-        return self.batch.response_mask       # [B, R] 1 = real response token
+        """[B, R] 1 = a real token the policy sampled. The ONE mask of every RL term: log-probs,
+        ratios, KL (loss and in-reward), entropy, loss aggregation, rollout IS weights, the
+        parity guard, values, GAE and whitening. Inserted context (tool output) is 0 here."""
+        return self.batch.loss_mask
 
     def __len__(self) -> int:
         return self.batch.input_ids.shape[0]
@@ -47,13 +50,14 @@ class Trajectory:
 
 def trajectory_of(episodes: list[Episode], pad_id: int, device: torch.device) -> Trajectory:
     """The ROLLOUT phase's output as a Trajectory: the padded batch and the group ids."""
-    batch = make_batch([e.prompt_ids for e in episodes], [e.response_ids for e in episodes], pad_id).to(device)
+    batch = make_batch([e.prompt_ids for e in episodes], [e.response_ids for e in episodes], pad_id,
+                       [e.policy_mask for e in episodes]).to(device)
     return Trajectory(batch=batch, group_ids=torch.tensor([e.prompt_index for e in episodes], device=device))
 
 
 def engine_logprobs(episodes: list[Episode], like: torch.Tensor) -> torch.Tensor | None:
-    """The engine's per-token log-probs as a [B, R] tensor shaped like `like` (0 on padding);
-    None when the engine gave none."""
+    """The engine's per-token log-probs as a [B, R] tensor shaped like `like` (0 on padding and,
+    by Episode's convention, on inserted tokens); None when the engine gave none."""
     if any(e.logprobs is None for e in episodes):
         return None
     out = torch.zeros_like(like, dtype=torch.float32)
