@@ -27,7 +27,7 @@ from tinyrl.rl import kl as klmod
 from tinyrl.rl.rollout_is import probs_diff
 from tinyrl.rollout.base import Episode, Turn
 from tinyrl.trainer import Trainer
-from tinyrl.trajectory import trajectory_of
+from tinyrl.trajectory import engine_logprobs, trajectory_of
 
 MASKS = [[1, 1, 1, 0, 0, 0, 1, 1],   # a tool turn in the middle
          [1, 1, 0, 0, 1],
@@ -73,9 +73,6 @@ class _FakeModels:
     def values(self, batch):
         return self.v[self._rows(batch)]
 
-    def role(self, name):  # pragma: no cover - Learner.update only; accumulate_gradients is called directly
-        raise AssertionError
-
 
 def _run(estimator: str, agg: str, per_token: dict[str, list[list[float]]], masks, ids):
     """Everything the trainer computes from a rollout, through its own functions. -> (outputs, grads)"""
@@ -87,7 +84,6 @@ def _run(estimator: str, agg: str, per_token: dict[str, list[list[float]]], mask
     def pad(rows):  # [B, R], padding 0
         return torch.tensor([r + [0.0] * (R - len(r)) for r in rows])
 
-    from tinyrl.trajectory import engine_logprobs
     traj.rollout_lp = engine_logprobs(episodes, traj.mask)
     traj.old_lp, traj.ref_lp, traj.values = pad(per_token["old"]), pad(per_token["ref"]), pad(per_token["values"])
     traj.scores = torch.tensor([1.0, 0.2, 0.5, -0.3])

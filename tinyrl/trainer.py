@@ -438,7 +438,8 @@ class Trainer:
         self._last_sample = None
         for i in range(k):
             prompt = self.inputs.tokenizer.decode(episodes[i].prompt_ids, skip_special_tokens=True)
-            rec = {"step": step + 1, "prompt": prompt, "completion": texts[i], "reward": float(scores[i])}
+            rec = {"step": step + 1, "prompt": prompt, "completion": texts[i], "reward": float(scores[i]),
+                   "stop_reason": episodes[i].stop_reason}
             self.run.sample(rec)
             self._last_sample = self._last_sample or rec
 
