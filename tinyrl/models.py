@@ -64,8 +64,10 @@ class Batch:
         return self.response_mask.shape[1]
 
     @property
-    def loss_mask(self) -> torch.Tensor:
-        """[B, R] the tokens every RL term reads: real AND sampled by the policy."""
+    def trained_mask(self) -> torch.Tensor:
+        """[B, R] the tokens every RL term reads: real AND sampled by the policy. (Not named
+        loss_mask: tinyrl.sft.data.SFTBatch.loss_mask is the SFT assistant-turn mask, which
+        this Batch does not hold.)"""
         return self.response_mask * self.policy_mask
 
     def rows(self, index: torch.Tensor | slice) -> "Batch":
@@ -285,7 +287,7 @@ class PolicyModels:
             # The LM head on the policy's tokens only (with Qwen's 151,936-word vocabulary it
             # is the costliest matmul of the pass); 0 at padding and at inserted tokens, which
             # no loss reads (the padded path computes them and the mask drops them).
-            real = batch.loss_mask.bool()                     # [B, R]
+            real = batch.trained_mask.bool()                  # [B, R]
             out = chunked_token_logprobs(h[real][None], lm_head, labels[real][None], chunk_size=self.cfg.logprob_chunk,
                                          temperature=temperature, with_entropy=with_entropy)
             return tuple(_scatter(t[0], real) for t in out) if with_entropy else _scatter(out[0], real)

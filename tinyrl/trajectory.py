@@ -34,7 +34,7 @@ class Trajectory:
         """[B, R] 1 = a real token the policy sampled. The ONE mask of every RL term: log-probs,
         ratios, KL (loss and in-reward), entropy, loss aggregation, rollout IS weights, the
         parity guard, values, GAE and whitening. Inserted context (tool output) is 0 here."""
-        return self.batch.loss_mask
+        return self.batch.trained_mask
 
     def __len__(self) -> int:
         return self.batch.input_ids.shape[0]
