@@ -60,7 +60,7 @@ def one_policy(rounds: int) -> None:
             result = engine.generate(prompts, sampling)
             if rnd:
                 times[count].append(time.perf_counter() - start)
-            tokens[(rnd, count)] = [c.response_ids for c in result.completions]
+            tokens[(rnd, count)] = [c.response_ids for c in result.episodes]
     same = all(tokens[(r, 1)] == tokens[(r, every)] for r in range(rounds + 1))
     mean_len = statistics.mean(len(t) for t in tokens[(0, 1)])
     policy = os.environ.get("OMP_WAIT_POLICY", "unset")

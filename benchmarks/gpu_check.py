@@ -104,7 +104,7 @@ def decode_rate(trainer, cfg) -> tuple[str, float]:
     result = trainer.engine.generate(prompts, sampling)
     seconds = time.perf_counter() - start
     trainer.engine.sleep()
-    return trainer.engine.name, sum(len(c.response_ids) for c in result.completions) / seconds
+    return trainer.engine.name, sum(len(c.response_ids) for c in result.episodes) / seconds
 
 
 def critic_trained(trainer) -> tuple[bool, str]:

@@ -96,7 +96,7 @@ def _actor_model(base):
 
 
 def _steps(result) -> int:
-    return max(len(c.response_ids) for c in result.completions)
+    return max(len(c.response_ids) for c in result.episodes)
 
 
 def main() -> None:
@@ -145,7 +145,7 @@ def main() -> None:
             if device == "cuda":
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - start
-            rates[name].append(sum(len(c.response_ids) for c in result.completions) / elapsed)
+            rates[name].append(sum(len(c.response_ids) for c in result.episodes) / elapsed)
             ms_per_step = 1000 * elapsed / _steps(result)
             rates.setdefault(f"{name} ms/step", []).append(ms_per_step)
 

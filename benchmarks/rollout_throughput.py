@@ -45,7 +45,7 @@ def _measure(engine, prompts, sampling, repeats: int) -> tuple[float, int]:
         start = time.perf_counter()
         result = engine.generate(prompts, sampling)
         elapsed = time.perf_counter() - start
-        tokens = sum(len(c.response_ids) for c in result.completions)
+        tokens = sum(len(c.response_ids) for c in result.episodes)
         rates.append(tokens / elapsed)
     return statistics.median(rates), tokens
 

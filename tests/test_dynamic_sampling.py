@@ -10,7 +10,7 @@ from tinyrl.tasks.rewards import Scores
 
 
 @dataclass
-class C:  # the fields of a rollout Completion that fill_batch reads
+class C:  # the fields of a rollout Episode that fill_batch reads
     prompt_index: int
     row: int
 
@@ -40,8 +40,8 @@ def test_flat_groups_are_dropped_and_more_prompts_fill_the_batch():
     filled, calls = run(lambda row, k: k if row % 2 == 0 else 1)
     assert calls == [[0, 1, 2], [10, 11, 12]]           # one more round was needed, then it stopped
     assert filled.rows == [0, 2, 10] and filled.rounds == 2 and filled.groups_seen == 6 and filled.groups_kept == 3
-    assert [c.prompt_index for c in filled.comps] == [0, 0, 1, 1, 2, 2]  # renumbered into rows
-    assert [c.row for c in filled.comps] == [0, 0, 2, 2, 10, 10]
+    assert [c.prompt_index for c in filled.episodes] == [0, 0, 1, 1, 2, 2]  # renumbered into rows
+    assert [c.row for c in filled.episodes] == [0, 0, 2, 2, 10, 10]
     assert filled.scored.total == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
     assert filled.scored.parts["task"] == filled.scored.total
 
@@ -58,5 +58,5 @@ def test_rounds_are_bounded_and_a_short_batch_trains():
 
 def test_all_flat_falls_back_to_the_last_round():
     filled, calls = run(lambda row, k: -1, max_rounds=2)
-    assert len(calls) == 2 and filled.rows == [10, 11, 12] and len(filled.comps) == 6
+    assert len(calls) == 2 and filled.rows == [10, 11, 12] and len(filled.episodes) == 6
     assert filled.groups_kept == 0  # logged as batch/groups_kept: the fallback is visible

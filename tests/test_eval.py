@@ -14,7 +14,7 @@ import pytest
 
 from tinyrl import eval as ev
 from tinyrl.errors import TinyRLError
-from tinyrl.rollout.base import Completion, RolloutResult
+from tinyrl.rollout.base import Episode, RolloutResult
 from tinyrl.tasks import math as mt
 
 
@@ -34,7 +34,7 @@ class ScriptedEngine:
             for j in range(settings.n):
                 ok = settings.greedy or (i + j) % (i % 4 + 1) == 0
                 text = f"Answer: {self.truths[i] if ok else 'nope' if j % 2 else -7}"
-                out.append(Completion(p, [], self.tok(text, add_special_tokens=False)["input_ids"], None, True))
+                out.append(Episode.single_turn(p, [], self.tok(text, add_special_tokens=False)["input_ids"], None, True))
         self.offset += len(prompts)
         if self.offset >= len(self.truths):
             self.offset = 0  # the next kind (greedy, then samples) starts again

@@ -40,8 +40,8 @@ def _recompute(model, prompt, response, temperature=1.0):
 def test_n_completions_per_prompt_grouped_with_logprobs(model, tok, prompts):
     engine = HFEngine(model, tok, "cpu")
     res = engine.generate(prompts, SamplingSettings(n=3, max_new_tokens=24, seed=1))
-    assert [c.prompt_index for c in res.completions] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
-    for c in res.completions:
+    assert [c.prompt_index for c in res.episodes] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for c in res.episodes:
         assert c.prompt_ids == prompts[c.prompt_index]  # unpadded
         assert 1 <= len(c.response_ids) <= 24
         assert len(c.logprobs) == len(c.response_ids)
@@ -51,13 +51,13 @@ def test_n_completions_per_prompt_grouped_with_logprobs(model, tok, prompts):
             assert tok.eos_token_id not in c.response_ids[:-1]
         else:
             assert len(c.response_ids) == 24 and tok.eos_token_id not in c.response_ids
-    assert len({tuple(c.response_ids) for c in res.completions}) > 3  # samples differ
+    assert len({tuple(c.response_ids) for c in res.episodes}) > 3  # samples differ
 
 
 def test_logprobs_are_those_of_the_sampling_distribution(model, tok, prompts):
     engine = HFEngine(model, tok, "cpu")
     res = engine.generate(prompts, SamplingSettings(n=2, temperature=0.7, max_new_tokens=20, seed=3))
-    for c in res.completions:
+    for c in res.episodes:
         expected = _recompute(model, c.prompt_ids, c.response_ids, temperature=0.7)
         torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=0)
 
@@ -65,7 +65,7 @@ def test_logprobs_are_those_of_the_sampling_distribution(model, tok, prompts):
 def test_eos_stops_generation(model, tok, prompts):
     engine = HFEngine(model, tok, "cpu")
     res = engine.generate(prompts, SamplingSettings(n=4, max_new_tokens=48, seed=0))
-    finished = [c for c in res.completions if c.finished]
+    finished = [c for c in res.episodes if c.finished]
     assert finished, "the warmed-up model ends some samples with EOS within 48 tokens"
     assert all(c.response_ids.count(tok.eos_token_id) == 1 for c in finished)
 
@@ -80,16 +80,16 @@ def test_seed_reproduces_rollouts_and_leaves_global_rng_alone(model, tok, prompt
     b = engine.generate(prompts, s)
     assert torch.equal(torch.rand(3), after_a)  # the seeded rollout used a forked RNG
     c = engine.generate(prompts, SamplingSettings(n=2, max_new_tokens=16, seed=8))
-    ids = lambda r: [x.response_ids for x in r.completions]  # noqa: E731
-    assert ids(a) == ids(b) and [x.logprobs for x in a.completions] == [x.logprobs for x in b.completions]
+    ids = lambda r: [x.response_ids for x in r.episodes]  # noqa: E731
+    assert ids(a) == ids(b) and [x.logprobs for x in a.episodes] == [x.logprobs for x in b.episodes]
     assert ids(a) != ids(c)
 
 
 def test_greedy_is_one_argmax_completion_per_prompt(model, tok, prompts):
     engine = HFEngine(model, tok, "cpu")
     res = engine.generate(prompts, SamplingSettings(n=4, greedy=True, max_new_tokens=12))
-    assert [c.prompt_index for c in res.completions] == [0, 1, 2]
-    for c in res.completions:
+    assert [c.prompt_index for c in res.episodes] == [0, 1, 2]
+    for c in res.episodes:
         expected = _recompute(model, c.prompt_ids, c.response_ids)
         torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=0)
         ids = torch.tensor([c.prompt_ids + c.response_ids])
@@ -101,11 +101,11 @@ def test_greedy_is_one_argmax_completion_per_prompt(model, tok, prompts):
 def test_top_p_logprobs_are_renormalised_over_the_nucleus(model, tok, prompts):
     engine = HFEngine(model, tok, "cpu")
     res = engine.generate(prompts[:1], SamplingSettings(n=4, top_p=0.5, max_new_tokens=16, seed=2))
-    for c in res.completions:
+    for c in res.episodes:
         full = _recompute(model, c.prompt_ids, c.response_ids)
         assert (torch.tensor(c.logprobs) >= full - 1e-5).all()
     assert any((torch.tensor(c.logprobs) > _recompute(model, c.prompt_ids, c.response_ids) + 1e-3).any()
-               for c in res.completions)
+               for c in res.episodes)
 
 
 def test_model_generation_config_does_not_leak_into_sampling(model, tok, prompts):
@@ -115,8 +115,8 @@ def test_model_generation_config_does_not_leak_into_sampling(model, tok, prompts
     noisy.generation_config.repetition_penalty = 5.0
     noisy.generation_config.temperature = 0.1
     res = HFEngine(noisy, tok, "cpu").generate(prompts[:1], SamplingSettings(n=6, max_new_tokens=16, seed=4))
-    assert len({tuple(c.response_ids) for c in res.completions}) > 1
-    for c in res.completions:
+    assert len({tuple(c.response_ids) for c in res.episodes}) > 1
+    for c in res.episodes:
         torch.testing.assert_close(
             torch.tensor(c.logprobs), _recompute(model, c.prompt_ids, c.response_ids), atol=1e-4, rtol=0
         )
@@ -129,7 +129,7 @@ def test_train_mode_and_gradient_checkpointing_survive_generation(model, tok, pr
     trainee.config.use_cache = False
     trainee.train()
     res = HFEngine(trainee, tok, "cpu").generate(prompts[:2], SamplingSettings(n=2, max_new_tokens=8, seed=0))
-    assert len(res.completions) == 4
+    assert len(res.episodes) == 4
     assert trainee.training and all(m.training for m in trainee.modules())
     assert torch.is_grad_enabled()
 
@@ -145,7 +145,7 @@ def test_peft_actor_adapter_is_sampled_and_sync_is_free(model, tok, prompts):
     engine.sleep()
     engine.wake(peft_model)
     res = engine.generate(prompts[:1], SamplingSettings(n=2, max_new_tokens=8, seed=0))
-    assert len(res.completions) == 2
+    assert len(res.episodes) == 2
     peft_model.set_adapter("critic")
     with pytest.raises(RuntimeError, match="actor"):
         engine.generate(prompts[:1], SamplingSettings(n=1, max_new_tokens=4))
@@ -211,8 +211,8 @@ def test_merged_sampling_is_the_unmerged_actor_and_skips_the_lora_layers(model, 
     assert not lora_calls, "merged sampling must not run the adapter's own layers"
     unmerged = HFEngine(actor, tok, "cpu", merge_adapter=False).generate(prompts, s)
     assert lora_calls
-    assert [c.response_ids for c in merged.completions] == [c.response_ids for c in unmerged.completions]
-    for m, u in zip(merged.completions, unmerged.completions):
+    assert [c.response_ids for c in merged.episodes] == [c.response_ids for c in unmerged.episodes]
+    for m, u in zip(merged.episodes, unmerged.episodes):
         torch.testing.assert_close(torch.tensor(m.logprobs), torch.tensor(u.logprobs), atol=1e-5, rtol=0)
         # ... and both are the log-probs of the trainer's own (unmerged) forward pass
         torch.testing.assert_close(torch.tensor(m.logprobs), _recompute(actor, m.prompt_ids, m.response_ids),
@@ -221,7 +221,7 @@ def test_merged_sampling_is_the_unmerged_actor_and_skips_the_lora_layers(model, 
     with actor.disable_adapter():
         bare = HFEngine(actor, tok, "cpu", merge_adapter=False).generate(prompts, s)
     assert max((torch.tensor(b.logprobs) - torch.tensor(m.logprobs)).abs().max().item()
-               for b, m in zip(bare.completions, merged.completions) if b.response_ids == m.response_ids) > 1e-4
+               for b, m in zip(bare.episodes, merged.episodes) if b.response_ids == m.response_ids) > 1e-4
 
 
 def test_bf16_rollouts_give_the_base_weights_back_bit_for_bit(model, tok, prompts):
@@ -390,7 +390,7 @@ def test_decode_loop_gives_generates_tokens_and_logprobs(model, tok, prompts, se
     kept = []  # rows kept each time the batch shrinks
     select = decode._Preallocated.select
     monkeypatch.setattr(decode._Preallocated, "select", lambda layer, keep: (kept.append(len(keep)), select(layer, keep)))
-    got = engine.generate(prompts, settings).completions
+    got = engine.generate(prompts, settings).episodes
     if settings.seed == 11 and attention == "sdpa":  # 9 rows, 4 of them still sampling: they go on alone
         assert kept == [4, 4]                          # (once per layer)
     want = _generate_reference(m, tok, prompts, settings, engine.stop_ids)
@@ -420,7 +420,7 @@ def test_decode_steps_never_copy_kv_to_every_query_head(model, tok, prompts, att
     real = sdpa_attention.repeat_kv
     monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda x, n: (calls.append(x.shape), real(x, n))[1])
     result = HFEngine(m, tok, "cpu").generate(prompts, SamplingSettings(n=2, max_new_tokens=12, seed=3))
-    assert max(len(c.response_ids) for c in result.completions) > 2  # several decode steps ran
+    assert max(len(c.response_ids) for c in result.episodes) > 2  # several decode steps ran
     layers = m.config.num_hidden_layers
     assert len(calls) == 2 * layers and all(shape[0] == len(prompts) for shape in calls)  # the prefill's
     assert m.config._attn_implementation == attention  # restored after the rollout

@@ -179,3 +179,30 @@ def test_dispatch_dr_grpo_and_reinforce_pp():
     close(adv[:, 0], [1.0, -1.0])                               # mean 2
     _, ret = compute_advantages("reinforce_pp", mask=torch.ones(1, 2), scores=torch.tensor([2.0]), gamma=0.5)
     close(ret, [[1.0, 2.0]])                                    # score on the last token, 0.5 * 2 before it
+
+
+# An episode with a tool turn: policy tokens at 0, 1 and 4; positions 2-3 are inserted context
+# (policy_mask 0), with values and a reward there that must be ignored.
+SPAN_MASK = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0]])
+
+
+def test_gae_skips_an_inserted_span_hand_worked():
+    """gamma = 0.9, lam = 0.8. Policy steps 0, 1, 4 are consecutive decisions:
+    t=4: delta = 1.0 + 0 - 0.4 = 0.6;                A4 = 0.6
+    t=1: delta = 0 + 0.9*V4 - V1 = 0.36 - 0.2 = 0.16; A1 = 0.16 + 0.72*0.6 = 0.592
+    t=0: delta = 0 + 0.9*V1 - V0 = 0.18 - 0.5 = -0.32; A0 = -0.32 + 0.72*0.592 = 0.10624
+    (V at the inserted tokens, 9.0, and the reward 7.0 there never enter.)"""
+    values = torch.tensor([[0.5, 0.2, 9.0, 9.0, 0.4]])
+    rewards = torch.tensor([[0.0, 0.0, 7.0, 0.0, 1.0]])
+    adv, ret = gae_advantages(rewards, values, SPAN_MASK, gamma=0.9, lam=0.8)
+    close(ret, [[0.10624 + 0.5, 0.592 + 0.2, 0.0, 0.0, 0.6 + 0.4]], atol=1e-6)
+    raw = torch.tensor([0.10624, 0.592, 0.6], dtype=torch.float64)
+    white = (raw - raw.mean()) / (raw.var(unbiased=True) + 1e-8).sqrt()
+    close(adv, [[white[0], white[1], 0.0, 0.0, white[2]]], atol=1e-5)
+
+
+def test_reinforce_pp_carries_the_return_through_an_inserted_span():
+    """G4 = 1.0, G1 = 0.9 * G4, G0 = 0.9 * G1: discounted per policy token, not per inserted one."""
+    rewards = torch.tensor([[0.0, 0.0, 7.0, 0.0, 1.0]])
+    _, ret = reinforce_pp_advantages(rewards, SPAN_MASK, gamma=0.9)
+    close(ret, [[0.81, 0.9, 0.0, 0.0, 1.0]], atol=1e-6)

@@ -117,9 +117,9 @@ def test_full_weight_sync_serves_the_updated_model(vllm_engine, base_model, sequ
 def test_generation_n_per_prompt_logprobs_and_eos(vllm_engine, base_model, tok, prompts):
     vllm_engine.sync_weights(base_model)
     res = vllm_engine.generate(prompts, SamplingSettings(n=4, temperature=0.8, max_new_tokens=40, seed=5))
-    assert [c.prompt_index for c in res.completions] == [0] * 4 + [1] * 4
-    assert len({tuple(c.response_ids) for c in res.completions}) > 2
-    for c in res.completions:
+    assert [c.prompt_index for c in res.episodes] == [0] * 4 + [1] * 4
+    assert len({tuple(c.response_ids) for c in res.episodes}) > 2
+    for c in res.episodes:
         assert c.prompt_ids == prompts[c.prompt_index]
         assert len(c.logprobs) == len(c.response_ids) >= 1
         if c.finished:
@@ -131,7 +131,7 @@ def test_generation_n_per_prompt_logprobs_and_eos(vllm_engine, base_model, tok, 
         # the same quantity HFEngine reports and the trainer recomputes.
         expected = _trainer_logprobs(base_model, c.prompt_ids, c.response_ids, temperature=0.8)
         torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=ATOL, rtol=0)
-    assert any(c.finished for c in res.completions), "the warmed-up model stops on EOS sometimes"
+    assert any(c.finished for c in res.episodes), "the warmed-up model stops on EOS sometimes"
 
 
 def test_seeded_sampling_repeats_and_identical_prompts_still_differ(vllm_engine, base_model, prompts):
@@ -140,7 +140,7 @@ def test_seeded_sampling_repeats_and_identical_prompts_still_differ(vllm_engine,
     twice = [prompts[0], prompts[0]]
     a = vllm_engine.generate(twice, s)
     b = vllm_engine.generate(twice, s)
-    ids = lambda r: [c.response_ids for c in r.completions]  # noqa: E731
+    ids = lambda r: [c.response_ids for c in r.episodes]  # noqa: E731
     assert ids(a) == ids(b)
     assert ids(a)[:2] != ids(a)[2:]  # each prompt gets its own seed
     # ... and its own n seeds: vLLM seeds sample j with seed + j, so prompt seeds 1 apart made
@@ -167,8 +167,8 @@ def test_building_the_engine_leaves_the_trainers_thread_count(vllm_engine):
 def test_greedy_gives_one_completion_per_prompt(vllm_engine, base_model, prompts):
     vllm_engine.sync_weights(base_model)
     res = vllm_engine.generate(prompts, SamplingSettings(n=3, greedy=True, max_new_tokens=8))
-    assert [c.prompt_index for c in res.completions] == [0, 1]
-    for c in res.completions:
+    assert [c.prompt_index for c in res.episodes] == [0, 1]
+    for c in res.episodes:
         ids = torch.tensor([c.prompt_ids + c.response_ids])
         with torch.no_grad():
             argmax = base_model(ids).logits[0, len(c.prompt_ids) - 1 : -1].argmax(-1).tolist()
@@ -185,7 +185,7 @@ def test_sleep_is_unsupported_on_cpu_and_wake_still_syncs(vllm_engine, base_mode
     vllm_engine.wake(changed)
     torch.testing.assert_close(_engine_logprobs(vllm_engine, prompt, response),
                                _trainer_logprobs(changed, prompt, response), atol=ATOL, rtol=0)
-    assert len(vllm_engine.generate(prompts, SamplingSettings(n=1, max_new_tokens=4)).completions) == 2
+    assert len(vllm_engine.generate(prompts, SamplingSettings(n=1, max_new_tokens=4)).episodes) == 2
     vllm_engine.sync_weights(base_model)
 
 
@@ -218,4 +218,4 @@ def test_seeded_batch_larger_than_one_step_runs_on_cpu(vllm_engine, base_model, 
     vllm_engine.sync_weights(base_model)
     many = [tok(countdown_prompt([i + 1, 50, 70 - i], 100 + i, "base"))["input_ids"] for i in range(40)]
     res = vllm_engine.generate(many, SamplingSettings(n=1, max_new_tokens=4, seed=1))
-    assert len(res.completions) == 40
+    assert len(res.episodes) == 40

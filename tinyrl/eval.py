@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from tinyrl.errors import TinyRLError
 from tinyrl.eval_metrics import summarize
-from tinyrl.rollout.base import SamplingSettings
+from tinyrl.rollout.base import SamplingSettings, response_texts
 
 CHUNK_PROMPTS = 16  # prompts per generate() call: the progress bar moves, memory stays flat
 
@@ -34,7 +34,7 @@ class FileResult:
 def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], task, task_cfg, *, n: int,
                   ks: list[int], temperature: float, top_p: float, greedy: bool, max_new_tokens: int,
                   seed: int = 0, name: str = "data", tick: Callable[[int], None] = lambda k: None) -> FileResult:
-    """Greedy (optional) and n sampled completions per prompt, judged by the task. -> FileResult"""
+    """Greedy (optional) and n sampled episodes per prompt, judged by the task. -> FileResult"""
     reward = task.make_reward(task_cfg)
     solved_at = task.solved_at(task_cfg)
     result = FileResult(name)
@@ -48,18 +48,17 @@ def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], 
         for start in range(0, len(prompts), CHUNK_PROMPTS):
             chunk = prompts[start:start + CHUNK_PROMPTS]
             t0 = time.perf_counter()
-            comps = engine.generate(chunk, settings).completions
+            episodes = engine.generate(chunk, settings).episodes
             seconds += time.perf_counter() - t0
-            texts = tokenizer.batch_decode([c.response_ids for c in comps], skip_special_tokens=True)
-            for c, text in zip(comps, texts):
-                i = start + c.prompt_index
+            for e, text in zip(episodes, response_texts(tokenizer, episodes)):
+                i = start + e.prompt_index
                 score = float(reward(text, rows[i]))
                 groups[i].append({"data": name, "problem": i, "kind": kind, "sample": len(groups[i]),
                                   "completion": text, "answer": task.extract_answer(text, task_cfg),
                                   "correct": score >= solved_at, "reward": score,
-                                  "response_tokens": len(c.response_ids)})
-                tokens += len(c.response_ids)
-                lengths.append(len(c.response_ids))
+                                  "response_tokens": len(e.response_ids)})
+                tokens += len(e.response_ids)
+                lengths.append(len(e.response_ids))
             tick(len(chunk))
         per_kind[kind] = groups
         result.samples += [s for g in groups for s in g]

@@ -43,29 +43,46 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 class Batch:
     """A padded batch: prompt left-padded, response right-padded, concatenated.
 
-    input_ids, attention_mask, position_ids: [B, P + R]; response_mask: [B, R] (1 = real token).
+    input_ids, attention_mask, position_ids: [B, P + R]; response_mask: [B, R] (1 = real token
+    after the prompt); policy_mask: [B, R] (1 = sampled by the policy; 0 = inserted context such
+    as a tool's output, and padding). None means every real token is the policy's (a single-turn
+    batch, the SFT and memory-simulation batches).
     """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     position_ids: torch.Tensor
     response_mask: torch.Tensor
+    policy_mask: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.policy_mask is None:  # one representation from here on: always a tensor
+            self.policy_mask = torch.ones_like(self.response_mask)
 
     @property
     def response_len(self) -> int:
         return self.response_mask.shape[1]
 
+    @property
+    def trained_mask(self) -> torch.Tensor:
+        """[B, R] the tokens every RL term reads: real AND sampled by the policy. (Not named
+        loss_mask: tinyrl.sft.data.SFTBatch.loss_mask is the SFT assistant-turn mask, which
+        this Batch does not hold.)"""
+        return self.response_mask * self.policy_mask
+
     def rows(self, index: torch.Tensor | slice) -> "Batch":
         return Batch(self.input_ids[index], self.attention_mask[index], self.position_ids[index],
-                     self.response_mask[index])
+                     self.response_mask[index], self.policy_mask[index])
 
     def to(self, device: torch.device) -> "Batch":
         return Batch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids,
-                                               self.response_mask)))
+                                               self.response_mask, self.policy_mask)))
 
 
-def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> Batch:
-    """Left-pad prompts, right-pad responses (lists of token ids) into one Batch."""
+def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+               policy_masks: list[list[int]] | None = None) -> Batch:
+    """Left-pad prompts, right-pad responses (lists of token ids) into one Batch; policy_masks
+    (one 0/1 per response token, tinyrl.rollout.base.Episode.policy_mask) default to all ones."""
     p_len = max(len(p) for p in prompts)
     r_len = max(1, max(len(r) for r in responses))
     rows, masks, resp_masks = [], [], []
@@ -76,8 +93,10 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
     attention = torch.tensor(masks, dtype=torch.long)
     # Positions count real tokens only, so left padding does not shift RoPE positions.
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    policy = None if policy_masks is None else torch.tensor(
+        [list(m) + [0] * (r_len - len(m)) for m in policy_masks], dtype=torch.float32)
     return Batch(torch.tensor(rows, dtype=torch.long), attention, position_ids,
-                 torch.tensor(resp_masks, dtype=torch.float32))
+                 torch.tensor(resp_masks, dtype=torch.float32), policy)
 
 
 class ValueHead(nn.Module):
@@ -265,9 +284,10 @@ class PolicyModels:
             if not self.cfg.padding_free:
                 return chunked_token_logprobs(h, lm_head, labels, chunk_size=self.cfg.logprob_chunk,
                                               temperature=temperature, with_entropy=with_entropy)
-            # The LM head on real response tokens only (with Qwen's 151,936-word vocabulary it
-            # is the costliest matmul of the pass); 0 at padding, as the padded path gives.
-            real = batch.response_mask.bool()                 # [B, R]
+            # The LM head on the policy's tokens only (with Qwen's 151,936-word vocabulary it
+            # is the costliest matmul of the pass); 0 at padding and at inserted tokens, which
+            # no loss reads (the padded path computes them and the mask drops them).
+            real = batch.trained_mask.bool()                  # [B, R]
             out = chunked_token_logprobs(h[real][None], lm_head, labels[real][None], chunk_size=self.cfg.logprob_chunk,
                                          temperature=temperature, with_entropy=with_entropy)
             return tuple(_scatter(t[0], real) for t in out) if with_entropy else _scatter(out[0], real)

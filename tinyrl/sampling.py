@@ -22,9 +22,9 @@ from tinyrl.tasks.rewards import Scores
 
 @dataclass
 class Filled:
-    comps: list          # kept completions; prompt_index points into `rows`
+    episodes: list       # kept episodes (tinyrl.rollout.base.Episode); prompt_index points into `rows`
     rows: list[int]      # dataset row of each kept group
-    scored: Scores       # the kept completions' rewards, in the order of `comps`
+    scored: Scores       # the kept episodes' rewards, in the order of `episodes`
     rounds: int          # generation rounds used
     groups_seen: int     # groups generated in all rounds
     groups_kept: int = 0  # groups with a spread of rewards among `rows` (0: the unfiltered fallback)
@@ -33,31 +33,31 @@ class Filled:
 def fill_batch(rows: list[int], more_rows: Callable[[int], list[int]], generate: Callable[[list[int]], list],
                score: Callable[[list, list[int]], Scores], batch_size: int, max_rounds: int) -> Filled:
     """rows: the step's prompts; more_rows(round) -> the next round's prompts; generate(rows) ->
-    completions (prompt_index into rows); score(completions, rows) -> their Scores."""
+    episodes (prompt_index into rows); score(episodes, rows) -> their Scores."""
     out = Filled([], [], Scores(parts=None), 0, 0)
     for round_ in range(max_rounds):
         if round_:
             rows = more_rows(round_)
-        comps = generate(rows)
-        scored = score(comps, rows)
+        episodes = generate(rows)
+        scored = score(episodes, rows)
         out.rounds, out.groups_seen = round_ + 1, out.groups_seen + len(rows)
         keep = groups_with_variance(torch.tensor(scored.total),
-                                    torch.tensor([c.prompt_index for c in comps])).tolist()
+                                    torch.tensor([e.prompt_index for e in episodes])).tolist()
         renumber: dict[int, int] = {}
-        for i, c in enumerate(comps):
+        for i, e in enumerate(episodes):
             if not keep[i]:
                 continue
-            if c.prompt_index not in renumber:
+            if e.prompt_index not in renumber:
                 if len(out.rows) == batch_size:
                     continue
-                renumber[c.prompt_index] = len(out.rows)
-                out.rows.append(rows[c.prompt_index])
-            c.prompt_index = renumber[c.prompt_index]
-            out.comps.append(c)
+                renumber[e.prompt_index] = len(out.rows)
+                out.rows.append(rows[e.prompt_index])
+            e.prompt_index = renumber[e.prompt_index]
+            out.episodes.append(e)
             out.scored.append(scored, i)
         if len(out.rows) == batch_size:
             break
     out.groups_kept = len(out.rows)
     if not out.rows:  # every group of every round was flat: train on the last round as it is
-        out.comps, out.rows, out.scored = comps, list(rows), scored  # (zero GRPO advantage: a no-op step)
+        out.episodes, out.rows, out.scored = episodes, list(rows), scored  # (zero GRPO advantage: a no-op step)
     return out

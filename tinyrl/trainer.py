@@ -1,12 +1,12 @@
 """The training step as numbered phases, and the loop around it (checkpoints, resume, validation).
 
     0 sync           wake the engine (weights, then the actor's adapter, then the KV cache)
-    1 rollout        the engine samples rollout.n completions per prompt, then sleeps
+    1 rollout        the engine samples rollout.n episodes per prompt, then sleeps
     2 forward        no grad: old (actor) and reference (adapters off) log-probs, the critic's
                      values; then the parity guard compares the actor's and the engine's
                      probabilities of the sampled tokens (past rollout.max_probs_diff: re-sync
                      and roll out again once, then stop with an error)
-    3 reward         reward.fn scores each completion against its dataset row
+    3 reward         reward.fn scores each episode against its dataset row
     4 advantages     KL-in-reward, the estimator (gae / grpo / dr_grpo / rloo / reinforce_pp),
                      the rollout importance-sampling weights
     5 actor_update   the actor learner (tinyrl.learners): PPO-clip + entropy + KL loss
@@ -36,15 +36,15 @@ from tinyrl.config import Config
 from tinyrl.errors import TinyRLError
 from tinyrl.learners import make_learners
 from tinyrl.microbatch import BudgetKeeper
-from tinyrl.models import Batch, PolicyModels, make_batch
+from tinyrl.models import Batch, PolicyModels
 from tinyrl.phases import Phase
 from tinyrl.rl import advantages as adv
 from tinyrl.rl import kl as klmod
 from tinyrl.rl import losses
 from tinyrl.rl.masking import masked_mean
 from tinyrl.rl.rollout_is import probs_diff, rollout_is_weights
-from tinyrl.rollout.base import SamplingSettings
-from tinyrl.trajectory import Trajectory, engine_logprobs
+from tinyrl.rollout.base import SamplingSettings, response_texts
+from tinyrl.trajectory import Trajectory, engine_logprobs, trajectory_of
 from tinyrl.runlog import RunLog, memory_reading
 from tinyrl.setup import RunInputs, prepare_inputs
 
@@ -264,17 +264,18 @@ class Trainer:
         with timed(Phase.SYNC):
             # vLLM's order on CUDA: wake the weights, push the actor, then wake the KV cache.
             self.engine.wake(self.models.actor)
-        comps, traj, diff, rows, scored = self._rollout_checked(rows, step, timed)
+        episodes, traj, diff, rows, scored = self._rollout_checked(rows, step, timed)
         with timed(Phase.REWARD):
-            texts = self.inputs.tokenizer.batch_decode([c.response_ids for c in comps], skip_special_tokens=True)
+            texts = response_texts(self.inputs.tokenizer, episodes)
             if scored is None:  # dynamic sampling scored them already, round by round
-                examples = [self.inputs.train_rows[rows[c.prompt_index]] for c in comps]
+                examples = [self.inputs.train_rows[rows[e.prompt_index]] for e in episodes]
                 scored = self.inputs.reward_fn.score_batch(texts, examples)  # tinyrl.tasks.rewards
             scores = torch.tensor(scored.total, dtype=torch.float32).to(self.device)
             if cfg.algorithm.overlong_buffer:
                 from tinyrl.rl.shaping import overlong_penalty
 
-                scores = scores + overlong_penalty(traj.mask.sum(-1), cfg.rollout.max_response_length,
+                # the episode's whole length (inserted turns too): what max_response_length bounds
+                scores = scores + overlong_penalty(traj.batch.response_mask.sum(-1), cfg.rollout.max_response_length,
                                                    cfg.algorithm.overlong_buffer, cfg.algorithm.overlong_penalty_factor)
             traj.scores = scores
         with timed(Phase.ADVANTAGES):
@@ -291,8 +292,8 @@ class Trainer:
             self.kl_ctrl.update(kl_metrics["kl/mean"], cfg.trainer.train_batch_size)
         self.step += 1
         timings["step"] = time.perf_counter() - t_step
-        self._keep_sample(step, comps, texts, scores)
-        metrics = self._step_metrics(traj, comps, kl_metrics, learner_stats, timings, diff)
+        self._keep_sample(step, episodes, texts, scores)
+        metrics = self._step_metrics(traj, episodes, kl_metrics, learner_stats, timings, diff)
         metrics.update(scored.metrics())  # reward/accuracy: the task's "solved" (tinyrl.tasks)
         metrics.update(self._batch_stats)
         metrics.update(self._padding)
@@ -304,27 +305,25 @@ class Trainer:
         """ROLLOUT then FORWARD, guarded: when the trainer's and the engine's probabilities of
         the sampled tokens differ by more than rollout.max_probs_diff, the engine is re-synced
         (adapter re-pushed, prefix cache reset) and the step rolls out again; a second miss
-        stops the run. -> (completions, trajectory, probs diff or None, the rows they answer,
+        stops the run. -> (episodes, trajectory, probs diff or None, the rows they answer,
         their Scores when dynamic sampling computed them, else None)"""
         cfg = self.cfg
         step_rows = rows
         for attempt in (1, 2):
-            comps, rows, scored = self._sample(step_rows, step, timed)
-            batch = make_batch([c.prompt_ids for c in comps], [c.response_ids for c in comps],
-                               self.inputs.pad_id).to(self.device)
-            traj = Trajectory(batch=batch, group_ids=torch.tensor([c.prompt_index for c in comps], device=self.device))
+            episodes, rows, scored = self._sample(step_rows, step, timed)
+            traj = trajectory_of(episodes, self.inputs.pad_id, self.device)
             with timed(Phase.FORWARD), self._counting_tokens(Phase.FORWARD):
                 self._forward(traj)
-            traj.rollout_lp = engine_logprobs(comps, traj.mask)  # on the mask's device already
+            traj.rollout_lp = engine_logprobs(episodes, traj.mask)  # on the mask's device already
             # With top_p < 1 the engine's log-probs are renormalised over the nucleus, so they
             # are not comparable with the trainer's full-vocabulary ones: no guard then. Nor
             # without old log-probs (one_pass_update: only with the hf engine, which samples from
             # the trainer's own model object, so there is no weight sync that could go stale).
             if traj.rollout_lp is None or cfg.rollout.top_p < 1.0 or traj.old_lp is None:
-                return comps, traj, None, rows, scored
+                return episodes, traj, None, rows, scored
             diff = float(probs_diff(traj.old_lp, traj.rollout_lp, traj.mask))
             if diff <= cfg.rollout.max_probs_diff:
-                return comps, traj, diff, rows, scored
+                return episodes, traj, diff, rows, scored
             if attempt == 1:
                 self._notice(f"step {step + 1}: engine and trainer disagree (mean |p_trainer - p_engine| = "
                              f"{diff:.4f} > rollout.max_probs_diff = {cfg.rollout.max_probs_diff}); "
@@ -341,7 +340,7 @@ class Trainer:
 
     def _sample(self, rows: list[int], step: int, timed):
         """ROLLOUT; with algorithm.dynamic_sampling, REWARD per round and more prompts until the
-        batch holds train_batch_size groups with some spread (tinyrl.sampling). -> (completions,
+        batch holds train_batch_size groups with some spread (tinyrl.sampling). -> (episodes,
         rows, Scores or None)"""
         cfg = self.cfg
 
@@ -354,18 +353,17 @@ class Trainer:
                                      seed=cfg.trainer.seed * 7919 + step + 1_000_003 * round_))
                 if then_sleep:
                     self.engine.sleep()
-            return result.completions
+            return result.episodes
 
         self._batch_stats = {}
         if not cfg.algorithm.dynamic_sampling:
             return generate(rows), rows, None
         from tinyrl.sampling import fill_batch
 
-        def score(comps, these):
+        def score(episodes, these):
             with timed(Phase.REWARD):
-                texts = self.inputs.tokenizer.batch_decode([c.response_ids for c in comps], skip_special_tokens=True)
-                return self.inputs.reward_fn.score_batch(texts, [self.inputs.train_rows[these[c.prompt_index]]
-                                                                 for c in comps])
+                return self.inputs.reward_fn.score_batch(response_texts(self.inputs.tokenizer, episodes),
+                                                         [self.inputs.train_rows[these[e.prompt_index]] for e in episodes])
 
         def more_rows(round_: int) -> list[int]:  # seeded by (step, round): a resumed run draws the same
             g = torch.Generator().manual_seed(cfg.trainer.seed * 1_000_033 + step * 101 + round_)
@@ -382,7 +380,7 @@ class Trainer:
             self.engine.sleep()
         self._batch_stats = {"batch/groups_kept": filled.groups_kept, "batch/gen_rounds": filled.rounds,
                              "batch/groups_seen": filled.groups_seen}
-        return filled.comps, filled.rows, filled.scored
+        return filled.episodes, filled.rows, filled.scored
 
     def _forward(self, traj: Trajectory) -> None:
         """FORWARD: old and reference log-probs (and values) for the whole trajectory, no grad."""
@@ -452,25 +450,26 @@ class Trainer:
         if real:
             self._padding[f"perf/padding_ratio/{phase}"] = computed / real
 
-    def _keep_sample(self, step: int, comps, texts, scores) -> None:
-        k = min(self.cfg.trainer.log_samples, len(comps))
+    def _keep_sample(self, step: int, episodes, texts, scores) -> None:
+        k = min(self.cfg.trainer.log_samples, len(episodes))
         self._last_sample = None
         for i in range(k):
-            prompt = self.inputs.tokenizer.decode(comps[i].prompt_ids, skip_special_tokens=True)
-            rec = {"step": step + 1, "prompt": prompt, "completion": texts[i], "reward": float(scores[i])}
+            prompt = self.inputs.tokenizer.decode(episodes[i].prompt_ids, skip_special_tokens=True)
+            rec = {"step": step + 1, "prompt": prompt, "completion": texts[i], "reward": float(scores[i]),
+                   "stop_reason": episodes[i].stop_reason}
             self.run.sample(rec)
             self._last_sample = self._last_sample or rec
 
 
-    def _step_metrics(self, traj: Trajectory, comps, kl_metrics, learner_stats, timings, diff) -> dict:
+    def _step_metrics(self, traj: Trajectory, episodes, kl_metrics, learner_stats, timings, diff) -> dict:
         scores, mask = traj.scores, traj.mask
-        lengths = mask.sum(-1)
-        n_tokens = sum(len(c.prompt_ids) + len(c.response_ids) for c in comps)
+        lengths = traj.batch.response_mask.sum(-1)  # every episode token, inserted ones too (verl: the attention mask)
+        n_tokens = sum(len(e.prompt_ids) + len(e.response_ids) for e in episodes)
         m = {"step": self.step, "epoch": (self.step - 1) // self.steps_per_epoch,
              "reward/mean": float(scores.mean()), "reward/max": float(scores.max()), "reward/min": float(scores.min()),
              "kl/coef": float(self.kl_ctrl.value),
              "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
-             "response_length/clip_ratio": float(sum(not c.finished for c in comps) / len(comps)),
+             "response_length/clip_ratio": float(sum(e.stop_reason == "length" for e in episodes) / len(episodes)),
              **kl_metrics, **learner_stats,
              **{f"timing/{k}": v for k, v in timings.items()},
              "perf/tokens_per_s": n_tokens / max(timings["step"], 1e-9),
@@ -491,8 +490,8 @@ class Trainer:
         res = self.engine.generate(prompts, SamplingSettings(
             n=1, greedy=True, temperature=1.0, max_new_tokens=self.cfg.rollout.max_response_length))
         self.engine.sleep()
-        texts = self.inputs.tokenizer.batch_decode([c.response_ids for c in res.completions], skip_special_tokens=True)
-        scored = self.inputs.reward_fn.score_batch(texts, [rows[c.prompt_index] for c in res.completions])
+        scored = self.inputs.reward_fn.score_batch(response_texts(self.inputs.tokenizer, res.episodes),
+                                                   [rows[e.prompt_index] for e in res.episodes])
         out = {"val/score": scored.metrics()["reward/accuracy"],
                "val/reward_mean": sum(scored.total) / len(scored.total)}
         if self.inputs.val_sets:  # data.val_files: the task's judgement, as `tinyrl eval` (tinyrl/eval.py)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tinyrl.models import Batch
+from tinyrl.models import Batch, make_batch
+from tinyrl.rollout.base import Episode
 
 
 @dataclass
@@ -30,7 +31,10 @@ class Trajectory:
 
     @property
     def mask(self) -> torch.Tensor:
-        return self.batch.response_mask       # [B, R] 1 = real response token
+        """[B, R] 1 = a real token the policy sampled. The ONE mask of every RL term: log-probs,
+        ratios, KL (loss and in-reward), entropy, loss aggregation, rollout IS weights, the
+        parity guard, values, GAE and whitening. Inserted context (tool output) is 0 here."""
+        return self.batch.trained_mask
 
     def __len__(self) -> int:
         return self.batch.input_ids.shape[0]
@@ -44,12 +48,19 @@ class Trajectory:
         return Trajectory(**out)
 
 
-def engine_logprobs(completions, like: torch.Tensor) -> torch.Tensor | None:
-    """The engine's per-token log-probs as a [B, R] tensor shaped like `like` (0 on padding);
-    None when the engine gave none."""
-    if any(c.logprobs is None for c in completions):
+def trajectory_of(episodes: list[Episode], pad_id: int, device: torch.device) -> Trajectory:
+    """The ROLLOUT phase's output as a Trajectory: the padded batch and the group ids."""
+    batch = make_batch([e.prompt_ids for e in episodes], [e.response_ids for e in episodes], pad_id,
+                       [e.policy_mask for e in episodes]).to(device)
+    return Trajectory(batch=batch, group_ids=torch.tensor([e.prompt_index for e in episodes], device=device))
+
+
+def engine_logprobs(episodes: list[Episode], like: torch.Tensor) -> torch.Tensor | None:
+    """The engine's per-token log-probs as a [B, R] tensor shaped like `like` (0 on padding and,
+    by Episode's convention, on inserted tokens); None when the engine gave none."""
+    if any(e.logprobs is None for e in episodes):
         return None
     out = torch.zeros_like(like, dtype=torch.float32)
-    for i, c in enumerate(completions):
-        out[i, :len(c.logprobs)] = torch.tensor(c.logprobs, dtype=torch.float32)
+    for i, e in enumerate(episodes):
+        out[i, :len(e.logprobs)] = torch.tensor(e.logprobs, dtype=torch.float32)
     return out

@@ -49,6 +49,8 @@ def _group_stats(scores: torch.Tensor, group_ids: GroupIds) -> tuple[torch.Tenso
 def place_sequence_reward(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Put each sequence score on its LAST valid response token. scores [B], mask [B, T] -> [B, T]
 
+    With the trajectory's mask that is the last token the POLICY sampled, also when a tool turn
+    follows it: the estimators skip inserted tokens, so a reward there would be lost.
     A row with no valid token gets no reward (there is no token to credit).
     """
     s = _float_scores(scores)
@@ -70,7 +72,14 @@ def gae_advantages(
     """GAE over response tokens; returns = A + V (before whitening); A whitened over valid tokens.
 
     token_rewards, values, mask: [B, T]. Invalid tokens are skipped by the recursion (verl's
-    multi-turn form), so V after the last valid token is 0 and padding never leaks in.
+    multi-turn form), so V after the last valid token is 0 and padding never leaks in. The
+    same skip handles inserted context (a tool turn: policy_mask 0 inside the episode): the
+    last policy token before it bootstraps from V at the next policy token after it, and
+    gamma/lam apply once per policy step, never per inserted token; values and rewards at
+    inserted tokens never enter (verl 0.9.1 `compute_gae_advantage_return`, "skip values and
+    TD-error on observation tokens"). A reward must therefore sit on a policy token:
+    place_sequence_reward puts the score on the last one (verl puts it on the last token of the
+    attention mask, where this recursion would drop it if the episode ended in a tool turn).
     """
     m = mask.to(values.dtype)                                           # [B, T]
     next_value = torch.zeros_like(values[:, 0])                         # [B]
@@ -127,16 +136,19 @@ def reinforce_pp_advantages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: returns G_t = sum_k gamma^k r_{t+k} over valid tokens; A = whiten(G).
 
-    token_rewards, mask: [B, T]. Rewards outside the mask are ignored (verl resets the running
-    return at padding for the same reason).
+    token_rewards, mask: [B, T]. Rewards outside the mask are ignored, and invalid tokens are
+    skipped: the running return passes through an inserted span (a tool turn) unchanged, so the
+    tokens before it still see the reward after it, discounted per policy token (verl 0.9.1
+    `compute_reinforce_plus_plus_outcome_advantage` does the same; right padding is a span
+    with nothing after it, so its return stays 0).
     """
     m = mask.to(token_rewards.dtype if token_rewards.is_floating_point() else torch.float32)
     r = token_rewards * m                                               # [B, T]
     returns = torch.zeros_like(r)
     running = torch.zeros_like(r[:, 0])                                 # [B]
     for t in reversed(range(r.shape[1])):
-        running = (r[:, t] + gamma * running) * m[:, t]
-        returns[:, t] = running
+        running = torch.where(m[:, t] > 0, r[:, t] + gamma * running, running)
+        returns[:, t] = running * m[:, t]
     return masked_whiten(returns, m), returns
 
 

@@ -1,4 +1,5 @@
-"""The rollout interface: prompts in, sampled completions (token ids + the engine's log-probs) out.
+"""The rollout interface: prompts in, episodes (token ids, which of them the policy sampled, the
+engine's log-probs) out.
 
 Engines: `hf` (transformers generate, everywhere) and `vllm` (vLLM offline LLM, in-process).
 The trainer only talks to this interface; vLLM is imported only in vllm_engine.py.
@@ -14,7 +15,7 @@ import torch
 
 @dataclass
 class SamplingSettings:
-    n: int = 1                    # completions per prompt
+    n: int = 1                    # episodes per prompt
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 64
@@ -22,25 +23,73 @@ class SamplingSettings:
     seed: int | None = None
 
 
+@dataclass(frozen=True)
+class Turn:
+    """One span of an episode's tokens: `response_ids[start:end]`, said by `role`."""
+
+    role: str                     # "assistant" (sampled by the policy) | "tool" | ... (inserted context)
+    start: int
+    end: int
+
+
+STOP_REASONS = ("stop", "length", "max_turns")  # EOS / max_new_tokens / the turn limit
+
+
 @dataclass
-class Completion:
+class Episode:
+    """One sample: everything after the prompt, and which of those tokens the policy sampled.
+
+    A single-turn completion is the one-turn case (`Episode.single_turn`): one assistant turn,
+    an all-ones policy mask. Tokens with policy_mask 0 (a tool's output, any inserted text) are
+    context for the tokens after them and are never trained on (tinyrl.trajectory.Trajectory.mask).
+    """
+
     prompt_index: int             # index into the list of prompts passed to generate()
     prompt_ids: list[int]
-    response_ids: list[int]       # ends with EOS when the model stopped by itself
-    logprobs: list[float] | None  # the engine's log-prob of each response token (None if not given)
-    finished: bool                # True: stopped on EOS; False: hit max_new_tokens
+    response_ids: list[int]       # the whole episode after the prompt; a last assistant turn ends with EOS when it stopped by itself
+    policy_mask: list[int]        # [len(response_ids)] 1 = sampled by the policy, 0 = inserted context
+    logprobs: list[float] | None  # [len(response_ids)] the engine's log-prob of each policy token, 0.0 at
+                                  # inserted ones (verl pads tool tokens the same way); None if not given
+    turns: list[Turn]             # in order, covering response_ids
+    stop_reason: str              # one of STOP_REASONS
+
+    def __post_init__(self):
+        n = len(self.response_ids)
+        if len(self.policy_mask) != n or (self.logprobs is not None and len(self.logprobs) != n):
+            raise ValueError(f"episode of {n} tokens has a policy mask of {len(self.policy_mask)} and "
+                             f"{None if self.logprobs is None else len(self.logprobs)} log-probs")
+        if self.stop_reason not in STOP_REASONS:
+            raise ValueError(f"stop_reason {self.stop_reason!r} is not one of {STOP_REASONS}")
+
+    @classmethod
+    def single_turn(cls, prompt_index: int, prompt_ids: list[int], response_ids: list[int],
+                    logprobs: list[float] | None, finished: bool) -> "Episode":
+        """A plain completion: one assistant turn, every token sampled by the policy."""
+        n = len(response_ids)
+        return cls(prompt_index, list(prompt_ids), list(response_ids), [1] * n, logprobs,
+                   [Turn("assistant", 0, n)], "stop" if finished else "length")
+
+    @property
+    def finished(self) -> bool:
+        """True: the episode ended by itself (EOS in its last turn), not at a length or turn limit."""
+        return self.stop_reason == "stop"
+
+
+def response_texts(tokenizer, episodes: list[Episode]) -> list[str]:
+    """Each episode's text after the prompt (inserted turns included), as rewards and logs read it."""
+    return tokenizer.batch_decode([e.response_ids for e in episodes], skip_special_tokens=True)
 
 
 @dataclass
 class RolloutResult:
-    completions: list[Completion] = field(default_factory=list)  # grouped: n per prompt, in order
+    episodes: list[Episode] = field(default_factory=list)  # grouped: n per prompt, in order
 
 
 class RolloutEngine(Protocol):
     name: str
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> RolloutResult:
-        """Sample `sampling.n` completions per prompt; results grouped by prompt, in order."""
+        """Sample `sampling.n` episodes per prompt; results grouped by prompt, in order."""
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Make the engine serve the trainer's current actor (adapters or merged weights)."""

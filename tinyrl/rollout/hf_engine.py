@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import torch
 
 from tinyrl.memory.formulas import MERGE_FIX_DENOMINATOR
-from tinyrl.rollout.base import Completion, RolloutResult, SamplingSettings
+from tinyrl.rollout.base import Episode, RolloutResult, SamplingSettings
 from tinyrl.rollout.decode import sample_tokens
 
 
@@ -57,7 +57,7 @@ class HFEngine:
     # -- the interface ------------------------------------------------------------------
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> RolloutResult:
-        """`sampling.n` completions per prompt, grouped by prompt; greedy means n = 1."""
+        """`sampling.n` single-turn episodes per prompt, grouped by prompt; greedy means n = 1."""
         self._check_adapter()
         n = 1 if sampling.greedy else sampling.n
         per_call = max(1, self.max_batch_sequences // n)
@@ -66,7 +66,7 @@ class HFEngine:
         with self._generation_mode(), merged, self._seeded(sampling.seed):
             for start in range(0, len(prompt_ids), per_call):
                 chunk = prompt_ids[start : start + per_call]
-                result.completions.extend(self._generate_chunk(chunk, start, n, sampling))
+                result.episodes.extend(self._generate_chunk(chunk, start, n, sampling))
         return result
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -87,7 +87,7 @@ class HFEngine:
 
     def _generate_chunk(
         self, prompts: list[list[int]], offset: int, n: int, sampling: SamplingSettings
-    ) -> list[Completion]:
+    ) -> list[Episode]:
         from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
         width = max(len(p) for p in prompts)
@@ -108,7 +108,7 @@ class HFEngine:
                                          greedy=sampling.greedy)
         generated, logprobs = tokens.cpu(), logprobs.cpu()  # [P*n, steps]
 
-        completions = []
+        episodes = []
         stops = set(self.stop_ids)
         for row in range(generated.shape[0]):
             tokens = generated[row].tolist()
@@ -116,16 +116,9 @@ class HFEngine:
             finished = end is not None
             length = end + 1 if finished else len(tokens)
             prompt_index = offset + row // n
-            completions.append(
-                Completion(
-                    prompt_index=prompt_index,
-                    prompt_ids=list(prompts[row // n]),
-                    response_ids=tokens[:length],
-                    logprobs=logprobs[row, :length].tolist(),
-                    finished=finished,
-                )
-            )
-        return completions
+            episodes.append(Episode.single_turn(prompt_index, prompts[row // n], tokens[:length],
+                                                logprobs[row, :length].tolist(), finished))
+        return episodes
 
     @contextlib.contextmanager
     def _generation_mode(self) -> Iterator[None]:

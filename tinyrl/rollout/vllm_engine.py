@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 
 from tinyrl.errors import TinyRLError
-from tinyrl.rollout.base import Completion, RolloutResult, SamplingSettings
+from tinyrl.rollout.base import Episode, RolloutResult, SamplingSettings
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class VLLMEngine:
     # -- the interface ------------------------------------------------------------------
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> RolloutResult:
-        """`sampling.n` completions per prompt, grouped by prompt; greedy means n = 1."""
+        """`sampling.n` single-turn episodes per prompt, grouped by prompt; greedy means n = 1."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -162,15 +162,9 @@ class VLLMEngine:
         for index, (prompt, out) in enumerate(zip(prompt_ids, outputs)):
             for c in sorted(out.outputs, key=lambda c: c.index):
                 tokens = list(c.token_ids)
-                result.completions.append(
-                    Completion(
-                        prompt_index=index,
-                        prompt_ids=list(prompt),
-                        response_ids=tokens,
-                        logprobs=[step[t].logprob for step, t in zip(c.logprobs, tokens)],
-                        finished=c.finish_reason == "stop",
-                    )
-                )
+                result.episodes.append(Episode.single_turn(
+                    index, prompt, tokens, [step[t].logprob for step, t in zip(c.logprobs, tokens)],
+                    finished=c.finish_reason == "stop"))
         return result
 
     def logprobs_of(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
