@@ -120,6 +120,22 @@ def test_third_party_packages_importable():
     assert (r.stdout, r.exit_code) == ("10\n", 0), r.stderr
 
 
+def test_the_code_is_its_own_main_module():
+    """As `python main.py`: `__main__` is the code (pickle and multiprocessing need that), and
+    nothing of the launcher is importable."""
+    code = textwrap.dedent("""
+        import __main__, importlib.util
+        from multiprocessing import Pool
+        def square(x):
+            return x * x
+        print(__main__.square is square, importlib.util.find_spec('procs'))
+        with Pool(2) as pool:
+            print(pool.map(square, range(4)))
+    """)
+    r = run_code(code)
+    assert r.stdout == "True None\n[0, 1, 4, 9]\n", r.stderr
+
+
 def test_bad_limits_raise_every_problem_at_once():
     with pytest.raises(TinyRLError) as e:
         run_code("print(1)", timeout_s=0, memory_mb=8)

@@ -26,9 +26,12 @@ import signal
 import sys
 import time
 import traceback
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procs  # noqa: E402  (the sibling module, by path: this runs as a script)
+
+del sys.path[0]                      # the code's `import x` must not find the sandbox's modules
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
 CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWUSER = 0x20000, 0x40000000, 0x20000000, 0x10000000
@@ -160,9 +163,12 @@ def _confine(spec: dict) -> None:
 def _run_code(code: str) -> None:
     """Run the snippet as `python main.py` would; exit with its status. Never returns."""
     linecache.cache["<code>"] = (len(code), None, code.splitlines(True), "<code>")
+    main = types.ModuleType("__main__")      # the code's own __main__, not the launcher's
+    sys.modules["__main__"] = main
+    sys.modules.pop("procs", None)           # nor the launcher's helper module
     status = 0
     try:
-        exec(compile(code, "<code>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        exec(compile(code, "<code>", "exec"), main.__dict__)
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             status = e.code or 0
