@@ -118,6 +118,9 @@ def test_third_party_packages_importable():
     -- also as root under an unprivileged uid, where the interpreter may sit below a 0700 /root."""
     r = run_code("import numpy as np; print(int(np.arange(5).sum()))")
     assert (r.stdout, r.exit_code) == ("10\n", 0), r.stderr
+    # a submodule of a package the interpreter imported at startup (encodings)
+    r = run_code("print('bücher.de'.encode('idna'))")
+    assert r.stdout == "b'xn--bcher-kva.de'\n", r.stderr
 
 
 def test_the_code_is_its_own_main_module():

@@ -96,11 +96,22 @@ def _fd_paths(paths: list) -> list:
     as root and reached through /proc/self/fd/N skips the ancestors' permission checks; the
     directories themselves are world-readable (others are dropped: the child could not read
     them anyway)."""
-    out = []
+    moved = {}
     for p in paths:
         if p and os.path.isdir(p) and os.stat(p).st_mode & 0o005 == 0o005:
-            out.append(f"/proc/self/fd/{os.open(p, os.O_PATH | os.O_DIRECTORY)}")
-    return out
+            moved[p] = f"/proc/self/fd/{os.open(p, os.O_PATH | os.O_DIRECTORY)}"
+    # packages imported already (encodings, importlib, ...) find their submodules through
+    # their own __path__: move those too, or `"x".encode("idna")` fails later
+    for module in list(sys.modules.values()):
+        pkg_path = getattr(module, "__path__", None)
+        if not isinstance(pkg_path, list):
+            continue
+        for i, entry in enumerate(pkg_path):
+            for old, new in moved.items():
+                if entry.startswith(old + os.sep):
+                    pkg_path[i] = new + entry[len(old):]
+                    break
+    return list(moved.values())
 
 
 def _run_reaper(spec: dict, status_w: int) -> None:
