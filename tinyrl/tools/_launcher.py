@@ -146,7 +146,6 @@ def _run_reaper(spec: dict, status_w: int) -> None:
 def _confine(spec: dict) -> None:
     """In the code process, before the code: rlimits (inherited by all it starts), then the
     privilege drop when root, then death with the reaper."""
-    os.nice(spec["nice"])
     if spec["isolate"]:
         owner = (spec["uid"], spec["gid"]) if spec["uid"] is not None else None
         spec["private_tmp"] = _private_tmp(spec["workdir"], owner, spec["tmp_mb"])
@@ -221,6 +220,7 @@ def main() -> None:
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     start = time.monotonic()
+    os.nice(spec["nice"])            # launcher, reaper and code: the trainer wins the CPU
     as_root = spec["uid"] is not None
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     # RLIMIT_NPROC counts every thread of the real uid: a user's own processes count too (the
