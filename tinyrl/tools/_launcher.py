@@ -8,7 +8,8 @@ What it does, in order:
   1. becomes a child subreaper (prctl), so a process that double-forks out of the child's
      process group is re-parented HERE, not to init, and is found and reaped below;
   2. unshares the network and pid namespaces where the OS allows (as root: CAP_SYS_ADMIN; as a
-     user: unprivileged user namespaces); the code then sees only a down loopback;
+     user: unprivileged user namespaces); the code then sees only a down loopback, and (a
+     mount namespace made by the code process) private size-capped temp directories;
   3. forks a reaper (init of the pid namespace; root stays root), which forks the code
      process: that sets the rlimits, drops to the call's own uid/gid (as root), asks for
      SIGKILL when its parent dies, and runs the code in this interpreter;
@@ -44,9 +45,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def _unshare(as_root: bool) -> tuple[str, bool]:
     """New network and pid namespaces for the next fork, the most the OS allows.
 
-    Root needs CAP_SYS_ADMIN; a user needs unprivileged user namespaces (then the code sees
-    itself as uid 65534; its files stay the user's). The network namespace holds only a down
-    loopback: no connection anywhere, 127.0.0.1 included. In a pid namespace the code's
+    Root needs CAP_SYS_ADMIN; a user needs unprivileged user namespaces (then the user's uid
+    and gid are mapped to themselves inside, so files stay the user's). The network namespace
+    holds only a down loopback: no connection anywhere, 127.0.0.1 included. In a pid namespace the code's
     `kill(-1)` / `kill(ppid)` reach nothing outside, and the kernel kills every process in it
     when its init (our reaper) ends. Returns (network status, pid namespace or not)."""
     user = 0 if as_root else CLONE_NEWUSER
@@ -237,7 +238,7 @@ def main() -> None:
             os.close(status_r)
             _run_reaper(spec, status_w)
         finally:
-            os._exit(125)            # only reached when setting the limits itself failed
+            os._exit(125)            # only reached when the reaper's own setup raised
     os.close(status_w)
     timed_out = _wait(reaper, start + spec["timeout_s"]) is None
     try:
