@@ -11,8 +11,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import textwrap
 import threading
 from pathlib import Path
@@ -478,10 +480,24 @@ def test_not_root_mode_through_an_unprivileged_process():
     snippets = {"ok": "print('hi')", "loop": "while True: pass", "children": LEAVE_CHILDREN,
                 "killall": "import os\ntry: os.kill(-1, 9)\nexcept OSError: pass\nprint('alive')",
                 "net": "import socket; socket.create_connection(('127.0.0.1', 1), timeout=1)"}
-    proc = subprocess.run(
-        ["/usr/bin/python3", "-c", NONROOT_SCRIPT, json.dumps(snippets)], capture_output=True,
-        text=True, user=NONROOT_UID, group=NONROOT_UID, extra_groups=[], cwd="/",
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": "/tmp"}, timeout=120)
+    # the checkout may sit where that uid cannot read (a clone below /root): give it a copy of
+    # the few modules it imports, in a directory it can read
+    src = Path(tempfile.mkdtemp(prefix="tinyrl-nonroot-test-"))
+    try:
+        os.chmod(src, 0o755)
+        pkg = src / "tinyrl"
+        shutil.copytree(REPO / "tinyrl" / "tools", pkg / "tools",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for name in ("__init__.py", "_compat.py", "errors.py"):
+            shutil.copy(REPO / "tinyrl" / name, pkg / name)
+        for d in [src, *src.rglob("*")]:
+            os.chmod(d, 0o755 if d.is_dir() else 0o644)
+        proc = subprocess.run(
+            ["/usr/bin/python3", "-c", NONROOT_SCRIPT, json.dumps(snippets)], capture_output=True,
+            text=True, user=NONROOT_UID, group=NONROOT_UID, extra_groups=[], cwd="/",
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(src), "HOME": "/tmp"}, timeout=120)
+    finally:
+        shutil.rmtree(src)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["ok"][:3] == ["hi\n", 0, False]
