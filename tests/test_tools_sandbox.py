@@ -11,8 +11,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import textwrap
 import threading
 from pathlib import Path
@@ -118,6 +120,25 @@ def test_third_party_packages_importable():
     -- also as root under an unprivileged uid, where the interpreter may sit below a 0700 /root."""
     r = run_code("import numpy as np; print(int(np.arange(5).sum()))")
     assert (r.stdout, r.exit_code) == ("10\n", 0), r.stderr
+    # a submodule of a package the interpreter imported at startup (encodings)
+    r = run_code("print('bücher.de'.encode('idna'))")
+    assert r.stdout == "b'xn--bcher-kva.de'\n", r.stderr
+
+
+def test_the_code_is_its_own_main_module():
+    """As `python main.py`: `__main__` is the code (pickle and multiprocessing need that), and
+    nothing of the launcher is importable."""
+    code = textwrap.dedent("""
+        import __main__, importlib.util
+        from multiprocessing import Pool
+        def square(x):
+            return x * x
+        print(__main__.square is square, importlib.util.find_spec('procs'))
+        with Pool(2) as pool:
+            print(pool.map(square, range(4)))
+    """)
+    r = run_code(code)
+    assert r.stdout == "True None\n[0, 1, 4, 9]\n", r.stderr
 
 
 def test_bad_limits_raise_every_problem_at_once():
@@ -459,10 +480,24 @@ def test_not_root_mode_through_an_unprivileged_process():
     snippets = {"ok": "print('hi')", "loop": "while True: pass", "children": LEAVE_CHILDREN,
                 "killall": "import os\ntry: os.kill(-1, 9)\nexcept OSError: pass\nprint('alive')",
                 "net": "import socket; socket.create_connection(('127.0.0.1', 1), timeout=1)"}
-    proc = subprocess.run(
-        ["/usr/bin/python3", "-c", NONROOT_SCRIPT, json.dumps(snippets)], capture_output=True,
-        text=True, user=NONROOT_UID, group=NONROOT_UID, extra_groups=[], cwd="/",
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": "/tmp"}, timeout=120)
+    # the checkout may sit where that uid cannot read (a clone below /root): give it a copy of
+    # the few modules it imports, in a directory it can read
+    src = Path(tempfile.mkdtemp(prefix="tinyrl-nonroot-test-"))
+    try:
+        os.chmod(src, 0o755)
+        pkg = src / "tinyrl"
+        shutil.copytree(REPO / "tinyrl" / "tools", pkg / "tools",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for name in ("__init__.py", "_compat.py", "errors.py"):
+            shutil.copy(REPO / "tinyrl" / name, pkg / name)
+        for d in [src, *src.rglob("*")]:
+            os.chmod(d, 0o755 if d.is_dir() else 0o644)
+        proc = subprocess.run(
+            ["/usr/bin/python3", "-c", NONROOT_SCRIPT, json.dumps(snippets)], capture_output=True,
+            text=True, user=NONROOT_UID, group=NONROOT_UID, extra_groups=[], cwd="/",
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(src), "HOME": "/tmp"}, timeout=120)
+    finally:
+        shutil.rmtree(src)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["ok"][:3] == ["hi\n", 0, False]

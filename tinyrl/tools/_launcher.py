@@ -8,7 +8,8 @@ What it does, in order:
   1. becomes a child subreaper (prctl), so a process that double-forks out of the child's
      process group is re-parented HERE, not to init, and is found and reaped below;
   2. unshares the network and pid namespaces where the OS allows (as root: CAP_SYS_ADMIN; as a
-     user: unprivileged user namespaces); the code then sees only a down loopback;
+     user: unprivileged user namespaces); the code then sees only a down loopback, and (a
+     mount namespace made by the code process) private size-capped temp directories;
   3. forks a reaper (init of the pid namespace; root stays root), which forks the code
      process: that sets the rlimits, drops to the call's own uid/gid (as root), asks for
      SIGKILL when its parent dies, and runs the code in this interpreter;
@@ -26,9 +27,12 @@ import signal
 import sys
 import time
 import traceback
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procs  # noqa: E402  (the sibling module, by path: this runs as a script)
+
+del sys.path[0]                      # the code's `import x` must not find the sandbox's modules
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
 CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWUSER = 0x20000, 0x40000000, 0x20000000, 0x10000000
@@ -41,9 +45,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def _unshare(as_root: bool) -> tuple[str, bool]:
     """New network and pid namespaces for the next fork, the most the OS allows.
 
-    Root needs CAP_SYS_ADMIN; a user needs unprivileged user namespaces (then the code sees
-    itself as uid 65534; its files stay the user's). The network namespace holds only a down
-    loopback: no connection anywhere, 127.0.0.1 included. In a pid namespace the code's
+    Root needs CAP_SYS_ADMIN; a user needs unprivileged user namespaces (then the user's uid
+    and gid are mapped to themselves inside, so files stay the user's). The network namespace
+    holds only a down loopback: no connection anywhere, 127.0.0.1 included. In a pid namespace the code's
     `kill(-1)` / `kill(ppid)` reach nothing outside, and the kernel kills every process in it
     when its init (our reaper) ends. Returns (network status, pid namespace or not)."""
     user = 0 if as_root else CLONE_NEWUSER
@@ -93,11 +97,22 @@ def _fd_paths(paths: list) -> list:
     as root and reached through /proc/self/fd/N skips the ancestors' permission checks; the
     directories themselves are world-readable (others are dropped: the child could not read
     them anyway)."""
-    out = []
+    moved = {}
     for p in paths:
         if p and os.path.isdir(p) and os.stat(p).st_mode & 0o005 == 0o005:
-            out.append(f"/proc/self/fd/{os.open(p, os.O_PATH | os.O_DIRECTORY)}")
-    return out
+            moved[p] = f"/proc/self/fd/{os.open(p, os.O_PATH | os.O_DIRECTORY)}"
+    # packages imported already (encodings, importlib, ...) find their submodules through
+    # their own __path__: move those too, or `"x".encode("idna")` fails later
+    for module in list(sys.modules.values()):
+        pkg_path = getattr(module, "__path__", None)
+        if not isinstance(pkg_path, list):
+            continue
+        for i, entry in enumerate(pkg_path):
+            for old, new in moved.items():
+                if entry.startswith(old + os.sep):
+                    pkg_path[i] = new + entry[len(old):]
+                    break
+    return list(moved.values())
 
 
 def _run_reaper(spec: dict, status_w: int) -> None:
@@ -132,7 +147,6 @@ def _run_reaper(spec: dict, status_w: int) -> None:
 def _confine(spec: dict) -> None:
     """In the code process, before the code: rlimits (inherited by all it starts), then the
     privilege drop when root, then death with the reaper."""
-    os.nice(spec["nice"])
     if spec["isolate"]:
         owner = (spec["uid"], spec["gid"]) if spec["uid"] is not None else None
         spec["private_tmp"] = _private_tmp(spec["workdir"], owner, spec["tmp_mb"])
@@ -160,9 +174,12 @@ def _confine(spec: dict) -> None:
 def _run_code(code: str) -> None:
     """Run the snippet as `python main.py` would; exit with its status. Never returns."""
     linecache.cache["<code>"] = (len(code), None, code.splitlines(True), "<code>")
+    main = types.ModuleType("__main__")      # the code's own __main__, not the launcher's
+    sys.modules["__main__"] = main
+    sys.modules.pop("procs", None)           # nor the launcher's helper module
     status = 0
     try:
-        exec(compile(code, "<code>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        exec(compile(code, "<code>", "exec"), main.__dict__)
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             status = e.code or 0
@@ -204,6 +221,7 @@ def main() -> None:
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     start = time.monotonic()
+    os.nice(spec["nice"])            # launcher, reaper and code: the trainer wins the CPU
     as_root = spec["uid"] is not None
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     # RLIMIT_NPROC counts every thread of the real uid: a user's own processes count too (the
@@ -220,7 +238,7 @@ def main() -> None:
             os.close(status_r)
             _run_reaper(spec, status_w)
         finally:
-            os._exit(125)            # only reached when setting the limits itself failed
+            os._exit(125)            # only reached when the reaper's own setup raised
     os.close(status_w)
     timed_out = _wait(reaper, start + spec["timeout_s"]) is None
     try:

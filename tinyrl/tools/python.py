@@ -175,6 +175,8 @@ def run_code(code: str, timeout_s: float = 10.0, memory_mb: int = 1024, *,
     process the call left), CPU time ceil(timeout_s) + 1 s per process, address space
     `memory_mb` per process, files written <= `file_size_mb` (stdout/stderr included), open
     files, processes (`max_processes`, per call as root; on top of the user's own otherwise).
+    `isolate`: new network, pid and mount namespaces where the OS allows (no network, nothing
+    outside reachable by kill, private size-capped /tmp); `result.network` says what held.
     """
     _check(timeout_s, memory_mb, max_output_bytes, max_processes)
     start = time.monotonic()
