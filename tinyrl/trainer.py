@@ -212,9 +212,9 @@ class Trainer:
                 for sink in self.sinks:
                     sink.log(metrics, self.step)
                 history.append(metrics)
-                self._check_cpu(history)
                 if self.dash is not None:
                     self.dash.update(metrics, self._last_sample)
+                self._check_cpu(history)  # after the step's line: the notice is about it
                 if self.step == total or stops.requested or (
                         self.cfg.trainer.save_every and self.step % self.cfg.trainer.save_every == 0):
                     self.save()
