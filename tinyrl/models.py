@@ -239,7 +239,7 @@ class PolicyModels:
         ids, pos, layout, real = pack(batch.input_ids, batch.attention_mask, batch.position_ids,
                                       batch.input_ids.shape[1] - batch.response_len, share_prompts=not self.actor_only)
         self.token_counts[0] += ids.numel()
-        self.token_counts[1] += int(real.sum())
+        self.token_counts[1] += real
         # A dict attention mask is used as is (Qwen2Model.forward: "It may already have been
         # prepared"): no [N, N] mask is built; the layout goes to every attention call.
         masks = {t: None for t in set(self._causal_lm(model).config.layer_types or ["full_attention"])}

@@ -140,7 +140,7 @@ def real_places(mask: torch.Tensor, width: int | None = None, offset: int = 0) -
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, prompt_len: int,
          share_prompts: bool = True):
     """[B, T] padded (the first `prompt_len` columns the left-padded prompts) -> (input_ids [1, N],
-    position_ids [1, N], Layout, real [B, T] bool) where N = the real tokens, less the repeats
+    position_ids [1, N], Layout, the batch's real tokens) where N = the real tokens, less the repeats
     of a prompt shared by several rows (GRPO's n samples of one prompt): a prompt's hidden
     states do not depend on the response after it, so each distinct prompt is computed once.
     share_prompts=False: every row packs its own prompt (one causal part). The inputs must hold
@@ -198,7 +198,7 @@ def _pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: t
                            G * Lp + b * Rq + t - prompt_len)
         layout = Layout(*(x.to(device) for x in (p_src, q_src, k_src, see[:, None], dest, by_row)), (G, Lp, B, Rq, Lk))
     return input_ids.reshape(-1)[take.to(device)][None], position_ids.reshape(-1)[take.to(device)][None], layout, \
-        attention_mask.bool()
+        int(mask.sum())
 
 
 def unpack(packed: torch.Tensor, layout: Layout) -> torch.Tensor:
