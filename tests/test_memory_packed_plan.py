@@ -87,9 +87,13 @@ def test_no_packed_micro_batch_the_trainer_forms_exceeds_the_plan(phase, trace_c
         got = tracked_bytes(models, opts, step, mini.rows(s))
         seen.append((s.stop - s.start, got))
         assert got <= planned, f"{s.stop - s.start} rows: tracked {got} > planned {planned} bytes ({seen})"
-    # The bound is not vacuous: the plan's own worst case (every token real) runs at about the plan.
-    full = sim.make_inputs(step, TINY["vocab_size"])
-    assert tracked_bytes(models, opts, step, full) == pytest.approx(planned, rel=0.15)
+    # The bound is not vacuous, and the plan is the worst case: PLANNED_ROWS rows with every token
+    # real (the most a packed micro-batch at the cap can hold) run at about the planned bytes.
+    full = sim.make_inputs(sim.Step(phase, PLANNED_ROWS, WIDTH, RESPONSE, rows=((PROMPT, RESPONSE),) * PLANNED_ROWS),
+                           TINY["vocab_size"])
+    assert int(full.attention_mask.sum()) == BUDGET
+    worst = tracked_bytes(models, opts, step, full)
+    assert worst == pytest.approx(planned, rel=0.15), (worst, planned, seen)
 
 
 def test_a_micro_batch_of_short_rows_is_capped_at_the_planned_rows():
