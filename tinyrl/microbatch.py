@@ -30,9 +30,10 @@ def micro_slices(n_rows: int, seq_len: int, budget_tokens: int, row_tokens: list
 
     Why the row cap: a packed pass still holds tensors of rows x padded width (the unpacked
     hidden states, the value head's fp32 input, the attention's per-row gathers), so short rows
-    packed by tokens alone make more rows than the memory plan traced (the 3B critic at 24,320
-    tokens, rows of ~445 real tokens: 54 rows instead of 19, 1.5-2 GB above the plan). The plan
-    traces rows = budget // the planned width, every token real (memory/simulate.py)."""
+    packed by tokens alone make more rows than the memory plan traced (traced, the 3B critic at
+    the planned 24,320 tokens: 194 rows of 125 real tokens hold 1.02 GiB more than the plan's 19
+    full rows). The plan traces rows = budget // the planned width, every token real
+    (memory/simulate.py), the most a packed micro-batch of that many rows can hold."""
     if row_tokens is None:
         rows = max(1, budget_tokens // max(1, seq_len))
         return [slice(i, min(i + rows, n_rows)) for i in range(0, n_rows, rows)]
