@@ -70,8 +70,9 @@ def check_cpu_memory_rows(rows: dict) -> None:
         d = mem["data"]
         assert mem["basis"] == "simulated vs measured" and d["measured_as"] == MEASURED_AS and d["dtype"] == "fp32"
         # planned = the simulation of the step as it ran, not the plan for a RAM-sized card
-        assert d["planned_bytes"] == planned_step_bytes(cfg, "fp32", phase, d["micro_batch"], d["seq_len"],
-                                                        d["response_len"])
+        assert len(d["rows"]) == d["micro_batch"]  # each row's real (prompt, response) tokens, packed
+        assert d["planned_bytes"] == planned_step_bytes(cfg, "fp32", phase, tuple(map(tuple, d["rows"])),
+                                                        d["seq_len"], d["response_len"])
         assert d["ratio"] == pytest.approx(d["measured_bytes"] / d["planned_bytes"])
         assert 0.85 <= d["ratio"] <= 1.15 and mem["status"] == "pass", mem
 

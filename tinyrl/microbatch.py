@@ -21,16 +21,26 @@ from tinyrl.memory.probe import free_memory, is_oom
 log = logging.getLogger(__name__)
 
 
-def micro_slices(n_rows: int, seq_len: int, budget_tokens: int, row_tokens: list[int] | None = None) -> list[slice]:
+def micro_slices(n_rows: int, seq_len: int, budget_tokens: int, row_tokens: list[int] | None = None,
+                 row_width: int | None = None) -> list[slice]:
     """Consecutive row slices of at most budget_tokens // seq_len rows (at least one row); with
     row_tokens (padding-free passes compute only each row's real tokens), slices whose real
-    tokens fit the budget instead (at least one row)."""
+    tokens fit the budget instead (at least one row), and of at most budget_tokens // row_width
+    rows when row_width is given.
+
+    Why the row cap: a packed pass still holds tensors of rows x padded width (the unpacked
+    hidden states, the value head's fp32 input, the attention's per-row gathers), so short rows
+    packed by tokens alone make more rows than the memory plan traced (traced, the 3B critic at
+    the planned 24,320 tokens: 194 rows of 125 real tokens hold 1.02 GiB more than the plan's 19
+    full rows). The plan traces rows = budget // the planned width, every token real
+    (memory/simulate.py), the most a packed micro-batch of that many rows can hold."""
     if row_tokens is None:
         rows = max(1, budget_tokens // max(1, seq_len))
         return [slice(i, min(i + rows, n_rows)) for i in range(0, n_rows, rows)]
+    max_rows = max(1, budget_tokens // row_width) if row_width else n_rows
     slices, start, used = [], 0, 0
     for i, n in enumerate(row_tokens):
-        if i > start and used + n > budget_tokens:
+        if i > start and (used + n > budget_tokens or i - start == max_rows):
             slices.append(slice(start, i))
             start, used = i, 0
         used += n
@@ -59,11 +69,18 @@ def loss_normaliser(response_mask: torch.Tensor, agg_mode: str) -> float:
 
 
 class BudgetKeeper:
-    """Token budgets per phase; halved on a real OOM, never grown back within a run."""
+    """Token budgets per phase; halved on a real OOM, never grown back within a run.
+    row_width: the padded row width the budgets were planned at (prompt + response length): a
+    padding-free micro-batch holds at most budget // row_width rows, as the plan assumed."""
 
-    def __init__(self, budgets: dict[str, int]):
+    def __init__(self, budgets: dict[str, int], row_width: int | None = None):
         self.budgets = dict(budgets)
+        self.row_width = row_width
         self.oom_events: list[tuple[str, int, int]] = []  # (phase, old, new)
+
+    def slices(self, phase: str, n_rows: int, seq_len: int, row_tokens: list[int] | None = None) -> list[slice]:
+        """The micro-batches the phase's budget makes of n_rows rows now."""
+        return micro_slices(n_rows, seq_len, self.budgets[phase], row_tokens, self.row_width)
 
     def run_accumulating(self, phase: str, n_rows: int, seq_len: int,
                          attempt: Callable[[list[slice]], dict], row_tokens: list[int] | None = None) -> dict:
@@ -71,7 +88,7 @@ class BudgetKeeper:
         on OOM halve the budget and call it again with smaller slices. row_tokens: each row's
         real token count when the passes are padding-free (the budget then counts those)."""
         while True:
-            slices = micro_slices(n_rows, seq_len, self.budgets[phase], row_tokens)
+            slices = self.slices(phase, n_rows, seq_len, row_tokens)
             try:
                 return attempt(slices)
             except (RuntimeError, MemoryError) as exc:

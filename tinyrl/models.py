@@ -24,7 +24,7 @@ from torch import nn
 from tinyrl.attention import guard_attention_kernels
 from tinyrl.config import ModelConfig
 from tinyrl.errors import TinyRLError
-from tinyrl.packing import pack, unpack, use_packed_attention
+from tinyrl.packing import pack, real_places, unpack, use_packed_attention
 from tinyrl.rl.logprobs import chunked_token_logprobs
 
 log = logging.getLogger(__name__)
@@ -258,7 +258,7 @@ class PolicyModels:
         ids, pos, layout, real = pack(batch.input_ids, batch.attention_mask, batch.position_ids,
                                       batch.input_ids.shape[1] - batch.response_len, share_prompts=not self.actor_only)
         self.token_counts[0] += ids.numel()
-        self.token_counts[1] += int(real.sum())
+        self.token_counts[1] += real
         # A dict attention mask is used as is (Qwen2Model.forward: "It may already have been
         # prepared"): no [N, N] mask is built; the layout goes to every attention call.
         masks = {t: None for t in set(self._causal_lm(model).config.layer_types or ["full_attention"])}
@@ -287,10 +287,15 @@ class PolicyModels:
             # The LM head on the policy's tokens only (with Qwen's 151,936-word vocabulary it
             # is the costliest matmul of the pass); 0 at padding and at inserted tokens, which
             # no loss reads (the padded path computes them and the mask drops them).
-            real = batch.trained_mask.bool()                  # [B, R]
-            out = chunked_token_logprobs(h[real][None], lm_head, labels[real][None], chunk_size=self.cfg.logprob_chunk,
-                                         temperature=temperature, with_entropy=with_entropy)
-            return tuple(_scatter(t[0], real) for t in out) if with_entropy else _scatter(out[0], real)
+            # (gathers by index found on the host: the memory simulation traces this on fake tensors)
+            B, T, H = hidden.shape
+            real = real_places(batch.trained_mask)            # [n] into B * R
+            at = real_places(batch.trained_mask, T, T - R - 1)  # [n] into B * T: the states before them
+            out = chunked_token_logprobs(hidden.reshape(-1, H).index_select(0, at)[None], lm_head,
+                                         batch.input_ids.reshape(-1).index_select(0, at + 1)[None],
+                                         chunk_size=self.cfg.logprob_chunk, temperature=temperature,
+                                         with_entropy=with_entropy)
+            return tuple(_scatter(t[0], real, (B, R)) for t in out) if with_entropy else _scatter(out[0], real, (B, R))
 
     def values(self, batch: Batch) -> torch.Tensor:
         """V(s) before each response token: [B, R] (verl: values[:, -R-1:-1]).
@@ -350,11 +355,9 @@ class PolicyModels:
             self.value_head.load_state_dict(state["value_head"])
 
 
-def _scatter(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-    """values [n] at the True places of where [B, R]; 0 elsewhere (differentiable)."""
-    out = values.new_zeros(where.shape)
-    out[where] = values
-    return out
+def _scatter(values: torch.Tensor, places: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """values [n] at the flat `places` [n] of a [B, R] tensor; 0 elsewhere (differentiable)."""
+    return values.new_zeros(shape[0] * shape[1]).index_copy(0, places, values).view(shape)
 
 
 def _nf4_config(device: torch.device):

@@ -28,13 +28,18 @@ backward is index_add_, a serial loop over the indices on the CPU (TensorAdvance
 index_add_cpu_out): the same order every run. On CUDA index_add_ uses atomic adds, so there
 a shared prompt's gradient may still differ in the last bits between runs (unless
 torch.use_deterministic_algorithms).
+The layout is index work on the host over the batch's mask: it runs on real tensors even under
+the memory simulation's FakeTensorMode (`host_index_work`), so the simulation traces these very
+packed passes (its batch's ids and masks are real; the activations stay fake).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tinyrl.errors import TinyRLError
 
@@ -136,13 +141,38 @@ def use_packed_attention(model: torch.nn.Module) -> None:
             config._attn_implementation = PACKED_ATTENTION
 
 
+@contextlib.contextmanager
+def host_index_work():
+    """Integer index work on real tensors, also inside a FakeTensorMode (the memory simulation):
+    a fake tensor has no values, and a layout needs the mask's. Outside one it changes nothing."""
+    with unset_fake_temporarily():
+        yield
+
+
+def real_places(mask: torch.Tensor, width: int | None = None, offset: int = 0) -> torch.Tensor:
+    """[B, R] mask -> [n] flat places of its nonzero entries (what `x[mask.bool()]` selects) in a
+    [B, width] tensor whose column offset + r is the mask's column r (default: the mask's own
+    shape). Found on real values; gather with index_select, which needs none (fake tensors)."""
+    with host_index_work():
+        R = mask.shape[1]
+        flat = mask.reshape(-1).nonzero()[:, 0]
+        return flat if width is None else flat // R * width + offset + flat % R
+
+
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, prompt_len: int,
          share_prompts: bool = True):
     """[B, T] padded (the first `prompt_len` columns the left-padded prompts) -> (input_ids [1, N],
-    position_ids [1, N], Layout, real [B, T] bool) where N = the real tokens, less the repeats
+    position_ids [1, N], Layout, the batch's real tokens) where N = the real tokens, less the repeats
     of a prompt shared by several rows (GRPO's n samples of one prompt): a prompt's hidden
     states do not depend on the response after it, so each distinct prompt is computed once.
-    share_prompts=False: every row packs its own prompt (one causal part)."""
+    share_prompts=False: every row packs its own prompt (one causal part). The inputs must hold
+    real values (host index work, see host_index_work); so does everything returned."""
+    with host_index_work():
+        return _pack(input_ids, attention_mask, position_ids, prompt_len, share_prompts)
+
+
+def _pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, prompt_len: int,
+          share_prompts: bool):
     B, T = input_ids.shape
     device = input_ids.device
     mask, ids = attention_mask.bool().cpu(), input_ids.cpu()             # the index work on the host
@@ -190,7 +220,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
                            G * Lp + b * Rq + t - prompt_len)
         layout = Layout(*(x.to(device) for x in (p_src, q_src, k_src, see[:, None], dest, by_row)), (G, Lp, B, Rq, Lk))
     return input_ids.reshape(-1)[take.to(device)][None], position_ids.reshape(-1)[take.to(device)][None], layout, \
-        attention_mask.bool()
+        int(mask.sum())
 
 
 def unpack(packed: torch.Tensor, layout: Layout) -> torch.Tensor:

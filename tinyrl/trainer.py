@@ -35,6 +35,7 @@ from tinyrl import interrupts, rundir
 from tinyrl.config import Config
 from tinyrl.errors import TinyRLError
 from tinyrl.learners import make_learners
+from tinyrl.memory.from_config import row_width
 from tinyrl.microbatch import BudgetKeeper
 from tinyrl.models import Batch, PolicyModels
 from tinyrl.phases import Phase
@@ -78,7 +79,8 @@ class Trainer:
                                      Phase.CRITIC_UPDATE: budget(cfg.critic.micro_batch_tokens),
                                      # no-grad passes hold no activations for backward: twice the budget
                                      Phase.FORWARD: cfg.actor.forward_micro_batch_tokens
-                                     or 2 * budget(cfg.actor.micro_batch_tokens)})
+                                     or 2 * budget(cfg.actor.micro_batch_tokens)},
+                                    row_width=row_width(cfg))
         self.learners = make_learners(cfg, self.models, self.budgets, self.with_critic, self._notice)
         from tinyrl.rollout.factory import make_engine
 

@@ -4,8 +4,9 @@ Measured: the trainer's own live tensor bytes at each phase's peak, counted duri
 the tracker the memory simulation itself uses (tinyrl.memory.simulate.RegionTracker, torch's
 MemTracker: every tensor storage alive, the models' weights included), here on the real tensors.
 Planned: the simulation (tinyrl.memory.simulate.simulate_phase) of the SAME step: same model,
-dtype, LoRA, checkpointing and log-prob chunk, at the micro-batch and padded length the trainer
-really ran in that phase (read from its BudgetKeeper), less the CUDA allocator's headroom
+dtype, LoRA, checkpointing and log-prob chunk, packed as the trainer packs, for each micro-batch
+the trainer really formed in that phase (its BudgetKeeper's slices, each row's real prompt and
+response tokens, the padded width), the largest of them, less the CUDA allocator's headroom
 (the CPU has no caching allocator). Neither side counts allocator caches, code or Python
 objects: that is what the process's RSS adds, and why RSS growth is not compared.
 The rollout phase is not simulated (the plan prices it by formula for vLLM or HF generate in
@@ -59,23 +60,32 @@ class TensorPeaks:
     def __init__(self) -> None:
         self.tracker = _totals_tracker()
         self.peaks: dict[str, int] = {}                   # phase -> largest peak over its runs
-        self.shapes: dict[str, tuple[int, int]] = {}      # phase -> (micro-batch rows, seq_len), largest
+        # phase -> the micro-batches it ran: ((prompt, response) real tokens per row, width, response width)
+        self.batches: dict[str, set[tuple]] = {}
         self._external: list[Any] = []
         self._inside = False
 
     def attach(self, trainer) -> None:
-        keeper = trainer.budgets
-        real = keeper.run_accumulating
+        keeper, m = trainer.budgets, trainer.models
+        real, row_tokens = keeper.run_accumulating, m.row_tokens
+        last: dict[str, Any] = {}
 
-        def recorded(phase, n_rows, seq_len, *args, **kwargs):  # the micro-batch this call will use
-            rows = min(n_rows, max(1, keeper.budgets[phase] // max(1, seq_len)))
-            old = self.shapes.get(str(phase), (0, 0))
-            if rows * seq_len > old[0] * old[1]:
-                self.shapes[str(phase)] = (rows, seq_len)
-            return real(phase, n_rows, seq_len, *args, **kwargs)
+        def lengths(batch):  # called on the batch just before run_accumulating (trainer, learners)
+            P = batch.input_ids.shape[1] - batch.response_len
+            mask = batch.attention_mask
+            last["rows"] = list(zip(mask[:, :P].sum(-1).tolist(), mask[:, P:].sum(-1).tolist()))
+            last["width"] = (batch.input_ids.shape[1], batch.response_len)
+            return row_tokens(batch)
+
+        def recorded(phase, n_rows, seq_len, attempt, row_tokens=None):  # the micro-batches this call forms
+            rows = last.get("rows") if row_tokens is not None else None
+            for s in keeper.slices(phase, n_rows, seq_len, row_tokens):
+                if rows is not None and len(rows) == n_rows:
+                    self.batches.setdefault(str(phase), set()).add((tuple(rows[s]), *last["width"]))
+            return real(phase, n_rows, seq_len, attempt, row_tokens)
 
         keeper.run_accumulating = recorded
-        m = trainer.models
+        m.row_tokens = lengths
         self._external = [x for x in (m.actor, m.critic_backbone, m.reference, m.value_head) if x is not None]
         self._external += [learner.opt for learner in trainer.learners.values()]
         trainer.run.on_phase.append(self.phase)
@@ -102,21 +112,22 @@ class TensorPeaks:
             self.peaks[ended] = max(self.peaks.get(ended, 0), total)
 
 
-def planned_step_bytes(cfg, dtype: str, phase: str, rows: int, seq_len: int, response_len: int) -> int:
-    """The simulation of the step the trainer ran: tensor bytes at the phase's peak."""
+def planned_step_bytes(cfg, dtype: str, phase: str, rows: tuple[tuple[int, int], ...], seq_len: int,
+                       response_len: int) -> int:
+    """The simulation of a micro-batch the trainer ran (each row's real (prompt, response)
+    tokens in a [len(rows), seq_len] batch): tensor bytes at the phase's peak."""
     from tinyrl.memory import simulate as sim
     from tinyrl.memory.from_config import load_spec
 
     m = cfg.model
-    parts = sim.simulate_phase(load_spec(m.name), phase, rows, seq_len,
-                               response_len=max(1, min(response_len, seq_len - 1)), finetune=m.finetune,
-                               lora_rank=m.lora_rank, lora_targets=tuple(m.lora_targets),
+    parts = sim.simulate_phase(load_spec(m.name), phase, len(rows), seq_len, response_len=response_len,
+                               finetune=m.finetune, lora_rank=m.lora_rank, lora_targets=tuple(m.lora_targets),
                                gradient_checkpointing=m.gradient_checkpointing, dtype=dtype,
-                               logprob_chunk=m.logprob_chunk, with_entropy=True)
+                               logprob_chunk=m.logprob_chunk, with_entropy=True, rows=rows)
     return parts["peak"] - parts["allocator"]  # the allocator's headroom is the CUDA cache's
 
 
-def cpu_memory_rows(cfg, peaks: TensorPeaks, dtype: str, response_len: int) -> list[Row]:
+def cpu_memory_rows(cfg, peaks: TensorPeaks, dtype: str) -> list[Row]:
     rows = []
     budgeted = {str(p) for p in BUDGETED_PHASES}
     for phase in map(str, PLANNED_PHASES):
@@ -132,16 +143,18 @@ def cpu_memory_rows(cfg, peaks: TensorPeaks, dtype: str, response_len: int) -> l
                             "simulated on CPU (the plan prices rollout by formula), so no ratio",
                             basis="measured", data=data))
             continue
-        shape = peaks.shapes.get(phase)
-        if shape is None:
-            rows.append(skipped(name, "the trainer ran no micro-batch in this phase", **data))
+        batches = peaks.batches.get(phase)
+        if not batches:
+            rows.append(skipped(name, "the trainer ran no packed micro-batch in this phase", **data))
             continue
-        planned = planned_step_bytes(cfg, dtype, phase, shape[0], shape[1], response_len)
+        # each micro-batch it formed, simulated as it ran; the measured peak is over all of them
+        planned, (lengths, width, resp) = max((planned_step_bytes(cfg, dtype, phase, *b), b) for b in batches)
         ratio = got / planned
-        data.update(planned_bytes=planned, ratio=ratio, micro_batch=shape[0], seq_len=shape[1],
-                    response_len=response_len, plan_source="simulated: the same step (shapes as run)")
+        data.update(planned_bytes=planned, ratio=ratio, micro_batch=len(lengths), seq_len=width, response_len=resp,
+                    rows=[list(r) for r in lengths], plan_source="simulated: the same micro-batches (packed, as run)")
         found = (f"measured {human_bytes(got)} / planned {human_bytes(planned)} = {ratio:.2f}x: live tensor bytes, "
-                 f"both sides, {shape[0]} x {shape[1]} tokens per micro-batch in {dtype}")
+                 f"both sides, {len(lengths)} rows x {width} tokens per micro-batch "
+                 f"({sum(p + r for p, r in lengths)} real, packed) in {dtype}")
         if abs(ratio - 1) > TOLERANCE:
             rows.append(Row(name, "warn", found + ": the simulation misses this step's tensors by more than "
                             f"{TOLERANCE:.0%}", basis="simulated vs measured", data=data,

@@ -126,8 +126,7 @@ def _trial(cfg: Config, workdir: Path, cuda: bool) -> list[Row]:
         else:
             from tinyrl.doctor.cpu_memory import cpu_memory_rows
 
-            longest = max((int(h.get("response_length/max", 0)) for h in history), default=0)
-            rows += cpu_memory_rows(cfg, peaks, _dtype_name(trainer.models.dtype), longest)
+            rows += cpu_memory_rows(cfg, peaks, _dtype_name(trainer.models.dtype))
     finally:
         trainer.engine.close()
     return rows

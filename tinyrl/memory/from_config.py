@@ -47,7 +47,9 @@ def _engine(cfg: Config) -> str:
     return "hf" if cfg.rollout.engine == "hf" else "vllm"
 
 
-def _seq(cfg: Config) -> int:
+def row_width(cfg: Config) -> int:
+    """The padded row width every phase is planned at; the trainer caps a packed micro-batch's
+    rows at budget // row_width (tinyrl.microbatch) so that no micro-batch outgrows the plan."""
     return cfg.data.max_prompt_length + cfg.rollout.max_response_length
 
 
@@ -268,7 +270,7 @@ def _step(cfg: Config, phase: str, dtype: str):
     from tinyrl.memory.simulate import Step
 
     m = cfg.model
-    return Step(phase, 1, _seq(cfg), cfg.rollout.max_response_length, m.finetune, m.lora_rank,
+    return Step(phase, 1, row_width(cfg), cfg.rollout.max_response_length, m.finetune, m.lora_rank,
                 tuple(m.lora_targets), m.gradient_checkpointing, dtype, m.logprob_chunk, True)
 
 
@@ -324,8 +326,8 @@ def cpu_probe(cfg: Config, limit_bytes: int, phase: str = "actor_update") -> dic
     out = probe.run_under_memory_limit(_cpu_twin, limit_bytes, spec, step, cap, prepare=_cpu_twin_prepare)
     b = out["max_micro_batch"]
     return {"device": "cpu", "simulated": False, "model": cfg.model.name, "phase": phase,
-            "dtype": dtype, "memory_limit_bytes": limit_bytes, "seq_len": _seq(cfg),
-            "max_micro_batch": b, "token_budget": b * _seq(cfg), "searched_up_to": cap,
+            "dtype": dtype, "memory_limit_bytes": limit_bytes, "seq_len": row_width(cfg),
+            "max_micro_batch": b, "token_budget": b * row_width(cfg), "searched_up_to": cap,
             "reruns": out["reruns"], "stepped_down": out["stepped_down"], "double_error": out["double_error"],
             "search_seconds": out["seconds"], "total_seconds": time.perf_counter() - t0,
             "child_baseline_vm_bytes": out["rlimit_as_bytes"] - limit_bytes}
@@ -396,7 +398,7 @@ def _measure_phase(cfg: Config, spec: dict, plan: MemoryPlan, name: str, trace_p
     del try_step
     probe.free_memory()
     parts = {"trainer_measured": peak, **beside}
-    return PhasePlan(sum(parts.values()), parts, b, b * _seq(cfg), fits=sum(parts.values()) <= plan.budget_bytes)
+    return PhasePlan(sum(parts.values()), parts, b, b * row_width(cfg), fits=sum(parts.values()) <= plan.budget_bytes)
 
 
 # ------------------------------------------------------------------------------- the command

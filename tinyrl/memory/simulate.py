@@ -60,6 +60,9 @@ class Step:
     dtype: str = "bf16"
     logprob_chunk: int = 1024
     with_entropy: bool = True          # PPO's entropy bonus needs the softmax of every chunk
+    # Each row's real (prompt, response) tokens in the padded [micro_batch, seq_len] batch; None:
+    # every token real, the packed pass's worst case at this row count and width (the plan's).
+    rows: tuple[tuple[int, int], ...] | None = None
 
     def validate(self) -> None:
         if self.phase not in PHASES:
@@ -70,6 +73,12 @@ class Step:
             raise TinyRLError(f"bad step shape: micro_batch={self.micro_batch}, seq_len={self.seq_len}, "
                               f"response_len={self.response_len}",
                               hint="need micro_batch >= 1 and 1 <= response_len < seq_len")
+        prompt_width = self.seq_len - self.response_len
+        if self.rows is not None and (len(self.rows) != self.micro_batch or not all(
+                1 <= p <= prompt_width and 0 <= r <= self.response_len for p, r in self.rows)):
+            raise TinyRLError(f"bad rows for a [{self.micro_batch}, {self.seq_len}] batch: {self.rows}",
+                              hint=f"micro_batch (prompt, response) pairs, 1 <= prompt <= {prompt_width}, "
+                                   f"0 <= response <= {self.response_len}")
 
 
 # ------------------------------------------------------------------------------- tracker
@@ -201,10 +210,9 @@ def model_config(step: Step):
                        lora_alpha=2 * step.lora_rank, lora_dropout=0.0, lora_targets=list(step.lora_targets),
                        dtype=step.dtype, gradient_checkpointing=step.gradient_checkpointing,
                        logprob_chunk=step.logprob_chunk,
-                       # Packing reads real lengths (data-dependent: fake tensors cannot). The padded
-                       # layout of a budget-sized micro-batch computes the budget's tokens, as the
-                       # packed one does at most, so its peaks stand for both.
-                       padding_free=False)
+                       # The trainer's passes are packed (model.padding_free's default): traced as
+                       # they run, their layout found from the batch's real mask (tinyrl.packing).
+                       padding_free=True)
 
 
 def build_models(spec: dict, step: Step, layers: int | None = None, device: str = "meta"):
@@ -233,14 +241,22 @@ def all_modules(models) -> list[nn.Module]:
 
 
 def make_inputs(step: Step, vocab_size: int, device: str | torch.device = "cpu"):
-    """A left-padded Batch (row 0 has one pad token) as tinyrl.models.make_batch builds it."""
+    """The Batch tinyrl.models.make_batch builds (prompts left-padded to seq_len - response_len,
+    responses right-padded to response_len, positions counting real tokens) with step.rows' real
+    tokens, or every token real: at a given row count and width the packed pass is largest so
+    (N = every token; tensors of rows x width are that size whatever the lengths). Prompts are
+    distinct (random ids, a fixed seed): no prompt shared, the packed layout computing the most
+    tokens. Real tensors, made outside any FakeTensorMode: the packed layout is host index work
+    on their values (tinyrl.packing); a few bytes per token."""
     from tinyrl.models import Batch
 
-    B, T = step.micro_batch, step.seq_len
-    mask = torch.ones(B, T, dtype=torch.long)
-    mask[0, 0] = 0  # padding present: the model builds a 4D attention mask, as in training
-    return Batch(torch.randint(0, vocab_size, (B, T)), mask, (mask.cumsum(-1) - 1).clamp(min=0),
-                 torch.ones(B, step.response_len)).to(torch.device(device))
+    B, T, R = step.micro_batch, step.seq_len, step.response_len
+    rows = torch.tensor(step.rows if step.rows is not None else [(T - R, R)] * B).view(B, 2)
+    col = torch.arange(T)
+    mask = ((col >= T - R - rows[:, :1]) & (col < T - R + rows[:, 1:])).long()       # [B, T]
+    ids = torch.randint(1, vocab_size, (B, T), generator=torch.Generator().manual_seed(0)) * mask
+    return Batch(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0),
+                 (torch.arange(R) < rows[:, 1:]).float()).to(torch.device(device))
 
 
 def batch_tensors(batch) -> list[torch.Tensor]:
@@ -328,11 +344,11 @@ def trace_step(spec: dict, step: Step, layers: int) -> dict:
     if path.is_file():
         return json.loads(path.read_text())
     models = build_models(spec, step, layers, device="meta")
-    with FakeTensorMode():
+    batch = make_inputs(step, spec["vocab_size"])  # real ids and masks (see make_inputs)
+    with FakeTensorMode(allow_non_fake_inputs=True):
         to_fake(all_modules(models))
         opts = make_optimizers(models)
         warm_start(models, opts, step.phase)
-        batch = make_inputs(step, spec["vocab_size"])
         tracker = RegionTracker()
         tracker.track_external(*all_modules(models), *opts.values(), *batch_tensors(batch))
         with tracker:
@@ -349,13 +365,15 @@ def _cache_path(spec: dict, step: Step, layers: int) -> Path:
 
     import tinyrl.models
     import tinyrl.optim
+    import tinyrl.packing
     import tinyrl.rl.logprobs
     import tinyrl.rl.losses
 
     # The traced step is this file plus the trainer's model, loss, optimizer and log-prob code:
     # a change to any invalidates cached traces without anyone remembering to bump a version.
     code = b"".join(Path(f).read_bytes() for f in (__file__, tinyrl.rl.logprobs.__file__, tinyrl.models.__file__,
-                                                   tinyrl.optim.__file__, tinyrl.rl.losses.__file__))
+                                                   tinyrl.optim.__file__, tinyrl.rl.losses.__file__,
+                                                   tinyrl.packing.__file__))
     key = json.dumps({"spec": spec, "step": asdict(step), "layers": layers,
                       "code": hashlib.sha256(code).hexdigest(), "torch": torch.__version__,
                       "transformers": transformers.__version__, "peft": peft.__version__},
@@ -398,13 +416,16 @@ def simulate_phase(spec: dict, phase: str, micro_batch: int, seq_len: int, *,
                    response_len: int | None = None, finetune: str = "lora", lora_rank: int = 32,
                    lora_targets: tuple[str, ...] = ALL_LINEAR, gradient_checkpointing: bool = True,
                    dtype: str = "bf16", logprob_chunk: int = 1024, with_entropy: bool = True,
-                   layers: int | None = None) -> dict[str, int]:
+                   layers: int | None = None, rows: tuple[tuple[int, int], ...] | None = None) -> dict[str, int]:
     """Bytes by category at the phase's peak, for the full depth (or `layers`):
     base_weights, adapters (all trainable weights: adapters + value head, or the full models),
     gradients, optimizer (state + step temporaries), activations (everything else, the
-    log-prob chunk included), logprob_chunk (of which: one chunk's traced working set), peak."""
+    log-prob chunk included), logprob_chunk (of which: one chunk's traced working set), peak.
+    The passes are packed, as the trainer's; `rows` (Step.rows) gives each row's real tokens,
+    else every token is real (the worst case the plan needs)."""
     step = Step(phase, micro_batch, seq_len, response_len or seq_len - 1, finetune, lora_rank,
-                tuple(lora_targets), gradient_checkpointing, dtype, logprob_chunk, with_entropy)
+                tuple(lora_targets), gradient_checkpointing, dtype, logprob_chunk, with_entropy,
+                tuple(map(tuple, rows)) if rows is not None else None)
     depth = layers or spec["num_hidden_layers"]
     if depth <= BASE_LAYERS + 1:
         cats = extrapolate(trace_step(spec, step, depth), trace_step(spec, step, depth), depth, depth)
@@ -452,7 +473,8 @@ def logprob_chunk_trace(spec: dict, step: Step) -> int:
     """Traced bytes above its inputs of one log-prob chunk (forward + backward when training)."""
     if step.phase == Phase.CRITIC_UPDATE:
         return 0
-    n = min(step.logprob_chunk, step.micro_batch * step.response_len)
+    real = sum(r for _, r in step.rows) if step.rows is not None else step.micro_batch * step.response_len
+    n = max(1, min(step.logprob_chunk, real))
     grad = step.phase == Phase.ACTOR_UPDATE
     with FakeTensorMode():
         dt = _TORCH_DTYPES[step.dtype]

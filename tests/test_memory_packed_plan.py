@@ -1,0 +1,107 @@
+"""The memory plan bounds the packed micro-batches the trainer forms (issue 31, item 2).
+
+The trainer packs rows (model.padding_free) and fills a micro-batch by real tokens, but several
+tensors of a packed pass are rows x padded width (the unpacked hidden states, the value head's
+fp32 input, the attention's per-row gathers): short rows at the planned token budget used to
+make 4x the rows the plan traced, and more bytes than it promised. Here the trainer's own
+micro-batch former (BudgetKeeper, as trainer.py builds it) cuts a mini-batch of mixed short rows
+at the planned budget, each micro-batch runs the traced step for real (simulate.run_phase: the
+models' packed passes, the losses, AdamW) on the tiny model's shape, and its live tensor bytes,
+counted by the simulation's own tracker (as `tinyrl doctor` counts them on CPU), must stay
+within the simulated plan for that budget. Fails without the row cap (row_width=None: what
+main did): 16 rows where the plan traced 4.
+"""
+
+import os
+
+import pytest
+import torch
+
+import tinyrl  # noqa: F401  (before transformers/peft)
+from tinyrl.doctor.cpu_memory import _totals_tracker
+from tinyrl.memory import simulate as sim
+from tinyrl.microbatch import BudgetKeeper
+
+# The tiny model's shape (tinyrl.tiny_model), as in test_memory_sim_vs_real.py.
+TINY = dict(model_type="qwen2", max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=10000.0,
+            vocab_size=768, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=64, tie_word_embeddings=True)
+PROMPT, RESPONSE = 128, 128                # the planned width: data.max_prompt_length + max_response_length
+WIDTH = PROMPT + RESPONSE
+PLANNED_ROWS = 4
+BUDGET = PLANNED_ROWS * WIDTH              # the plan's token_budget for that phase
+COMMON = dict(response_len=RESPONSE, finetune="lora", lora_rank=16, dtype="fp32", logprob_chunk=256)
+
+
+@pytest.fixture(scope="module")
+def trace_cache(tmp_path_factory):
+    old = os.environ.get("TINYRL_CACHE")
+    os.environ["TINYRL_CACHE"] = str(tmp_path_factory.mktemp("traces"))  # traced afresh by this code
+    yield
+    if old is None:
+        del os.environ["TINYRL_CACHE"]
+    else:
+        os.environ["TINYRL_CACHE"] = old
+
+
+def planned_bytes(phase: str) -> int:
+    """The plan's tensor bytes for the phase at PLANNED_ROWS rows of WIDTH (no CUDA allocator
+    headroom: the CPU has no caching allocator; doctor compares the same quantity)."""
+    parts = sim.simulate_phase(TINY, phase, PLANNED_ROWS, WIDTH, **COMMON)
+    return parts["peak"] - parts["allocator"]
+
+
+def tracked_bytes(models, opts, step, batch) -> int:
+    """Live tensor bytes at the peak of one real micro-step, the tracker counting as in doctor."""
+    tracker = _totals_tracker()
+    tracker.track_external(*sim.all_modules(models), *opts.values(), *sim.batch_tensors(batch))
+    with tracker:
+        tracker.mark("step")
+        sim.run_phase(models, opts, step, batch)
+    sim.warm_start(models, {}, step.phase)  # the phase's grads back, as for the next micro-batch
+    return tracker.finish()["step"]["total"]
+
+
+def mixed_short_rows(n: int, seed: int) -> list[tuple[int, int]]:
+    """(prompt, response) real tokens per row: short and mixed, as a step's rows are."""
+    g = torch.Generator().manual_seed(seed)
+    return [(int(p), int(r)) for p, r in zip(torch.randint(8, 48, (n,), generator=g),
+                                             torch.randint(1, 64, (n,), generator=g))]
+
+
+@pytest.mark.parametrize("phase", ["forward", "actor_update", "critic_update"])
+def test_no_packed_micro_batch_the_trainer_forms_exceeds_the_plan(phase, trace_cache):
+    planned = planned_bytes(phase)
+    step = sim.Step(phase, PLANNED_ROWS, WIDTH, **{k: v for k, v in COMMON.items()})
+    models = sim.build_models(TINY, step, device="cpu")
+    assert models.cfg.padding_free  # the trainer's default layout: packed
+    opts = sim.make_optimizers(models)
+    sim.warm_start(models, opts, phase)
+    keeper = BudgetKeeper({phase: BUDGET}, row_width=WIDTH)  # as trainer.py builds it
+    rows = mixed_short_rows(64, seed=0)
+    mini = sim.make_inputs(sim.Step(phase, len(rows), WIDTH, RESPONSE, rows=tuple(rows)), TINY["vocab_size"])
+    slices = keeper.slices(phase, len(rows), WIDTH, models.row_tokens(mini))
+    assert sum(s.stop - s.start for s in slices) == len(rows)
+    seen = []
+    for s in slices:
+        got = tracked_bytes(models, opts, step, mini.rows(s))
+        seen.append((s.stop - s.start, got))
+        assert got <= planned, f"{s.stop - s.start} rows: tracked {got} > planned {planned} bytes ({seen})"
+    # The bound is not vacuous, and the plan is the worst case: PLANNED_ROWS rows with every token
+    # real (the most a packed micro-batch at the cap can hold) run at about the planned bytes.
+    full = sim.make_inputs(sim.Step(phase, PLANNED_ROWS, WIDTH, RESPONSE, rows=((PROMPT, RESPONSE),) * PLANNED_ROWS),
+                           TINY["vocab_size"])
+    assert int(full.attention_mask.sum()) == BUDGET
+    worst = tracked_bytes(models, opts, step, full)
+    assert worst == pytest.approx(planned, rel=0.15), (worst, planned, seen)
+
+
+def test_a_micro_batch_of_short_rows_is_capped_at_the_planned_rows():
+    keeper = BudgetKeeper({"actor_update": BUDGET}, row_width=WIDTH)
+    tokens = [40] * 50                         # 6 rows fit the budget by tokens alone
+    slices = keeper.slices("actor_update", 50, WIDTH, tokens)
+    assert max(s.stop - s.start for s in slices) == PLANNED_ROWS
+    keeper.budgets["actor_update"] //= 2       # an OOM halves the budget: the cap follows it
+    assert max(s.stop - s.start for s in keeper.slices("actor_update", 50, WIDTH, tokens)) == PLANNED_ROWS // 2
+    # Long rows: the token budget binds first, as before.
+    assert [s.stop - s.start for s in keeper.slices("actor_update", 4, WIDTH, [WIDTH] * 4)] == [2, 2]
