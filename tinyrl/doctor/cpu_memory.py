@@ -105,14 +105,14 @@ class TensorPeaks:
 def planned_step_bytes(cfg, dtype: str, phase: str, rows: int, seq_len: int, response_len: int) -> int:
     """The simulation of the step the trainer ran: tensor bytes at the phase's peak."""
     from tinyrl.memory import simulate as sim
-    from tinyrl.memory.from_config import load_spec
+    from tinyrl.memory.from_config import load_spec, role_flags
 
     m = cfg.model
     parts = sim.simulate_phase(load_spec(m.name), phase, rows, seq_len,
                                response_len=max(1, min(response_len, seq_len - 1)), finetune=m.finetune,
                                lora_rank=m.lora_rank, lora_targets=tuple(m.lora_targets),
                                gradient_checkpointing=m.gradient_checkpointing, dtype=dtype,
-                               logprob_chunk=m.logprob_chunk, with_entropy=True)
+                               logprob_chunk=m.logprob_chunk, with_entropy=True, **role_flags(cfg))
     return parts["peak"] - parts["allocator"]  # the allocator's headroom is the CUDA cache's
 
 
