@@ -271,3 +271,15 @@ def test_probe_memory_json_of_a_grpo_run_has_no_critic_phase(monkeypatch, capsys
     assert "critic_update" in ppo["phases"] and "critic_update" not in grpo["phases"]
     for name in ("forward", "actor_update"):
         assert grpo["phases"][name]["parts"]["adapters"] < ppo["phases"][name]["parts"]["adapters"]
+
+
+def test_doctor_has_no_critic_memory_row_for_a_critic_free_run():
+    from tinyrl.doctor.cpu_memory import TensorPeaks, cpu_memory_rows
+
+    def names(*sets: str) -> set[str]:
+        cfg = load_config("countdown-tiny", list(sets), check=False)
+        return {r.name for r in cpu_memory_rows(cfg, TensorPeaks(), "fp32", 16)}
+
+    assert "memory: critic_update" in names()
+    assert "memory: critic_update" not in names("algorithm.adv_estimator=rloo", "rollout.n=2")
+    assert "memory: actor_update" in names("algorithm.adv_estimator=rloo", "rollout.n=2")

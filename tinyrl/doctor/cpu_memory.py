@@ -19,7 +19,7 @@ from typing import Any
 
 from tinyrl.checkpoint import human_bytes
 from tinyrl.doctor.report import Row, skipped
-from tinyrl.phases import BUDGETED_PHASES, PLANNED_PHASES
+from tinyrl.phases import BUDGETED_PHASES, PLANNED_PHASES, Phase
 
 MEASURED_AS = "live tensor bytes (MemTracker)"
 # Same tracker, same shapes: the two differ by what the trace cannot see (kernel temporaries of
@@ -118,8 +118,12 @@ def planned_step_bytes(cfg, dtype: str, phase: str, rows: int, seq_len: int, res
 
 def cpu_memory_rows(cfg, peaks: TensorPeaks, dtype: str, response_len: int) -> list[Row]:
     rows = []
+    from tinyrl.config import has_critic
+
     budgeted = {str(p) for p in BUDGETED_PHASES}
     for phase in map(str, PLANNED_PHASES):
+        if phase == Phase.CRITIC_UPDATE and not has_critic(cfg):
+            continue  # no critic in this algorithm (tinyrl.roles): no row, as the plan has no phase
         got = peaks.peaks.get(phase)
         name = f"memory: {phase}"
         if got is None:
