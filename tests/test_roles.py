@@ -283,3 +283,23 @@ def test_doctor_has_no_critic_memory_row_for_a_critic_free_run():
     assert "memory: critic_update" in names()
     assert "memory: critic_update" not in names("algorithm.adv_estimator=rloo", "rollout.n=2")
     assert "memory: actor_update" in names("algorithm.adv_estimator=rloo", "rollout.n=2")
+
+
+def test_cost_and_checkpoint_size_count_a_critic_only_for_gae():
+    from tinyrl.cost import roofline_for
+    from tinyrl.hardware import get_gpu
+    from tinyrl.memory import formulas as fm
+    from tinyrl.model_specs import load_spec
+    from tinyrl.preflight import checkpoint_bytes
+
+    grpo = load_config("countdown-grpo-4090", check=False)
+    gae = load_config("countdown-grpo-4090", ["algorithm.adv_estimator=gae"], check=False)
+    assert "critic_update" not in roofline_for(grpo, get_gpu("rtx4090")).phases
+    assert "critic_update" in roofline_for(gae, get_gpu("rtx4090")).phases
+    spec = load_spec(grpo.model.name)
+    lora = fm.lora_param_count(spec, grpo.model.lora_rank, tuple(grpo.model.lora_targets))
+    # one fp32 adapter and its Adam (8 bytes/param); PPO adds the critic's adapter, head and Adam
+    assert checkpoint_bytes(grpo, cuda=True) == int((4 * lora + fm.adam_state_bytes(lora)) * 1.05) + 2**20
+    critic = lora + fm.value_head_params(spec)
+    assert checkpoint_bytes(gae, cuda=True) - checkpoint_bytes(grpo, cuda=True) == pytest.approx(
+        (4 * critic + fm.adam_state_bytes(critic)) * 1.05, abs=2)
