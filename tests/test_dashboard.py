@@ -182,11 +182,16 @@ def test_val_files_groups_only_per_file_keys():
         "greedy_acc", "pass@2", "pass@16", "maj@2", "maj@16", "mean@16", "response_length"]
 
 
-def test_grpo_frame_says_there_is_no_critic():
-    d = Dashboard({**INFO, "algorithm": "grpo"}, mode="off")
-    d.update({k: v for k, v in metrics(1).items() if not k.startswith("critic/")})
-    text = frame(d)
-    assert "no critic" in text and "vf_loss" not in text
+def test_a_critic_free_frame_has_no_critic_panel():
+    # GRPO and the other critic-free estimators (tinyrl.roles) build no critic: nothing to show
+    for algo in ("grpo", "rloo", "reinforce_pp"):
+        d = Dashboard({**INFO, "algorithm": algo}, mode="off")
+        d.update({k: v for k, v in metrics(1).items() if not k.startswith("critic/")})
+        text = frame(d)
+        assert "timings" in text and "critic" not in text and "vf_loss" not in text
+    ppo = Dashboard({**INFO, "algorithm": "gae"}, mode="off")
+    ppo.update(metrics(1))
+    assert re.search(r"─ critic ─", frame(ppo))
 
 
 def test_elapsed_eta_and_phase_time_tick_while_a_phase_runs(monkeypatch):

@@ -9,11 +9,11 @@ from tinyrl.rl.advantages import (
     compute_advantages,
     gae_advantages,
     grpo_advantages,
-    needs_critic,
     place_sequence_reward,
     reinforce_pp_advantages,
     rloo_advantages,
 )
+from tinyrl.roles import ESTIMATORS, needs_critic
 
 
 def close(actual, expected, atol=1e-5):
@@ -145,6 +145,11 @@ def test_unknown_estimator_raises_with_the_valid_names():
 def test_needs_critic_only_for_gae():
     assert needs_critic("gae")
     assert not any(needs_critic(n) for n in ("grpo", "dr_grpo", "rloo", "reinforce_pp"))
+
+
+def test_the_dispatch_table_is_the_roles_table():
+    # tinyrl.roles is the one list of estimator names; the math dispatches exactly those
+    assert list(ADVANTAGE_ESTIMATORS) == list(ESTIMATORS)
 
 
 def test_gae_without_values_is_a_user_error():

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from tinyrl.errors import TinyRLError
+from tinyrl.roles import ESTIMATOR_NAMES, ESTIMATORS, Role, run_roles
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PRESETS_DIR = REPO_ROOT / "presets"
@@ -83,7 +84,7 @@ class RolloutConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "gae"            # gae | grpo | dr_grpo | rloo | reinforce_pp
+    adv_estimator: str = "gae"            # tinyrl.roles.ESTIMATORS: gae | grpo | dr_grpo | rloo | reinforce_pp
     gamma: float = 1.0
     lam: float = 1.0
     kl_in_reward: bool = True             # TinyZero PPO: k1 penalty in the reward
@@ -397,7 +398,7 @@ def _set_typed(obj: Any, key: str, value: Any, dotted: str) -> str | None:
 
 # --------------------------------------------------------------------------- validation
 
-ADV_ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp")
+ADV_ESTIMATORS = ESTIMATOR_NAMES  # tinyrl.roles: the one table
 KL_KINDS = ("k1", "abs", "k2", "mse", "k3", "low_var_kl")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 CHOICES = {
@@ -424,6 +425,16 @@ def get_setting(cfg: Config, dotted: str) -> Any:
     return obj
 
 
+def roles_of(cfg: Config) -> frozenset[Role]:
+    """The roles this RL run builds, trains, plans, saves and shows (tinyrl.roles.run_roles)."""
+    alg = cfg.algorithm
+    return run_roles(alg.adv_estimator, alg.kl_in_reward or alg.use_kl_loss)
+
+
+def has_critic(cfg: Config) -> bool:
+    return Role.CRITIC in roles_of(cfg)
+
+
 def problems_of(cfg: Config) -> list[str]:
     """Every problem at once, each saying what to set."""
     out = []
@@ -446,7 +457,8 @@ def problems_of(cfg: Config) -> list[str]:
         elif mini >= 1 and t.train_batch_size % mini:
             out.append(f"{role}.ppo_mini_batch_size = {mini} does not divide "
                        f"trainer.train_batch_size = {t.train_batch_size}; pick a divisor")
-    if cfg.algorithm.adv_estimator in ("grpo", "dr_grpo", "rloo") and r.n < 2:
+    est = ESTIMATORS.get(cfg.algorithm.adv_estimator)  # an unknown name is reported above
+    if est is not None and est.grouped and r.n < 2:
         out.append(f"algorithm.adv_estimator = {cfg.algorithm.adv_estimator} compares samples of one "
                    f"prompt, so rollout.n must be at least 2 (got {r.n}); set rollout.n=8")
     if cfg.algorithm.kl_in_reward and cfg.algorithm.use_kl_loss:

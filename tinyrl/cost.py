@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from tinyrl.config import Config, resolve_path
+from tinyrl.config import Config, has_critic, resolve_path
 from tinyrl.errors import TinyRLError
 from tinyrl.roofline import Assumptions, Card, DoesNotFit, ModelShape, Roofline, Workload, estimate_step
 
@@ -158,7 +158,7 @@ def roofline_for(cfg: Config, gpu: Any, assumptions: Assumptions = Assumptions()
         response_tokens=cfg.rollout.max_response_length,
         lora=cfg.model.finetune == "lora",
         checkpointing=cfg.model.gradient_checkpointing,
-        critic=cfg.algorithm.adv_estimator == "gae",
+        critic=has_critic(cfg),
         ppo_epochs=cfg.actor.ppo_epochs,
         vllm_memory_share=cfg.rollout.vllm.gpu_memory_utilization,
         max_num_seqs=cfg.rollout.vllm.max_num_seqs,

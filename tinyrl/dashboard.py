@@ -28,7 +28,7 @@ from rich.text import Text
 
 from tinyrl.config import ADV_ESTIMATORS
 from tinyrl.phases import Phase
-from tinyrl.rl.advantages import needs_critic
+from tinyrl.roles import needs_critic
 from tinyrl.tasks import answer_patterns, task_line
 
 # Shown in this order: the trainer's phases of one step, then the ones between steps.
@@ -314,8 +314,12 @@ class Dashboard:
                     self._sft_optimizer_panel(snap) if sft else self._policy_panel(snap), self._memory_panel(snap))
         bottom = Table.grid(expand=True, padding=(0, 1))
         bottom.add_column(ratio=2)
-        bottom.add_column(ratio=1)
-        bottom.add_row(self._timing_panel(snap), self._critic_panel(snap))
+        # A run without a critic (SFT, GRPO and the other critic-free estimators: tinyrl.roles)
+        # shows no critic panel; its timings take the row.
+        panels = [self._timing_panel(snap)] + ([self._critic_panel(snap)] if snap["critic"] else [])
+        if snap["critic"]:
+            bottom.add_column(ratio=1)
+        bottom.add_row(*panels)
         val = [self._val_files_panel(snap)] if snap["val_files"] else []
         return Group(self._header(snap, now), top, bottom, *val, self._sample_panel(snap, width))
 
@@ -431,10 +435,6 @@ class Dashboard:
 
     def _critic_panel(self, snap: dict) -> Panel:
         m = snap["m"]
-        if not snap["critic"]:
-            why = "supervised fine-tuning" if "sft/loss" in m else "this algorithm uses\ngroup baselines"
-            return Panel(Text(f"no critic: {why}", style="dim"),
-                         title="critic", border_style="grey50")
         return Panel(self._kv([
             ("vf_loss", fmt(m.get("critic/vf_loss"))),
             ("vf_clipfrac", fmt(m.get("critic/vf_clipfrac"), ".3f")),

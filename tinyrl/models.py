@@ -1,9 +1,11 @@
-"""Actor, critic and reference on one device.
+"""Actor, critic and reference on one device: the roles the run's algorithm needs, no others.
 
-LoRA (default): ONE frozen base in memory; adapters "actor" and "critic" on it, a scalar value
-head for the critic, and the reference is the same base with adapters disabled — no second copy.
-Full: the actor is the whole model, the critic a separate model + value head, the reference a
-frozen copy (only sensible for small models).
+LoRA (default): ONE frozen base in memory; adapter "actor" on it, adapter "critic" and a scalar
+value head when the estimator reads values (GAE; tinyrl.roles), and the reference is the same
+base with adapters disabled — no second copy.
+Full: the actor is the whole model, the critic (GAE only) a separate model + value head, the
+reference a frozen copy loaded only when a KL term reads it (only sensible for small models).
+A critic-free run (GRPO, RLOO, ...) has no critic adapter, value head, copy or parameters.
 
 What it knows: how to get hidden states, token log-probs (chunked over the sequence, never a full
 fp32 [B, T, V] logits tensor) and values for a padded batch; with model.padding_free (default)
@@ -26,6 +28,9 @@ from tinyrl.config import ModelConfig
 from tinyrl.errors import TinyRLError
 from tinyrl.packing import pack, real_places, unpack, use_packed_attention
 from tinyrl.rl.logprobs import chunked_token_logprobs
+from tinyrl.roles import Role
+
+ALL_ROLES = frozenset(Role)
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +120,10 @@ class ValueHead(nn.Module):
 class PolicyModels:
     """The three roles on one device. Methods take a Batch and return response-aligned tensors."""
 
-    def __init__(self, cfg: ModelConfig, model_path: str, device: torch.device, actor_only: bool = False):
-        """actor_only (`tinyrl sft`): no critic, no value head, no reference copy."""
+    def __init__(self, cfg: ModelConfig, model_path: str, device: torch.device, actor_only: bool = False,
+                 roles: frozenset[Role] = ALL_ROLES):
+        """roles: what an RL run builds (tinyrl.config.roles_of); actor_only (`tinyrl sft`): the
+        actor alone, and rows that share no prompt (see _hidden)."""
         from transformers import AutoModelForCausalLM
 
         dtype = pick_dtype(cfg.dtype, device)
@@ -132,46 +139,54 @@ class PolicyModels:
                                   hint="check model.name (an HF id, a local directory, or tinyrl/tiny-qwen2)") from exc
             return model if cfg.quantize == "nf4" else model.to(device)
 
-        copies = cfg.finetune != "lora" and not actor_only
-        self._setup(cfg, device, dtype, load(), load() if copies else None, load() if copies else None,
-                    actor_only=actor_only)
+        roles = frozenset({Role.ACTOR}) if actor_only else roles
+        full = cfg.finetune != "lora"
+        self._setup(cfg, device, dtype, load(), load() if full and Role.CRITIC in roles else None,
+                    load() if full and Role.REFERENCE in roles else None, actor_only=actor_only, roles=roles)
 
     @classmethod
     def from_modules(cls, cfg: ModelConfig, base: nn.Module, device: torch.device,
-                     critic_base: nn.Module | None = None, reference: nn.Module | None = None) -> "PolicyModels":
+                     critic_base: nn.Module | None = None, reference: nn.Module | None = None,
+                     roles: frozenset[Role] = ALL_ROLES) -> "PolicyModels":
         """The same roles around causal LMs that are already built (the memory simulation builds
-        them on fake tensors): LoRA needs only `base`; full fine-tuning needs all three."""
+        them on fake tensors): LoRA needs only `base`; full fine-tuning a model per role."""
         self = cls.__new__(cls)
-        self._setup(cfg, device, next(base.parameters()).dtype, base, critic_base, reference)
+        self._setup(cfg, device, next(base.parameters()).dtype, base, critic_base, reference, roles=roles)
         return self
 
     def _setup(self, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, base: nn.Module,
-               critic_base: nn.Module | None, reference: nn.Module | None, actor_only: bool = False) -> None:
+               critic_base: nn.Module | None, reference: nn.Module | None, actor_only: bool = False,
+               roles: frozenset[Role] = ALL_ROLES) -> None:
         guard_attention_kernels(device)  # before any attention runs (tinyrl.attention: why)
         self.cfg = cfg
         self.device = device
         self.dtype = dtype
         self.lora = cfg.finetune == "lora"
         self.actor_only = actor_only
-        self._role = "actor"
+        self.roles = frozenset({Role.ACTOR}) if actor_only else frozenset(roles)
+        self.with_critic = Role.CRITIC in self.roles
+        self._role = Role.ACTOR
         self.token_counts = [0, 0]  # [tokens the bodies computed, real tokens]: perf/padding_ratio
+        if not self.lora:
+            for role, model in ((Role.CRITIC, critic_base), (Role.REFERENCE, reference)):
+                if (role in self.roles) != (model is not None):
+                    raise ValueError(f"full fine-tuning: the {role} role {'needs' if model is None else 'has no use for'} "
+                                     "a model of its own")
         if self.lora:
             self.actor = self._with_adapters(base)
-            self.critic_backbone = None if actor_only else self.actor
-            self.reference = None
-        elif actor_only:
-            self.actor, self.critic_backbone, self.reference = base, None, None
+            self.critic_backbone = self.actor if self.with_critic else None
+            self.reference = None  # the base with adapters off
         else:
-            self.actor = base
-            self.critic_backbone = critic_base
-            self.reference = reference
-            self.reference.requires_grad_(False).eval()
-            # The critic reads hidden states only: an untied LM head of its copy gets no
-            # gradient, so it is not a critic parameter (and allocates no gradient).
-            head = self._causal_lm(critic_base).lm_head.weight
-            if head is not self._causal_lm(critic_base).model.get_input_embeddings().weight:
-                head.requires_grad_(False)
-        self.value_head = None if actor_only else ValueHead(base.config.hidden_size).to(device)
+            self.actor, self.critic_backbone, self.reference = base, critic_base, reference
+            if reference is not None:
+                reference.requires_grad_(False).eval()
+            if critic_base is not None:
+                # The critic reads hidden states only: an untied LM head of its copy gets no
+                # gradient, so it is not a critic parameter (and allocates no gradient).
+                head = self._causal_lm(critic_base).lm_head.weight
+                if head is not self._causal_lm(critic_base).model.get_input_embeddings().weight:
+                    head.requires_grad_(False)
+        self.value_head = ValueHead(base.config.hidden_size).to(device) if self.with_critic else None
         if cfg.padding_free:
             for m in {id(x): x for x in (self.actor, self.critic_backbone, self.reference) if x is not None}.values():
                 use_packed_attention(m)
@@ -186,10 +201,10 @@ class PolicyModels:
 
         lora = LoraConfig(r=self.cfg.lora_rank, lora_alpha=self.cfg.lora_alpha, lora_dropout=self.cfg.lora_dropout,
                           target_modules=list(self.cfg.lora_targets), task_type="CAUSAL_LM")
-        model = get_peft_model(base, lora, adapter_name="actor")
-        if not self.actor_only:
-            model.add_adapter("critic", lora)
-        model.set_adapter("actor")
+        model = get_peft_model(base, lora, adapter_name=str(Role.ACTOR))
+        if self.with_critic:
+            model.add_adapter(str(Role.CRITIC), lora)
+        model.set_adapter(str(Role.ACTOR))
         return model
 
     # ----------------------------------------------------------------- parameters
@@ -200,6 +215,9 @@ class PolicyModels:
         return [p for p in self.actor.parameters()]
 
     def critic_parameters(self) -> list[nn.Parameter]:
+        """[] when the run has no critic."""
+        if not self.with_critic:
+            return []
         head = list(self.value_head.parameters())
         if self.lora:
             return [p for n, p in self.actor.named_parameters() if ".critic." in n and "lora_" in n] + head
@@ -215,8 +233,10 @@ class PolicyModels:
         checkpointing recomputes the forward during backward with whichever adapter is active
         then. So a role's micro-batch loop runs entirely inside one `with models.role(...)`.
         The actor is restored on exit (the engine and the reference expect it)."""
-        if name not in ("actor", "critic"):
+        if name not in (Role.ACTOR, Role.CRITIC):
             raise ValueError(f"unknown role {name!r}")
+        if name == Role.CRITIC and not self.with_critic:
+            raise ValueError(f"no critic in this run (roles: {sorted(map(str, self.roles))})")
         previous = self._role
         self._switch(name)
         try:
@@ -226,8 +246,8 @@ class PolicyModels:
 
     def _switch(self, name: str) -> None:
         if self.lora and self.actor.active_adapter != name:
-            self.actor.set_adapter(name)
-        self._role = name
+            self.actor.set_adapter(str(name))
+        self._role = Role(name)
 
     def _require_role(self, name: str) -> None:
         if self._role != name:
@@ -269,7 +289,9 @@ class PolicyModels:
                        with_entropy: bool = False):
         """Log-prob of each response token under `role` ('actor' or 'reference'): [B, R]
         (and entropy [B, R] when asked)."""
-        if role == "reference":
+        if role == Role.REFERENCE:
+            if not self.lora and self.reference is None:
+                raise ValueError("no reference copy in this run: it is loaded only when a KL term reads it")
             model, ctx = (self.actor, self.actor.disable_adapter()) if self.lora else (self.reference, contextlib.nullcontext())
         else:
             self._require_role("actor")
@@ -323,36 +345,41 @@ class PolicyModels:
     # ----------------------------------------------------------------- state
 
     def trainable_state(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Only what training changes: adapters (or full weights) + value head (actor only: the
-        actor's)."""
+        """Only what training changes: the actor's adapter (or full weights), and the critic's
+        adapter (or weights) + value head when the run has a critic."""
+        trained = self._trained_roles()
         if self.lora:
             from peft import get_peft_model_state_dict
 
-            state = {"actor": get_peft_model_state_dict(self.actor, adapter_name="actor")}
-            if not self.actor_only:
-                state["critic"] = get_peft_model_state_dict(self.actor, adapter_name="critic")
+            state = {str(r): get_peft_model_state_dict(self.actor, adapter_name=str(r)) for r in trained}
         else:
-            state = {"actor": self.actor.state_dict()}
-            if not self.actor_only:
-                state["critic"] = self.critic_backbone.state_dict()
-        if not self.actor_only:
+            state = {str(r): m.state_dict() for r, m in zip(trained, (self.actor, self.critic_backbone))}
+        if self.with_critic:
             state["value_head"] = self.value_head.state_dict()
         return state
 
-    def load_trainable_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
-        roles = ("actor",) if self.actor_only else ("actor", "critic")
+    def load_trainable_state(self, state: dict[str, dict[str, torch.Tensor]]) -> list[str]:
+        """Loads what this run trains; -> the names of the checkpoint's parts it has no use for
+        (a critic-free run resuming a checkpoint that an older tinyrl wrote with a critic)."""
+        trained = self._trained_roles()
+        parts = {str(r) for r in trained} | ({"value_head"} if self.with_critic else set())
+        if not parts <= set(state):  # resume_check refuses a change of estimator before this
+            raise KeyError(f"the checkpoint lacks {sorted(parts - set(state))}")
         if self.lora:
             from peft import set_peft_model_state_dict
 
-            for name in roles:
-                set_peft_model_state_dict(self.actor, state[name], adapter_name=name)
-            self.actor.set_adapter(self._role)
+            for role in trained:
+                set_peft_model_state_dict(self.actor, state[str(role)], adapter_name=str(role))
+            self.actor.set_adapter(str(self._role))
         else:
-            self.actor.load_state_dict(state["actor"])
-            if not self.actor_only:
-                self.critic_backbone.load_state_dict(state["critic"])
-        if not self.actor_only:
+            for role, model in zip(trained, (self.actor, self.critic_backbone)):
+                model.load_state_dict(state[str(role)])
+        if self.with_critic:
             self.value_head.load_state_dict(state["value_head"])
+        return sorted(set(state) - parts)
+
+    def _trained_roles(self) -> list[Role]:
+        return [Role.ACTOR] + ([Role.CRITIC] if self.with_critic else [])
 
 
 def _scatter(values: torch.Tensor, places: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tinyrl.config import Config, resolve_path
+from tinyrl.config import Config, has_critic, resolve_path
 from tinyrl.errors import TinyRLError
 from tinyrl.hardware import GPU, check_arch_supported, detect_gpu, nvidia_driver_version, why_no_cuda
 from tinyrl.memory import formulas as fm
@@ -46,9 +46,9 @@ def preflight(cfg: Config, run_dir: Path, memory_plan: bool = True) -> list[str]
     if gpu is None:
         if cfg.trainer.device == "auto" and nvidia_driver_version():
             notes.append(f"WARNING: this machine has an NVIDIA driver but the run is on the CPU: {why_no_cuda()}")
+        critic = f", critic {cfg.critic.micro_batch_tokens or 'default'}" if has_critic(cfg) else ""
         notes.append("memory planning applies to CUDA cards; this CPU run uses the preset's micro-batch "
-                     f"budgets (actor {cfg.actor.micro_batch_tokens or 'default'}, critic "
-                     f"{cfg.critic.micro_batch_tokens or 'default'} tokens)")
+                     f"budgets (actor {cfg.actor.micro_batch_tokens or 'default'}{critic} tokens)")
         return notes
     return notes + check_memory(cfg, gpu, run_dir)
 
@@ -111,20 +111,20 @@ def check_writable(run_dir: Path) -> None:
 def checkpoint_bytes(cfg: Config, cuda: bool) -> int:
     """One checkpoint's size from the config: the trainable weights (LoRA adapters, fp32 as peft
     keeps them; or the full actor and critic in the model dtype), the value head, and Adam's
-    two moments for what each optimizer steps (the critic's only when the estimator has one)."""
+    two moments for what each optimizer steps; the critic's parts only when the estimator has one."""
     from tinyrl.model_specs import load_spec, param_count
 
     spec = load_spec(cfg.model.name)
-    critic = mp.has_critic(cfg)
+    critic = has_critic(cfg)
     head = fm.value_head_params(spec)
     if cfg.model.finetune == "lora":
         adapter = fm.lora_param_count(spec, cfg.model.lora_rank, tuple(cfg.model.lora_targets))
-        weights = 4 * (2 * adapter + head)  # both adapters are saved, trained or not
-        adam = fm.adam_state_bytes(adapter + (adapter + head if critic else 0))
+        trained = adapter + (adapter + head if critic else 0)
+        weights, adam = 4 * trained, fm.adam_state_bytes(trained)
     else:
         dtype = cfg.model.dtype if cfg.model.dtype != "auto" else ("bf16" if cuda else "fp32")
         d, n = fm.dtype_bytes(dtype), param_count(spec)
-        weights = 2 * n * d + 4 * head
+        weights = (2 * n * d + 4 * head) if critic else n * d
         adam = 2 * d * (n + (n if critic else 0)) + (8 * head if critic else 0)
     return int((weights + adam) * 1.05) + MiB  # torch.save's pickling and alignment
 

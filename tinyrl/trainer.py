@@ -32,7 +32,7 @@ import torch
 
 from tinyrl import checkpoint as ckpt
 from tinyrl import interrupts, rundir
-from tinyrl.config import Config
+from tinyrl.config import Config, roles_of
 from tinyrl.errors import TinyRLError
 from tinyrl.learners import make_learners
 from tinyrl.memory.from_config import row_width
@@ -70,17 +70,18 @@ class Trainer:
             self._notice(describe(self.inputs.model_path))
         torch.manual_seed(cfg.trainer.seed)
         random.seed(cfg.trainer.seed)
-        self.models = PolicyModels(cfg.model, self.inputs.model_path, self.device)
-        self.with_critic = adv.needs_critic(cfg.algorithm.adv_estimator)
+        # Only the roles the algorithm needs: no critic for GRPO & co, no reference copy without KL
+        self.models = PolicyModels(cfg.model, self.inputs.model_path, self.device, roles=roles_of(cfg))
+        self.with_critic = self.models.with_critic
         self.kl_ctrl = klmod.make_kl_controller(cfg.algorithm.kl_ctrl, cfg.algorithm.kl_coef,
                                                 cfg.algorithm.kl_target, cfg.algorithm.kl_horizon)
         budget = lambda b: b or DEFAULT_MICRO_TOKENS  # noqa: E731
-        self.budgets = BudgetKeeper({Phase.ACTOR_UPDATE: budget(cfg.actor.micro_batch_tokens),
-                                     Phase.CRITIC_UPDATE: budget(cfg.critic.micro_batch_tokens),
-                                     # no-grad passes hold no activations for backward: twice the budget
-                                     Phase.FORWARD: cfg.actor.forward_micro_batch_tokens
-                                     or 2 * budget(cfg.actor.micro_batch_tokens)},
-                                    row_width=row_width(cfg))
+        budgets = {Phase.ACTOR_UPDATE: budget(cfg.actor.micro_batch_tokens),
+                   # no-grad passes hold no activations for backward: twice the budget
+                   Phase.FORWARD: cfg.actor.forward_micro_batch_tokens or 2 * budget(cfg.actor.micro_batch_tokens)}
+        if self.with_critic:
+            budgets[Phase.CRITIC_UPDATE] = budget(cfg.critic.micro_batch_tokens)
+        self.budgets = BudgetKeeper(budgets, row_width=row_width(cfg))
         self.learners = make_learners(cfg, self.models, self.budgets, self.with_critic, self._notice)
         from tinyrl.rollout.factory import make_engine
 
@@ -552,10 +553,14 @@ class Trainer:
             self.run.truncate_after(0)
             self._notice(f"--resume: no checkpoint in {self.ckpt_dir}; starting again from step 0")
             return
-        self.models.load_trainable_state(state["models"])
+        ignored = self.models.load_trainable_state(state["models"])
+        if ignored:  # written by a tinyrl that built every role whatever the algorithm
+            self._notice(f"--resume: the checkpoint's {', '.join(ignored)} tensors are ignored: "
+                         f"{self.cfg.algorithm.adv_estimator} trains no critic")
         for role, learner in self.learners.items():
             learner.load_state_dict(state["learners"][role])
-        self.budgets.budgets.update({Phase(name): tokens for name, tokens in state["budgets"].items()})
+        self.budgets.budgets.update({Phase(name): tokens for name, tokens in state["budgets"].items()
+                                     if Phase(name) in self.budgets.budgets})  # an old critic-free run saved a critic's
         ckpt.set_rng_state(state["rng"])
         self.step = state["step"]
         self.run.truncate_after(self.step)

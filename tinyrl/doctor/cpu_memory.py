@@ -20,7 +20,7 @@ from typing import Any
 
 from tinyrl.checkpoint import human_bytes
 from tinyrl.doctor.report import Row, skipped
-from tinyrl.phases import BUDGETED_PHASES, PLANNED_PHASES
+from tinyrl.phases import BUDGETED_PHASES, PLANNED_PHASES, Phase
 
 MEASURED_AS = "live tensor bytes (MemTracker)"
 # Same tracker, same shapes: the two differ by what the trace cannot see (kernel temporaries of
@@ -117,20 +117,24 @@ def planned_step_bytes(cfg, dtype: str, phase: str, rows: tuple[tuple[int, int],
     """The simulation of a micro-batch the trainer ran (each row's real (prompt, response)
     tokens in a [len(rows), seq_len] batch): tensor bytes at the phase's peak."""
     from tinyrl.memory import simulate as sim
-    from tinyrl.memory.from_config import load_spec
+    from tinyrl.memory.from_config import load_spec, role_flags
 
     m = cfg.model
     parts = sim.simulate_phase(load_spec(m.name), phase, len(rows), seq_len, response_len=response_len,
                                finetune=m.finetune, lora_rank=m.lora_rank, lora_targets=tuple(m.lora_targets),
                                gradient_checkpointing=m.gradient_checkpointing, dtype=dtype,
-                               logprob_chunk=m.logprob_chunk, with_entropy=True, rows=rows)
+                               logprob_chunk=m.logprob_chunk, with_entropy=True, rows=rows, **role_flags(cfg))
     return parts["peak"] - parts["allocator"]  # the allocator's headroom is the CUDA cache's
 
 
 def cpu_memory_rows(cfg, peaks: TensorPeaks, dtype: str) -> list[Row]:
     rows = []
+    from tinyrl.config import has_critic
+
     budgeted = {str(p) for p in BUDGETED_PHASES}
     for phase in map(str, PLANNED_PHASES):
+        if phase == Phase.CRITIC_UPDATE and not has_critic(cfg):
+            continue  # no critic in this algorithm (tinyrl.roles): no row, as the plan has no phase
         got = peaks.peaks.get(phase)
         name = f"memory: {phase}"
         if got is None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tinyrl.config import Config
+from tinyrl.config import Config, has_critic  # tinyrl.roles: verl, too, builds a critic for gae only
 
 VERL_VERSION = "0.9.1"
 AR = "actor_rollout_ref"
 # tinyrl name -> verl's AdvantageEstimator (verl/trainer/ppo/core_algos.py); dr_grpo is grpo
 # without the std division (`algorithm.norm_adv_by_std_in_grpo=false`, verl's Dr.GRPO recipe).
+# verl's name of each of tinyrl.roles.ESTIMATORS (tests/test_roles.py: every one is here)
 ADV = {"gae": "gae", "grpo": "grpo", "dr_grpo": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_plus_plus"}
 # verl's kl_penalty() accepts tinyrl's names as they are: k1|kl, abs, k2|mse, k3|low_var_kl.
 DTYPE = {"bf16": "bfloat16", "fp16": "float16", "auto": "bfloat16"}
@@ -119,7 +120,7 @@ def _model(cfg, ctx, m, o):
     if not lora:  # tinyrl ignores the LoRA settings of a full fine-tune, and so does verl at rank 0
         for dotted in ("model.lora_rank", "model.lora_alpha", "model.lora_targets", "model.lora_dropout"):
             g(dotted)
-    prefixes = (f"{AR}.model", "critic.model") if _has_critic(cfg) else (f"{AR}.model",)
+    prefixes = (f"{AR}.model", "critic.model") if has_critic(cfg) else (f"{AR}.model",)
     for prefix in prefixes:
         o[f"{prefix}.lora_rank"] = g("model.lora_rank") if lora else 0
         if lora:
@@ -135,7 +136,7 @@ def _model(cfg, ctx, m, o):
     if dtype in DTYPE:
         for key in (f"{AR}.actor.fsdp_config.dtype", f"{AR}.ref.fsdp_config.dtype", f"{AR}.rollout.dtype"):
             o[key] = DTYPE[dtype]
-        if _has_critic(cfg):
+        if has_critic(cfg):
             o["critic.fsdp.dtype"] = DTYPE[dtype]
     else:
         m.note(cfg, "model.dtype", "verl computes in bfloat16 or float16 over fp32 master weights; "
@@ -250,10 +251,6 @@ def _learner(cfg, m, o, role: str, prefix: str):
     return tokens
 
 
-def _has_critic(cfg: Config) -> bool:
-    return cfg.algorithm.adv_estimator == "gae"  # verl enables its critic for gae only, as tinyrl
-
-
 def _seq_len(cfg: Config) -> int:
     """verl's dynamic batching needs room for one whole sequence per micro-batch."""
     return cfg.data.max_prompt_length + cfg.rollout.max_response_length
@@ -271,12 +268,12 @@ def _actor(cfg, ctx, m, o):
         forward = max(forward, _seq_len(cfg))
         o[f"{AR}.rollout.log_prob_max_token_len_per_gpu"] = forward
         o[f"{AR}.ref.log_prob_max_token_len_per_gpu"] = forward
-        if _has_critic(cfg):
+        if has_critic(cfg):
             o["critic.forward_max_token_len_per_gpu"] = forward
 
 
 def _critic(cfg, ctx, m, o):
-    if not _has_critic(cfg):
+    if not has_critic(cfg):
         for dotted in leaves(cfg.to_dict()["critic"], "critic."):
             m.get(cfg, dotted)  # no critic in this algorithm, in tinyrl or in verl
         return

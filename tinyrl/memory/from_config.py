@@ -15,13 +15,14 @@ import os
 import time
 from pathlib import Path
 
-from tinyrl.config import Config, get_setting
+from tinyrl.config import Config, get_setting, roles_of
 from tinyrl.errors import TinyRLError
 from tinyrl.hardware import GPU
 from tinyrl.memory import formulas as fm
 from tinyrl.memory.plan import MemoryPlan, PhasePlan, build_plan
 from tinyrl.model_specs import load_spec, param_count
 from tinyrl.phases import BUDGETED_PHASES
+from tinyrl.roles import Role
 
 GiB = fm.GiB
 
@@ -30,16 +31,17 @@ MEMORY_FIELDS = ("model.name", "model.finetune", "model.lora_rank", "model.lora_
                  "model.quantize", "model.gradient_checkpointing", "model.logprob_chunk",
                  "data.max_prompt_length", "rollout.max_response_length", "rollout.n",
                  "rollout.engine", "trainer.train_batch_size", "actor.ppo_mini_batch_size",
-                 "algorithm.adv_estimator", "trainer.memory_budget_gib")
+                 "algorithm.adv_estimator", "algorithm.kl_in_reward", "algorithm.use_kl_loss",
+                 "trainer.memory_budget_gib")
 
 # The plan's training phases and the trace phase each one is searched with.
 TRAINING_PHASES = {str(p): str(p) for p in BUDGETED_PHASES}
 
 
-def has_critic(cfg: Config) -> bool:
-    from tinyrl.rl.advantages import needs_critic
-
-    return needs_critic(cfg.algorithm.adv_estimator)
+def role_flags(cfg: Config) -> dict[str, bool]:
+    """simulate.Step's / build_plan's `critic` and `reference`: the roles this run builds."""
+    roles = roles_of(cfg)
+    return {"critic": Role.CRITIC in roles, "reference": Role.REFERENCE in roles}
 
 
 def _engine(cfg: Config) -> str:
@@ -64,7 +66,7 @@ def plan_for_config(cfg: Config, gpu: GPU, *, simulate: bool = True,
         load_spec(m.name), gpu=gpu, model=m.name,
         prompt_len=cfg.data.max_prompt_length, response_len=cfg.rollout.max_response_length,
         prompts_per_step=cfg.trainer.train_batch_size, rollout_n=cfg.rollout.n,
-        mini_batch_prompts=cfg.actor.ppo_mini_batch_size, critic=has_critic(cfg),
+        mini_batch_prompts=cfg.actor.ppo_mini_batch_size, **role_flags(cfg),
         finetune=m.finetune, lora_rank=m.lora_rank, lora_targets=tuple(m.lora_targets),
         quantize=None if m.quantize == "none" else m.quantize,
         gradient_checkpointing=m.gradient_checkpointing, logprob_chunk=m.logprob_chunk,
@@ -271,15 +273,16 @@ def _step(cfg: Config, phase: str, dtype: str):
 
     m = cfg.model
     return Step(phase, 1, row_width(cfg), cfg.rollout.max_response_length, m.finetune, m.lora_rank,
-                tuple(m.lora_targets), m.gradient_checkpointing, dtype, m.logprob_chunk, True)
+                tuple(m.lora_targets), m.gradient_checkpointing, dtype, m.logprob_chunk, True, **role_flags(cfg))
 
 
 def _resident_bytes(spec: dict, cfg: Config, dtype_bytes: int) -> int:
     """Weights + trainable weights + Adam state of the trainer, before any micro-batch."""
-    n = param_count(spec)
+    n, roles = param_count(spec), role_flags(cfg)
+    trained = 1 + roles["critic"]  # the actor, and the critic when the estimator has one
     if cfg.model.finetune == "full":
-        return 3 * n * dtype_bytes + 2 * 2 * n * dtype_bytes
-    lora = 2 * fm.lora_param_count(spec, cfg.model.lora_rank, tuple(cfg.model.lora_targets))
+        return (trained + roles["reference"]) * n * dtype_bytes + trained * 2 * n * dtype_bytes
+    lora = trained * fm.lora_param_count(spec, cfg.model.lora_rank, tuple(cfg.model.lora_targets))
     return n * dtype_bytes + lora * 12
 
 

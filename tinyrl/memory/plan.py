@@ -75,6 +75,7 @@ class MemoryPlan:
 
 def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prompts_per_step: int,
                rollout_n: int = 1, mini_batch_prompts: int | None = None, critic: bool = True,
+               reference: bool = True,
                finetune: str = "lora", lora_rank: int = 32,
                lora_targets: tuple[str, ...] = fm.ALL_LINEAR, quantize: str | None = None,
                gradient_checkpointing: bool = True, logprob_chunk: int = 1024,
@@ -100,7 +101,8 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
     per_update = (mini_batch_prompts or prompts_per_step) * rollout_n
     common = {"response_len": response_len, "finetune": finetune, "lora_rank": lora_rank,
               "lora_targets": tuple(lora_targets), "gradient_checkpointing": gradient_checkpointing,
-              "dtype": "bf16", "logprob_chunk": logprob_chunk, "with_entropy": with_entropy}
+              "dtype": "bf16", "logprob_chunk": logprob_chunk, "with_entropy": with_entropy,
+              "critic": critic, "reference": reference}  # the roles (tinyrl.roles): no critic, no critic parts
     notes = [f"budget {budget / GiB:.2f} GiB of {gpu.memory_bytes / GiB:.2f} GiB on {gpu.name}",
              f"CUDA context {fm.CUDA_CONTEXT_BYTES / GiB:.2f} GiB in every phase (approximate)"]
     outside = {"cuda_context": fm.CUDA_CONTEXT_BYTES}  # on the card beside the trainer's tensors
@@ -234,13 +236,15 @@ def _rough_parts(spec: dict, phase: str, b: int, seq: int, common: dict) -> dict
     h, i, layers = spec["hidden_size"], spec["intermediate_size"], spec["num_hidden_layers"]
     n = param_count(spec)
     tokens = b * seq
+    trained = 1 + common["critic"]  # models (or adapters) trained: the actor, and the critic if any
     if common["finetune"] == "lora":
-        trainable = 2 * fm.lora_param_count(spec, common["lora_rank"], common["lora_targets"]) \
-            + fm.value_head_params(spec)
+        trainable = trained * fm.lora_param_count(spec, common["lora_rank"], common["lora_targets"]) \
+            + (fm.value_head_params(spec) if common["critic"] else 0)
         base, adapters, opt = fm.weight_bytes(spec), 4 * trainable, fm.adam_state_bytes(trainable)
-        grads = 4 * trainable // 2
+        grads = 4 * trainable // trained
     else:
-        base, adapters = fm.weight_bytes(spec), 2 * fm.weight_bytes(spec)
+        base = fm.weight_bytes(spec) if common["reference"] else 0  # the reference copy
+        adapters = trained * fm.weight_bytes(spec)
         opt, grads = 2 * adapters, fm.weight_bytes(spec)
     training = phase != Phase.FORWARD
     per_layer = h * 2 if common["gradient_checkpointing"] else (16 * h + 12 * i) * 2

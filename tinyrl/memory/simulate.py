@@ -1,8 +1,9 @@
 """Memory of one training step, traced on fake tensors: no GPU, no weights, seconds per trace.
 
 The step mirrors tinyrl.models / tinyrl.trainer: Qwen2 built from its config in bf16 (via
-torch.set_default_dtype), LoRA adapters "actor" and "critic" on one frozen base (peft keeps
-adapters in fp32) or three full models, a fp32 value head, gradient checkpointing, token
+torch.set_default_dtype), the roles the algorithm has (tinyrl.roles; Step.critic, Step.reference):
+LoRA adapters "actor" (and "critic") on one frozen base (peft keeps adapters in fp32) or a full
+model per role, a fp32 value head (critic only), gradient checkpointing, token
 log-probs over the response chunked through the LM head, AdamW (foreach, as on CUDA) with
 its state already created and gradients already allocated (the second micro-batch of a
 mini-batch: the worst case), grad clipping and the optimizer step.
@@ -38,6 +39,7 @@ from tinyrl.errors import TinyRLError
 from tinyrl.memory.formulas import ALL_LINEAR
 from tinyrl.phases import BUDGETED_PHASES, Phase
 from tinyrl.rl.logprobs import chunked_token_logprobs  # the trainer's own chunked log-probs
+from tinyrl.roles import Role
 
 # The phases a step is traced for (tinyrl.phases: FORWARD is old + reference log-probs and values).
 PHASES = tuple(str(p) for p in BUDGETED_PHASES)
@@ -63,10 +65,18 @@ class Step:
     # Each row's real (prompt, response) tokens in the padded [micro_batch, seq_len] batch; None:
     # every token real, the packed pass's worst case at this row count and width (the plan's).
     rows: tuple[tuple[int, int], ...] | None = None
+    critic: bool = True                # the estimator reads values (GAE): critic adapter/copy, head, Adam
+    reference: bool = True             # a KL term reads reference log-probs (full: a frozen copy)
+
+    def roles(self) -> frozenset[Role]:
+        return frozenset({Role.ACTOR} | ({Role.CRITIC} if self.critic else set())
+                         | ({Role.REFERENCE} if self.reference else set()))
 
     def validate(self) -> None:
         if self.phase not in PHASES:
             raise TinyRLError(f"unknown phase {self.phase!r}", hint=f"choose from {PHASES}")
+        if self.phase == Phase.CRITIC_UPDATE and not self.critic:
+            raise TinyRLError("a critic_update phase without a critic", hint="critic=True, or another phase")
         if self.finetune not in ("lora", "full"):
             raise TinyRLError(f"unknown finetune {self.finetune!r}", hint="use lora or full")
         if not 1 <= self.response_len < self.seq_len or self.micro_batch < 1:
@@ -226,18 +236,19 @@ def build_models(spec: dict, step: Step, layers: int | None = None, device: str 
     with torch.device(device):
         with default_dtype(_TORCH_DTYPES[step.dtype]):
             base = Qwen2ForCausalLM(config)
-            critic = reference = None
-            if step.finetune == "full":
-                critic, reference = Qwen2ForCausalLM(config), Qwen2ForCausalLM(config)
+            full = step.finetune == "full"
+            critic = Qwen2ForCausalLM(config) if full and step.critic else None
+            reference = Qwen2ForCausalLM(config) if full and step.reference else None
         # Outside the bf16 default: the value head is fp32, peft keeps adapters in fp32.
-        models = PolicyModels.from_modules(model_config(step), base, torch.device(device), critic, reference)
+        models = PolicyModels.from_modules(model_config(step), base, torch.device(device), critic, reference,
+                                           roles=step.roles())
     models.train(True)
     return models
 
 
 def all_modules(models) -> list[nn.Module]:
-    mods = [models.actor, models.value_head]
-    return mods + [m for m in (models.critic_backbone, models.reference) if m is not None and m is not models.actor]
+    others = (models.value_head, models.critic_backbone, models.reference)
+    return [models.actor] + [m for m in others if m is not None and m is not models.actor]
 
 
 def make_inputs(step: Step, vocab_size: int, device: str | torch.device = "cpu"):
@@ -269,8 +280,10 @@ def make_optimizers(models) -> dict[str, torch.optim.Optimizer]:
     tensors (its temporaries count); on CPU tensors the default would be the per-tensor loop."""
     from tinyrl.optim import AdamW
 
-    return {"actor": AdamW(models.actor_parameters(), lr=1e-6, foreach=True),
-            "critic": AdamW(models.critic_parameters(), lr=1e-5, foreach=True)}
+    opts = {"actor": AdamW(models.actor_parameters(), lr=1e-6, foreach=True)}
+    if models.with_critic:  # a critic-free run builds no critic optimizer (tinyrl.learners)
+        opts["critic"] = AdamW(models.critic_parameters(), lr=1e-5, foreach=True)
+    return opts
 
 
 def warm_start(models, opts: dict[str, torch.optim.Optimizer], phase: str) -> None:
@@ -299,9 +312,11 @@ def run_phase(models, opts: dict, step: Step, batch,
     if step.phase == Phase.FORWARD:
         with torch.no_grad():
             models.token_logprobs("actor", batch)                          # old log-probs
-            models.token_logprobs("reference", batch)                      # reference
-            with models.role("critic"):
-                models.values(batch)
+            if step.reference:
+                models.token_logprobs("reference", batch)                  # reference
+            if step.critic:
+                with models.role("critic"):
+                    models.values(batch)
         return
     mask = batch.response_mask                                             # [B, R]
     adv = torch.ones_like(mask)                                            # [B, R], on the batch's device
@@ -416,7 +431,8 @@ def simulate_phase(spec: dict, phase: str, micro_batch: int, seq_len: int, *,
                    response_len: int | None = None, finetune: str = "lora", lora_rank: int = 32,
                    lora_targets: tuple[str, ...] = ALL_LINEAR, gradient_checkpointing: bool = True,
                    dtype: str = "bf16", logprob_chunk: int = 1024, with_entropy: bool = True,
-                   layers: int | None = None, rows: tuple[tuple[int, int], ...] | None = None) -> dict[str, int]:
+                   critic: bool = True, reference: bool = True, layers: int | None = None,
+                   rows: tuple[tuple[int, int], ...] | None = None) -> dict[str, int]:
     """Bytes by category at the phase's peak, for the full depth (or `layers`):
     base_weights, adapters (all trainable weights: adapters + value head, or the full models),
     gradients, optimizer (state + step temporaries), activations (everything else, the
@@ -425,7 +441,7 @@ def simulate_phase(spec: dict, phase: str, micro_batch: int, seq_len: int, *,
     else every token is real (the worst case the plan needs)."""
     step = Step(phase, micro_batch, seq_len, response_len or seq_len - 1, finetune, lora_rank,
                 tuple(lora_targets), gradient_checkpointing, dtype, logprob_chunk, with_entropy,
-                tuple(map(tuple, rows)) if rows is not None else None)
+                tuple(map(tuple, rows)) if rows is not None else None, critic, reference)
     depth = layers or spec["num_hidden_layers"]
     if depth <= BASE_LAYERS + 1:
         cats = extrapolate(trace_step(spec, step, depth), trace_step(spec, step, depth), depth, depth)

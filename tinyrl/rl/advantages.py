@@ -16,6 +16,7 @@ import torch
 
 from tinyrl.errors import TinyRLError
 from tinyrl.rl.masking import masked_whiten
+from tinyrl.roles import ESTIMATORS, estimator
 
 GroupIds = torch.Tensor | Sequence  # [B] ints, or any hashables (verl uses uid strings)
 
@@ -203,21 +204,11 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]
     "reinforce_pp": _reinforce_pp,
 }
 
-_CRITIC_ESTIMATORS = frozenset({"gae"})
-
-
-def _check_name(name: str) -> None:
-    if name not in ADVANTAGE_ESTIMATORS:
-        raise TinyRLError(
-            f"unknown advantage estimator '{name}'",
-            f"set algorithm.adv_estimator to one of: {', '.join(ADVANTAGE_ESTIMATORS)}",
-        )
-
-
-def needs_critic(name: str) -> bool:
-    """True when the estimator reads critic values (only GAE)."""
-    _check_name(name)
-    return name in _CRITIC_ESTIMATORS
+# The estimators' names and what each needs (a critic, groups) live in tinyrl.roles, which the
+# config, trainer, memory plan, cost, export-verl and doctor read; this table must match it.
+if set(ADVANTAGE_ESTIMATORS) != set(ESTIMATORS):
+    raise ImportError(f"tinyrl.rl.advantages dispatches {sorted(ADVANTAGE_ESTIMATORS)} but tinyrl.roles "
+                      f"lists {sorted(ESTIMATORS)}: add the estimator to both")
 
 
 def compute_advantages(
@@ -236,7 +227,7 @@ def compute_advantages(
     gae / reinforce_pp read token_rewards [B, T] (or place `scores` on the last token);
     grpo / dr_grpo / rloo read scores [B] (or sum token_rewards) and group_ids [B].
     """
-    _check_name(name)
+    estimator(name)  # an unknown name: TinyRLError with the valid ones
     return ADVANTAGE_ESTIMATORS[name](
         token_rewards=token_rewards, scores=scores, values=values, group_ids=group_ids,
         mask=mask, gamma=gamma, lam=lam,
