@@ -26,7 +26,7 @@ from torch import nn
 from tinyrl.attention import guard_attention_kernels
 from tinyrl.config import ModelConfig
 from tinyrl.errors import TinyRLError
-from tinyrl.packing import pack, real_places, unpack, use_packed_attention
+from tinyrl.packing import host_index_work, pack, real_places, unpack, use_packed_attention
 from tinyrl.rl.logprobs import chunked_token_logprobs
 from tinyrl.roles import Role
 
@@ -62,7 +62,8 @@ class Batch:
 
     def __post_init__(self):
         if self.policy_mask is None:  # one representation from here on: always a tensor
-            self.policy_mask = torch.ones_like(self.response_mask)
+            with host_index_work():   # masks hold real values, also in the memory simulation
+                self.policy_mask = torch.ones_like(self.response_mask)
 
     @property
     def response_len(self) -> int:
@@ -72,8 +73,10 @@ class Batch:
     def trained_mask(self) -> torch.Tensor:
         """[B, R] the tokens every RL term reads: real AND sampled by the policy. (Not named
         loss_mask: tinyrl.sft.data.SFTBatch.loss_mask is the SFT assistant-turn mask, which
-        this Batch does not hold.)"""
-        return self.response_mask * self.policy_mask
+        this Batch does not hold.) Real values also under the memory simulation's fake
+        tensors: the packed passes find their places from it on the host (tinyrl.packing)."""
+        with host_index_work():
+            return self.response_mask * self.policy_mask
 
     def rows(self, index: torch.Tensor | slice) -> "Batch":
         return Batch(self.input_ids[index], self.attention_mask[index], self.position_ids[index],
