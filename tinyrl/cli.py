@@ -181,7 +181,8 @@ def _run_command(command: str, preset: str, overrides: Optional[list[str]], out_
     from tinyrl.setup import check_train_path
 
     interrupts.install()  # from here on, Ctrl-C/SIGTERM end cleanly (see tinyrl.interrupts)
-    cfg = load_config(preset, overrides)
+    config_notes: list[str] = []
+    cfg = load_config(preset, overrides, notes=config_notes if command == "train" else None)  # sft: no critic
     run_dir = out_dir or Path(cfg.trainer.out_dir) / cfg.preset
     if not resume and (run_dir / "metrics.jsonl").exists():
         raise TinyRLError(f"{run_dir} already holds a run (metrics.jsonl); nothing was changed",
@@ -192,7 +193,7 @@ def _run_command(command: str, preset: str, overrides: Optional[list[str]], out_
     check_train_path(cfg, sft=command == "sft")  # a mistyped data path fails here, before anything is loaded or written
     resume_cmd = _resume_command(preset, overrides, run_dir, max_steps, command)
     try:
-        _train(cfg, run_dir, resume, max_steps, no_dashboard, resume_cmd, command)
+        _train(cfg, run_dir, resume, max_steps, no_dashboard, resume_cmd, command, config_notes)
     except interrupts.Interrupted as exc:
         again = resume_cmd if (run_dir / "config.json").exists() else "the same command"
         err.print(f"stopped by {interrupts.SIGNAL_NAMES.get(exc.signum, exc.signum)} before training began; "
@@ -212,7 +213,7 @@ def _resume_command(preset: str, overrides: Optional[list[str]], run_dir: Path, 
 
 
 def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashboard: bool, resume_cmd: str,
-           command: str = "train") -> None:
+           command: str = "train", config_notes: list[str] | None = None) -> None:
     from tinyrl import interrupts
     from tinyrl.dashboard import Dashboard
 
@@ -243,7 +244,7 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
     info["memory_plan"] = read_run_plan(run_dir)  # None on the CPU: no plan is made there
     with Dashboard(info, mode="plain" if no_dashboard else "auto") as dash:
         trainer.dash = dash
-        for notice in notes + trainer.notices:
+        for notice in (config_notes or []) + notes + trainer.notices:
             dash.log(notice)
         trainer.train(max_steps)
     message, code = interrupts.end_of_run(trainer, run_dir, trainer.total_steps(max_steps), resume_cmd)

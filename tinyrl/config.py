@@ -235,8 +235,10 @@ def list_presets() -> dict[str, Path]:
     return {p.stem: p for p in sorted(PRESETS_DIR.glob("*.toml"))}
 
 
-def load_config(preset: str, overrides: list[str] | None = None, check: bool = True) -> Config:
-    """Preset file (or a path to a .toml) + `key.sub=value` overrides, validated."""
+def load_config(preset: str, overrides: list[str] | None = None, check: bool = True,
+                notes: list[str] | None = None) -> Config:
+    """Preset file (or a path to a .toml) + `key.sub=value` overrides, validated. Warnings that
+    are not errors (role_rate_notes) are appended to `notes` when the caller passes a list."""
     path = _preset_path(preset)
     raw = _read_preset(path)
     cfg = Config(preset=path.stem)
@@ -245,6 +247,10 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
         problems += _apply_override(cfg, item)
     if check:
         problems += problems_of(cfg)
+    if notes is not None:
+        given = {f"{sec}.{k}" for sec, keys in raw.items() if isinstance(keys, dict) for k in keys}
+        given |= {item.split("=", 1)[0].strip() for item in overrides or []}
+        notes += role_rate_notes(cfg, given)
     if problems:
         raise TinyRLError(
             f"preset {cfg.preset!r} has {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems),
@@ -252,6 +258,25 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
             "`tinyrl presets show NAME` lists every key",
         )
     return cfg
+
+
+def role_rate_notes(cfg: Config, given: set[str]) -> list[str]:
+    """A run with a critic whose preset/--set gave one role's learning rate but not the other's:
+    the other stays at a default tuned for another model size (actor 1e-6 and critic 1e-5 are
+    a 3B's). The countdown demo's PPO did so (actor 2e-3, critic 1e-5): its value head hardly
+    moved in 60 steps, explained variance stayed 0, and "PPO" was REINFORCE with whitening."""
+    from tinyrl.rl.advantages import needs_critic  # local: config stays free of torch at import
+
+    if cfg.algorithm.adv_estimator not in ADV_ESTIMATORS or not needs_critic(cfg.algorithm.adv_estimator):
+        return []
+    out = []
+    for role, other in (("actor", "critic"), ("critic", "actor")):
+        if f"{role}.lr" in given and f"{other}.lr" not in given:
+            value = get_setting(cfg, f"{role}.lr")
+            out.append(f"{role}.lr = {value:g} is set but {other}.lr is left at its default "
+                       f"{get_setting(cfg, f'{other}.lr'):g} (a 3B model's rate), so the two learners may "
+                       f"move at very different speeds; set {other}.lr too (e.g. --set {other}.lr={value:g})")
+    return out
 
 
 # Keys that moved to the task section (issue 13): old presets get a pointer, old runs are migrated.
