@@ -129,3 +129,10 @@ def test_no_shipped_critic_preset_leaves_a_rate_at_another_size_default():
         if cfg.algorithm.adv_estimator == "gae":
             assert notes == [], (name, notes)
 
+
+def test_critic_warmup_is_checked():
+    with pytest.raises(TinyRLError, match="trainer.critic_warmup = -1 must be >= 0"):
+        load_config("countdown-tiny", ["trainer.critic_warmup=-1"])
+    with pytest.raises(TinyRLError, match="adv_estimator = grpo has none"):
+        load_config("countdown-tiny", ["trainer.critic_warmup=5", "algorithm.adv_estimator=grpo"])
+    assert load_config("countdown-tiny", ["trainer.critic_warmup=5"]).trainer.critic_warmup == 5

@@ -290,3 +290,12 @@ def test_from_run_can_start_from_the_exported_actor(tmp_path):
     assert args["data.train_batch_size"] == "128" and args["trainer.total_epochs"] == "2"
     assert "also verl's KL reference" in script.read_text()
     assert json.loads((tmp_path / "o" / "tinyrl_config.json").read_text())["trainer"]["total_epochs"] == 2
+
+
+def test_critic_warmup_goes_to_verl_under_its_own_name_and_meaning():
+    # the same number: tinyrl follows verl 0.9.1's reading (the actor waits while
+    # critic_warmup > the 1-based step), so nothing is shifted by one on the way
+    ctx = Context(model_path="m", train_files="t", val_files="v", reward_path="r", steps_per_epoch=10)
+    for warmup in (0, 4):
+        cfg = load_config("countdown-tiny", [f"trainer.critic_warmup={warmup}"])
+        assert map_config(cfg, ctx).overrides["trainer.critic_warmup"] == warmup

@@ -177,6 +177,9 @@ class TrainerConfig:
     val_before_train: bool = False        # verl's key: also validate the starting model (logged as step 0)
     val_n: int = 0                        # data.val_files: samples per problem besides greedy (pass@k, k = 1 and val_n)
     save_every: int = 0                   # 0 = only at the end
+    # verl's trainer.critic_warmup, same meaning (verl 0.9.1 ray_trainer.py: the actor updates
+    # only once critic_warmup <= the 1-based step): N > 1 gives N - 1 critic-only steps first.
+    critic_warmup: int = 0
     keep_last: int = 2
     out_dir: str = "runs"
     log_samples: int = 4                  # sample completions kept per step
@@ -479,6 +482,7 @@ def problems_of(cfg: Config) -> list[str]:
     if cfg.algorithm.adv_estimator in ("grpo", "dr_grpo", "rloo") and r.n < 2:
         out.append(f"algorithm.adv_estimator = {cfg.algorithm.adv_estimator} compares samples of one "
                    f"prompt, so rollout.n must be at least 2 (got {r.n}); set rollout.n=8")
+    out += _critic_warmup_problems(cfg)
     if cfg.algorithm.kl_in_reward and cfg.algorithm.use_kl_loss:
         out.append("algorithm.kl_in_reward and algorithm.use_kl_loss are both true: the KL would be "
                    "counted twice; set one of them to false")
@@ -507,6 +511,18 @@ def problems_of(cfg: Config) -> list[str]:
 
     out += task_problems(cfg)
     return out
+
+
+def _critic_warmup_problems(cfg: Config) -> list[str]:
+    w = cfg.trainer.critic_warmup
+    if w < 0:
+        return [f"trainer.critic_warmup = {w} must be >= 0 (0 = the actor updates from the first step)"]
+    from tinyrl.rl.advantages import needs_critic  # local: config stays free of torch at import
+
+    if w > 1 and cfg.algorithm.adv_estimator in ADV_ESTIMATORS and not needs_critic(cfg.algorithm.adv_estimator):
+        return [f"trainer.critic_warmup = {w} holds the actor back for a critic, but algorithm.adv_estimator = "
+                f"{cfg.algorithm.adv_estimator} has none; set trainer.critic_warmup=0"]
+    return []
 
 
 def _float_settings(obj: Any, prefix: str = "") -> dict[str, float]:
