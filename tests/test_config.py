@@ -109,3 +109,44 @@ def test_unknown_preset_suggests():
 
 def test_override_without_equals():
     assert "is not key=value" in _problems("countdown-4090", "actor.lr")
+
+
+def test_a_critic_run_that_sets_one_roles_rate_says_the_other_is_at_a_default(tmp_path):
+    # countdown-demo sets actor.lr = 2e-3 only; PPO with a critic kept critic.lr at 1e-5, a 3B's
+    # rate, and its value head never learned (issue 30). The note names the missing key and a value.
+    notes: list[str] = []
+    load_config("countdown-demo", ["algorithm.adv_estimator=gae"], check=False, notes=notes)
+    assert len(notes) == 1 and "critic.lr" in notes[0] and "--set critic.lr=0.002" in notes[0]
+    for overrides in (["algorithm.adv_estimator=gae", "critic.lr=2e-3"],  # both given
+                      [],                                                 # GRPO: no critic
+                      ["algorithm.adv_estimator=gae", "critic.lr=2e-3", "actor.lr=1e-3"]):
+        quiet: list[str] = []
+        load_config("countdown-demo", overrides, check=False, notes=quiet)
+        assert quiet == [], overrides
+    # the other way round: a preset that gives the critic's rate only
+    preset = tmp_path / "mine.toml"
+    preset.write_text('[algorithm]\nadv_estimator = "gae"\n[critic]\nlr = 3e-3\n')
+    notes = []
+    load_config(str(preset), check=False, notes=notes)
+    assert len(notes) == 1 and notes[0].startswith("critic.lr = 0.003 is set but actor.lr is left at its default")
+    notes = []
+    load_config("countdown-4090", ["critic.lr=3e-5"], notes=notes)  # the preset gives both: quiet
+    assert notes == []
+
+
+def test_no_shipped_critic_preset_leaves_a_rate_at_another_size_default():
+    for name in list_presets():
+        if name.endswith("-sft"):
+            continue  # `tinyrl sft` trains the actor only (the CLI asks for these notes for `train`)
+        notes: list[str] = []
+        cfg = load_config(name, check=False, notes=notes)
+        if cfg.algorithm.adv_estimator == "gae":
+            assert notes == [], (name, notes)
+
+
+def test_critic_warmup_is_checked():
+    with pytest.raises(TinyRLError, match="trainer.critic_warmup = -1 must be >= 0"):
+        load_config("countdown-tiny", ["trainer.critic_warmup=-1"])
+    with pytest.raises(TinyRLError, match="adv_estimator = grpo has none"):
+        load_config("countdown-tiny", ["trainer.critic_warmup=5", "algorithm.adv_estimator=grpo"])
+    assert load_config("countdown-tiny", ["trainer.critic_warmup=5"]).trainer.critic_warmup == 5

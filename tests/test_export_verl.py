@@ -337,3 +337,12 @@ def test_an_export_never_writes_over_its_own_inputs(tmp_path):
     export_verl(cfg, out, overwrite=True)
     assert pq.ParquetFile(test_copy).metadata.num_rows == 200
     assert pq.ParquetFile(out / "data" / "test.parquet").metadata.num_rows == cfg.data.max_test_prompts < 200
+
+
+def test_critic_warmup_goes_to_verl_under_its_own_name_and_meaning():
+    # the same number: tinyrl follows verl 0.9.1's reading (the actor waits while
+    # critic_warmup > the 1-based step), so nothing is shifted by one on the way
+    ctx = Context(model_path="m", train_files="t", val_files="v", reward_path="r", steps_per_epoch=10)
+    for warmup in (0, 4):
+        cfg = load_config("countdown-tiny", [f"trainer.critic_warmup={warmup}"])
+        assert map_config(cfg, ctx).overrides["trainer.critic_warmup"] == warmup

@@ -145,3 +145,25 @@ def test_val_before_train_logs_step_zero_and_the_last_step_always_validates(tmp_
     assert [m["step"] for m in lines] == [0, 1, 2]
     assert set(lines[0]) == {"step", "val/score", "val/reward_mean"} and trainer.val_before == lines[0]
     assert "val/score" not in lines[1] and "val/score" in lines[2]
+
+
+def test_critic_warmup_holds_the_actor_while_the_critic_learns(tmp_path):
+    # verl's trainer.critic_warmup = 3: steps 1 and 2 update the critic only, step 3 both.
+    trainer = Trainer(tiny_config(tmp_path, "trainer.critic_warmup=3", "trainer.max_steps=3"), tmp_path / "run")
+    models = trainer.models
+
+    def snapshot(params):
+        return [p.detach().clone() for p in params]
+
+    def moved(before, params):
+        return any(not torch.equal(b, p) for b, p in zip(before, params))
+
+    critic_start = snapshot(models.critic_parameters())
+    for step in (1, 2, 3):
+        actor = snapshot(models.actor_parameters())
+        metrics = trainer.train_step()
+        assert "critic/vf_loss" in metrics, step  # the critic learner ran every step
+        assert moved(actor, models.actor_parameters()) == (step == 3), step
+        assert ("actor/pg_loss" in metrics) == (step == 3), step
+        if step == 2:  # (a step whose rewards are all 0 gives a zero-initialised critic no gradient)
+            assert moved(critic_start, models.critic_parameters())

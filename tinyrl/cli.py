@@ -182,7 +182,8 @@ def _run_command(command: str, preset: str, overrides: Optional[list[str]], out_
     from tinyrl.setup import check_train_path
 
     interrupts.install()  # from here on, Ctrl-C/SIGTERM end cleanly (see tinyrl.interrupts)
-    cfg = load_config(preset, overrides)
+    config_notes: list[str] = []
+    cfg = load_config(preset, overrides, notes=config_notes if command == "train" else None)  # sft: no critic
     run_dir = out_dir or Path(cfg.trainer.out_dir) / cfg.preset
     if max_steps is not None and max_steps < 1:
         raise TinyRLError(f"--max-steps {max_steps} must be at least 1", hint="e.g. --max-steps 3")
@@ -194,7 +195,7 @@ def _run_command(command: str, preset: str, overrides: Optional[list[str]], out_
         if not resume:
             rundir.check_new_run(run_dir)  # another run's metrics or checkpoints: --resume or another --out
         try:
-            _train(cfg, run_dir, resume, max_steps, no_dashboard, resume_cmd, command)
+            _train(cfg, run_dir, resume, max_steps, no_dashboard, resume_cmd, command, config_notes)
         except interrupts.Interrupted as exc:
             again = resume_cmd if (run_dir / "config.json").exists() else "the same command"
             err.print(f"stopped by {interrupts.SIGNAL_NAMES.get(exc.signum, exc.signum)} before training began; "
@@ -214,7 +215,7 @@ def _resume_command(preset: str, overrides: Optional[list[str]], run_dir: Path, 
 
 
 def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashboard: bool, resume_cmd: str,
-           command: str = "train") -> None:
+           command: str = "train", config_notes: list[str] | None = None) -> None:
     from tinyrl import interrupts
     from tinyrl.dashboard import Dashboard
 
@@ -245,7 +246,7 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
     info["memory_plan"] = read_run_plan(run_dir)  # None on the CPU: no plan is made there
     with Dashboard(info, mode="plain" if no_dashboard else "auto") as dash:
         trainer.dash = dash
-        for notice in notes + trainer.notices:
+        for notice in (config_notes or []) + notes + trainer.notices:
             dash.log(notice)
         trainer.train(max_steps)
     message, code = interrupts.end_of_run(trainer, run_dir, trainer.total_steps(max_steps), resume_cmd)

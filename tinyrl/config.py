@@ -178,6 +178,9 @@ class TrainerConfig:
     val_before_train: bool = False        # verl's key: also validate the starting model (logged as step 0)
     val_n: int = 0                        # data.val_files: samples per problem besides greedy (pass@k, k = 1 and val_n)
     save_every: int = 0                   # 0 = only at the end
+    # verl's trainer.critic_warmup, same meaning (verl 0.9.1 ray_trainer.py: the actor updates
+    # only once critic_warmup <= the 1-based step): N > 1 gives N - 1 critic-only steps first.
+    critic_warmup: int = 0
     keep_last: int = 2
     out_dir: str = "runs"
     log_samples: int = 4                  # sample completions kept per step
@@ -236,8 +239,10 @@ def list_presets() -> dict[str, Path]:
     return {p.stem: p for p in sorted(PRESETS_DIR.glob("*.toml"))}
 
 
-def load_config(preset: str, overrides: list[str] | None = None, check: bool = True) -> Config:
-    """Preset file (or a path to a .toml) + `key.sub=value` overrides, validated."""
+def load_config(preset: str, overrides: list[str] | None = None, check: bool = True,
+                notes: list[str] | None = None) -> Config:
+    """Preset file (or a path to a .toml) + `key.sub=value` overrides, validated. Warnings that
+    are not errors (role_rate_notes) are appended to `notes` when the caller passes a list."""
     path = _preset_path(preset)
     raw = _read_preset(path)
     cfg = Config(preset=path.stem)
@@ -246,6 +251,10 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
         problems += _apply_override(cfg, item)
     if check:
         problems += problems_of(cfg)
+    if notes is not None:
+        given = {f"{sec}.{k}" for sec, keys in raw.items() if isinstance(keys, dict) for k in keys}
+        given |= {item.split("=", 1)[0].strip() for item in overrides or []}
+        notes += role_rate_notes(cfg, given)
     if problems:
         raise TinyRLError(
             f"preset {cfg.preset!r} has {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems),
@@ -253,6 +262,25 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
             "`tinyrl presets show NAME` lists every key",
         )
     return cfg
+
+
+def role_rate_notes(cfg: Config, given: set[str]) -> list[str]:
+    """A run with a critic whose preset/--set gave one role's learning rate but not the other's:
+    the other stays at a default tuned for another model size (actor 1e-6 and critic 1e-5 are
+    a 3B's). The countdown demo's PPO did so (actor 2e-3, critic 1e-5): its value head hardly
+    moved in 60 steps, explained variance stayed 0, and "PPO" was REINFORCE with whitening."""
+    from tinyrl.rl.advantages import needs_critic  # local: config stays free of torch at import
+
+    if cfg.algorithm.adv_estimator not in ADV_ESTIMATORS or not needs_critic(cfg.algorithm.adv_estimator):
+        return []
+    out = []
+    for role, other in (("actor", "critic"), ("critic", "actor")):
+        if f"{role}.lr" in given and f"{other}.lr" not in given:
+            value = get_setting(cfg, f"{role}.lr")
+            out.append(f"{role}.lr = {value:g} is set but {other}.lr is left at its default "
+                       f"{get_setting(cfg, f'{other}.lr'):g} (a 3B model's rate), so the two learners may "
+                       f"move at very different speeds; set {other}.lr too (e.g. --set {other}.lr={value:g})")
+    return out
 
 
 # Keys that moved to the task section (issue 13): old presets get a pointer, old runs are migrated.
@@ -461,6 +489,7 @@ def problems_of(cfg: Config) -> list[str]:
     if est is not None and est.grouped and r.n < 2:
         out.append(f"algorithm.adv_estimator = {cfg.algorithm.adv_estimator} compares samples of one "
                    f"prompt, so rollout.n must be at least 2 (got {r.n}); set rollout.n=8")
+    out += _critic_warmup_problems(cfg)
     if cfg.algorithm.kl_in_reward and cfg.algorithm.use_kl_loss:
         out.append("algorithm.kl_in_reward and algorithm.use_kl_loss are both true: the KL would be "
                    "counted twice; set one of them to false")
@@ -496,6 +525,18 @@ def problems_of(cfg: Config) -> list[str]:
 
     out += task_problems(cfg)
     return out
+
+
+def _critic_warmup_problems(cfg: Config) -> list[str]:
+    w = cfg.trainer.critic_warmup
+    if w < 0:
+        return [f"trainer.critic_warmup = {w} must be >= 0 (0 = the actor updates from the first step)"]
+    from tinyrl.rl.advantages import needs_critic  # local: config stays free of torch at import
+
+    if w > 1 and cfg.algorithm.adv_estimator in ADV_ESTIMATORS and not needs_critic(cfg.algorithm.adv_estimator):
+        return [f"trainer.critic_warmup = {w} holds the actor back for a critic, but algorithm.adv_estimator = "
+                f"{cfg.algorithm.adv_estimator} has none; set trainer.critic_warmup=0"]
+    return []
 
 
 def _float_settings(obj: Any, prefix: str = "") -> dict[str, float]:

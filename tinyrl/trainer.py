@@ -286,8 +286,9 @@ class Trainer:
         self.models.train(True)
         g = torch.Generator().manual_seed(cfg.trainer.seed * 31 + step)
         learner_stats = {}
-        for phase, learner in ((Phase.ACTOR_UPDATE, self.learners["actor"]),
-                               (Phase.CRITIC_UPDATE, self.learners.get("critic"))):
+        # verl's critic warm-up: the actor waits while trainer.critic_warmup > the 1-based step
+        actor = self.learners["actor"] if cfg.trainer.critic_warmup <= step + 1 else None
+        for phase, learner in ((Phase.ACTOR_UPDATE, actor), (Phase.CRITIC_UPDATE, self.learners.get("critic"))):
             if learner is not None:
                 with timed(phase), self._counting_tokens(phase):
                     learner_stats.update(learner.update(traj, samples_per_prompt=cfg.rollout.n, generator=g))

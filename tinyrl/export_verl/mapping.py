@@ -300,6 +300,9 @@ def _trainer(cfg, ctx, m, o):
     o["trainer.device"] = "cuda"
     m.note(cfg, "trainer.memory_budget_gib", "tinyrl's per-card memory plan; verl sizes by "
            "gpu_memory_utilization and the token budgets")
+    # the same key and meaning (verl 0.9.1 trainer/ppo/ray_trainer.py: the actor waits while
+    # critic_warmup > global_steps, which counts from 1)
+    o["trainer.critic_warmup"] = g("trainer.critic_warmup")
     o["trainer.test_freq"] = g("trainer.test_every") or -1
     if g("trainer.val_n", 0):
         m.note(cfg, "trainer.val_n", "tinyrl samples val_n completions per validation problem for pass@k; "
