@@ -269,9 +269,7 @@ def role_rate_notes(cfg: Config, given: set[str]) -> list[str]:
     the other stays at a default tuned for another model size (actor 1e-6 and critic 1e-5 are
     a 3B's). The countdown demo's PPO did so (actor 2e-3, critic 1e-5): its value head hardly
     moved in 60 steps, explained variance stayed 0, and "PPO" was REINFORCE with whitening."""
-    from tinyrl.rl.advantages import needs_critic  # local: config stays free of torch at import
-
-    if cfg.algorithm.adv_estimator not in ADV_ESTIMATORS or not needs_critic(cfg.algorithm.adv_estimator):
+    if cfg.algorithm.adv_estimator not in ADV_ESTIMATORS or not has_critic(cfg):
         return []
     out = []
     for role, other in (("actor", "critic"), ("critic", "actor")):
@@ -531,9 +529,7 @@ def _critic_warmup_problems(cfg: Config) -> list[str]:
     w = cfg.trainer.critic_warmup
     if w < 0:
         return [f"trainer.critic_warmup = {w} must be >= 0 (0 = the actor updates from the first step)"]
-    from tinyrl.rl.advantages import needs_critic  # local: config stays free of torch at import
-
-    if w > 1 and cfg.algorithm.adv_estimator in ADV_ESTIMATORS and not needs_critic(cfg.algorithm.adv_estimator):
+    if w > 1 and cfg.algorithm.adv_estimator in ADV_ESTIMATORS and not has_critic(cfg):
         return [f"trainer.critic_warmup = {w} holds the actor back for a critic, but algorithm.adv_estimator = "
                 f"{cfg.algorithm.adv_estimator} has none; set trainer.critic_warmup=0"]
     return []
