@@ -278,7 +278,7 @@ def test_doctor_has_no_critic_memory_row_for_a_critic_free_run():
 
     def names(*sets: str) -> set[str]:
         cfg = load_config("countdown-tiny", list(sets), check=False)
-        return {r.name for r in cpu_memory_rows(cfg, TensorPeaks(), "fp32", 16)}
+        return {r.name for r in cpu_memory_rows(cfg, TensorPeaks(), "fp32")}
 
     assert "memory: critic_update" in names()
     assert "memory: critic_update" not in names("algorithm.adv_estimator=rloo", "rollout.n=2")
