@@ -30,6 +30,10 @@ def _stop_at_backward(region: str) -> None:
 def test_the_probe_step_runs_on_a_non_cpu_device(phase, finetune):
     step = sim.Step(phase, 2, 32, 16, finetune, 4, logprob_chunk=16, dtype="bf16")
     models = sim.build_models(SPEC, step, device="meta")
+    # Padded passes (model.padding_free=false, still a user's option): the packed layout is host
+    # index work on the batch's values (tinyrl.packing), which meta tensors do not have; the
+    # packed passes run on real CPU tensors in tests/test_memory_packed_plan.py, on one device.
+    models.cfg.padding_free = False
     with FakeTensorMode():
         sim.to_fake(sim.all_modules(models), "meta")
         batch = sim.make_inputs(step, SPEC["vocab_size"], "meta")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 from tinyrl.errors import TinyRLError
+from tinyrl.preflight import check_writable
 
 LOCK_FILE = ".tinyrl.lock"
 RUN_FILE = "run.json"
@@ -42,6 +43,7 @@ os.register_at_fork(after_in_child=_close_in_child)
 
 
 def _open_dir(run_dir: Path) -> Path:
+    check_writable(run_dir)  # --out a file, inside one, or on a read-only disk: said plainly first
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
