@@ -69,11 +69,11 @@ def test_second_process_is_refused_and_a_sigkill_frees_the_directory(tmp_path, d
             time.sleep(0.05)
         config_before = (out / "config.json").read_text() if (out / "config.json").exists() else None
         second = run(data, out, "--max-steps", "1", sets=("trainer.seed=7",))
-        err = " ".join(second.stderr.split())
+        err = " ".join(second.stderr.replace("│", " ").split())
         assert second.returncode == 2, second.stderr[-3000:]
         assert f"pid {first.pid}" in err and "in use by another tinyrl process" in err and "Traceback" not in err
         sft = run(data, out, "--max-steps", "1", verb="sft")  # the same run-directory code
-        assert sft.returncode == 2 and f"pid {first.pid}" in " ".join(sft.stderr.split()), sft.stderr[-3000:]
+        assert sft.returncode == 2 and f"pid {first.pid}" in " ".join(sft.stderr.replace("│", " ").split()), sft.stderr[-3000:]
         if config_before is not None:  # the refused runs wrote nothing
             assert (out / "config.json").read_text() == config_before
         assert not (out / "metrics.jsonl").exists() or all(
@@ -104,7 +104,7 @@ def test_foreign_checkpoints_are_refused_and_own_resume_continues(tmp_path, data
     (old / "metrics.jsonl").unlink()
     kept = {p: p.read_bytes() for p in old.rglob("*") if p.is_file() and p.name != rundir.LOCK_FILE}
     new = run(data, old, "--max-steps", "2", sets=("trainer.seed=5",))
-    err = " ".join(new.stderr.split())
+    err = " ".join(new.stderr.replace("│", " ").split())
     assert new.returncode == 2 and "holds checkpoints this new run did not write (step 1, 2)" in err, err[-3000:]
     assert "--resume" in err and "Traceback" not in err
     assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file() and p.name != rundir.LOCK_FILE} == kept
@@ -112,7 +112,7 @@ def test_foreign_checkpoints_are_refused_and_own_resume_continues(tmp_path, data
     # another run's real checkpoint copied into a run directory: --resume names both runs
     shutil.copytree(old / "checkpoints" / "step_0000002", other / "checkpoints" / "step_0000002")
     resumed = run(data, other, "--resume", "--max-steps", "3", sets=("trainer.seed=3",))
-    err = " ".join(resumed.stderr.split())
+    err = " ".join(resumed.stderr.replace("│", " ").split())
     assert resumed.returncode == 2, err[-3000:]
     assert f"step_0000002 (run {old_id})" in err and f"this directory's run is {other_id}" in err
     assert not (other / "checkpoints" / "step_0000003").exists()
@@ -143,12 +143,12 @@ def test_user_rewards_that_break_the_run_stop_it_loudly(tmp_path, data, tiny_mod
             return 0.5
     """))
     huge = run(data, tmp_path / "huge", "--max-steps", "2", sets=(f"reward.fn={rewards}:huge",))
-    err = " ".join(huge.stderr.split())
+    err = " ".join(huge.stderr.replace("│", " ").split())
     assert huge.returncode == 2 and f"{rewards}:huge" in err and "beyond the bound" in err, err[-3000:]
     assert "run finished" not in huge.stdout and "Traceback" not in err
 
     quits = run(data, out, "--max-steps", "3", sets=(f"reward.fn={rewards}:quits",))
-    err = " ".join(quits.stderr.split())
+    err = " ".join(quits.stderr.replace("│", " ").split())
     assert quits.returncode == 2, (quits.returncode, err[-3000:])
     assert f"{rewards}:quits" in err and "ended its worker process without returning" in err and "exit code 0" in err
     assert "run finished" not in quits.stdout
