@@ -91,7 +91,7 @@ def _private_tmp(workdir: str, owner: tuple | None, size_mb: int) -> bool:
     return True
 
 
-def _fd_paths(paths: list) -> list:
+def _fd_paths(paths: list, others_must_read: bool = True) -> list:
     """Import paths reachable after the privilege drop: the interpreter may live where the
     sandbox uid cannot traverse (/root/.pyenv under a 0700 /root). An O_PATH descriptor opened
     as root and reached through /proc/self/fd/N skips the ancestors' permission checks; the
@@ -99,7 +99,7 @@ def _fd_paths(paths: list) -> list:
     them anyway)."""
     moved = {}
     for p in paths:
-        if p and os.path.isdir(p) and os.stat(p).st_mode & 0o005 == 0o005:
+        if p and os.path.isdir(p) and (not others_must_read or os.stat(p).st_mode & 0o005 == 0o005):
             moved[p] = f"/proc/self/fd/{os.open(p, os.O_PATH | os.O_DIRECTORY)}"
     # packages imported already (encodings, importlib, ...) find their submodules through
     # their own __path__: move those too, or `"x".encode("idna")` fails later
@@ -147,11 +147,12 @@ def _run_reaper(spec: dict, status_w: int) -> None:
 def _confine(spec: dict) -> None:
     """In the code process, before the code: rlimits (inherited by all it starts), then the
     privilege drop when root, then death with the reaper."""
+    if spec["uid"] is not None or spec["isolate"]:
+        # before the private /tmp below: a venv under /tmp (a CI clone) would vanish behind it
+        sys.path[:] = _fd_paths(sys.path, others_must_read=spec["uid"] is not None)
     if spec["isolate"]:
         owner = (spec["uid"], spec["gid"]) if spec["uid"] is not None else None
         spec["private_tmp"] = _private_tmp(spec["workdir"], owner, spec["tmp_mb"])
-    if spec["uid"] is not None:
-        sys.path[:] = _fd_paths(sys.path)
     mb = 1024 * 1024
     limits = {
         resource.RLIMIT_CPU: spec["cpu_s"],
