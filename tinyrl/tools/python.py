@@ -1,0 +1,266 @@
+"""The Python tool: run untrusted code in a fresh, limited subprocess and say what happened.
+
+`run_code(code)` -> `ToolResult`; `run_many(codes)` runs a batch in a bounded thread pool, in
+order. Each call gets a fresh temporary directory (removed afterwards) and a fresh launcher
+process (`_launcher.py`: limits, privilege drop, network namespace, wall-clock kill, cleanup).
+When the trainer runs as root, each concurrent call runs under its own unprivileged uid
+(UID_BASE + a slot held with flock, so two calls -- even of two trainers -- never share one);
+that uid is what makes "kill every process the call left" exact. See README, "The Python
+sandbox: what it enforces". Knows nothing of tasks, turns or tokens.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import grp
+import json
+import math
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tinyrl.errors import TinyRLError
+from tinyrl.tools import procs
+
+UID_BASE = 60000          # sandbox uids UID_BASE .. UID_BASE + UID_SLOTS - 1 (need not exist)
+UID_SLOTS = 64
+_LAUNCHER = Path(__file__).with_name("_launcher.py")
+_BACKSTOP_S = 30.0        # the launcher's own cleanup is given this long past the deadline
+_SIGNAL_WHY = {
+    "SIGKILL": "killed",
+    "SIGXCPU": "CPU time limit exceeded",
+    "SIGXFSZ": "file size limit exceeded",
+    "SIGSEGV": "segmentation fault",
+}
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    stdout: str
+    stderr: str
+    exit_code: int            # the process's exit status; -N when signal N ended it
+    timed_out: bool           # the wall clock ran out and the call was killed
+    killed_by: str | None     # signal name when a signal ended it (SIGKILL after a timeout)
+    truncated: bool           # stdout or stderr was cut to `max_output_bytes`
+    seconds: float            # wall clock of the call, launcher start to cleanup done
+    message: str              # one line for the model's tool turn: what happened
+    network: str              # "isolated", or why not
+    pid_namespace: bool       # the code ran in its own pid namespace
+    leftover_killed: int = 0  # processes the code left behind that the cleanup killed
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+def _check(timeout_s: float, memory_mb: int, max_output_bytes: int, max_processes: int) -> None:
+    problems = []
+    if not timeout_s > 0:
+        problems.append(f"timeout_s must be > 0, got {timeout_s}")
+    if memory_mb < 64:
+        problems.append(f"memory_mb must be >= 64 (the interpreter needs ~30 MB), got {memory_mb}")
+    if max_output_bytes < 64:
+        problems.append(f"max_output_bytes must be >= 64, got {max_output_bytes}")
+    if max_processes < 1:
+        problems.append(f"max_processes must be >= 1, got {max_processes}")
+    if problems:
+        raise TinyRLError("bad sandbox limits: " + "; ".join(problems),
+                          hint="use run_code's defaults (timeout_s=10, memory_mb=1024) or fix these")
+
+
+def uid_lock_path(uid: int) -> Path:
+    """The file a call holds (flock) while it runs under `uid`: a free lock means no call."""
+    lock_dir = Path(tempfile.gettempdir()) / "tinyrl-sandbox-uids"
+    lock_dir.mkdir(mode=0o700, exist_ok=True)
+    return lock_dir / f"{uid}.lock"
+
+
+class _UidSlot:
+    """An unprivileged uid/gid held exclusively (flock) for one call; root only."""
+
+    def __init__(self) -> None:
+        while True:
+            for slot in range(UID_SLOTS):
+                uid = UID_BASE + slot
+                if _exists(pwd.getpwuid, uid) or _exists(grp.getgrgid, uid):
+                    continue          # a real account: never run code as it
+                fd = os.open(uid_lock_path(uid), os.O_CREAT | os.O_RDWR, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                self.uid = self.gid = uid
+                self._fd = fd
+                # a trainer killed mid-call may have left processes under this uid
+                procs.kill_selected(self.owned)
+                return
+            time.sleep(0.05)          # every slot busy: wait for one
+
+    def owned(self, live) -> set[int]:
+        return {p.pid for p in live if self.uid in p.uids}
+
+    def release(self) -> None:
+        os.close(self._fd)
+
+
+def _exists(lookup, ident: int) -> bool:
+    try:
+        lookup(ident)
+        return True
+    except KeyError:
+        return False
+
+
+def _clean_env(home: str) -> dict[str, str]:
+    """All the code sees: nothing of the trainer's environment (tokens, CUDA, paths)."""
+    one = "1"
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home,
+            "TMPDIR": home, "OMP_NUM_THREADS": one, "OPENBLAS_NUM_THREADS": one,
+            "MKL_NUM_THREADS": one}
+
+
+def _read_output(path: Path, limit: int) -> tuple[str, bool]:
+    """At most `limit` bytes of a stream: its head and tail when longer (a traceback's last
+    line is the one that matters). Bounded reads: a 16 MB file is never loaded whole."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if size <= limit:
+            return f.read().decode(errors="replace"), False
+        head = f.read(limit // 2)
+        f.seek(size - (limit - limit // 2))
+        tail = f.read()
+    cut = f"\n[... {size - len(head) - len(tail)} bytes cut ...]\n"
+    return head.decode(errors="replace") + cut + tail.decode(errors="replace"), True
+
+
+def _rmtree(path: str) -> None:
+    def unlock(func, p, _exc):      # the code may have chmod 000'ed its own files (non-root)
+        os.chmod(os.path.dirname(p), 0o700)
+        os.chmod(p, 0o700) if os.path.isdir(p) else None
+        func(p)
+    shutil.rmtree(path, onerror=unlock)
+
+
+def _describe(exit_code: int, killed_by: str | None, timed_out: bool, truncated: bool,
+              timeout_s: float, stderr: str) -> str:
+    if timed_out:
+        parts = [f"timed out after {timeout_s:g} s (wall clock); the process and its children were killed"]
+    elif killed_by:
+        parts = [f"killed by {killed_by} ({_SIGNAL_WHY.get(killed_by, 'signal')})"]
+    elif exit_code == 0:
+        parts = ["exit code 0"]
+    else:
+        last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+        parts = [f"exit code {exit_code}" + (f": {last}" if last else "")]
+    if truncated:
+        parts.append("output truncated")
+    return "; ".join(parts)
+
+
+def run_code(code: str, timeout_s: float = 10.0, memory_mb: int = 1024, *,
+             max_output_bytes: int = 16384, max_processes: int = 16, max_open_files: int = 64,
+             file_size_mb: int = 16, isolate: bool = True) -> ToolResult:
+    """Run `code` as a fresh `python` program; never raises for anything the code does.
+
+    Limits: wall clock `timeout_s` (then SIGKILL of the whole process group and of every
+    process the call left), CPU time ceil(timeout_s) + 1 s per process, address space
+    `memory_mb` per process, files written <= `file_size_mb` (stdout/stderr included), open
+    files, processes (`max_processes`, per call as root; on top of the user's own otherwise).
+    `isolate`: new network, pid and mount namespaces where the OS allows (no network, nothing
+    outside reachable by kill, private size-capped /tmp); `result.network` says what held.
+    """
+    _check(timeout_s, memory_mb, max_output_bytes, max_processes)
+    start = time.monotonic()
+    as_root = os.geteuid() == 0
+    slot = _UidSlot() if as_root else None
+    base = tempfile.mkdtemp(prefix="tinyrl-sandbox-")
+    try:
+        return _run(code, timeout_s, memory_mb, max_output_bytes, max_processes, max_open_files,
+                    file_size_mb, isolate, slot, Path(base), start)
+    except OSError as e:             # the sandbox's own machinery, not the code: say so, go on
+        return ToolResult("", "", -1, False, None, False, time.monotonic() - start,
+                          f"sandbox failed to run the code: {e}", "unknown", False)
+    finally:
+        _rmtree(base)
+        if slot is not None:
+            slot.release()
+
+
+def _run(code, timeout_s, memory_mb, max_output_bytes, max_processes, max_open_files,
+         file_size_mb, isolate, slot, base: Path, start) -> ToolResult:
+    os.chmod(base, 0o711)             # the sandbox uid may pass through, not list
+    work = base / "work"
+    work.mkdir(mode=0o700)
+    if slot is not None:
+        os.chown(work, slot.uid, slot.gid)
+    spec = {
+        "code": code, "timeout_s": timeout_s, "memory_mb": memory_mb,
+        "file_size_bytes": file_size_mb * 1024 * 1024,
+        "cpu_s": math.ceil(timeout_s) + 1,   # a backstop: the wall clock comes first
+        "max_files": max_open_files, "max_procs": max_processes, "nice": 10,
+        "uid": slot.uid if slot else None, "gid": slot.gid if slot else None,
+        "isolate": isolate, "result_path": str(base / "result.json"),
+        "workdir": str(work), "tmp_mb": 4 * file_size_mb,
+    }
+    (base / "spec.json").write_text(json.dumps(spec))
+    with open(base / "stdout", "wb") as out, open(base / "stderr", "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-u", "-B", str(_LAUNCHER), str(base / "spec.json")],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=work,
+            env=_clean_env(str(work)), start_new_session=True, close_fds=True)
+    backstop = False
+    try:
+        proc.wait(timeout=timeout_s + _BACKSTOP_S)
+    except subprocess.TimeoutExpired:   # the launcher itself is stuck: kill all of it from here
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        backstop = True
+    # whatever the launcher did, nothing of this call survives it
+    if slot is not None:
+        procs.kill_selected(slot.owned)
+    else:
+        procs.kill_selected(lambda live: {p.pid for p in live if p.sid == proc.pid})
+    stdout, cut_out = _read_output(base / "stdout", max_output_bytes)
+    stderr, cut_err = _read_output(base / "stderr", max_output_bytes)
+    result_path = base / "result.json"
+    info = json.loads(result_path.read_text()) if result_path.exists() else None
+    if info is None:                    # the launcher died before writing its result
+        timed_out, status, network, pid_ns, leftovers = backstop, None, "unknown", False, 0
+    else:
+        timed_out, status = info["timed_out"], info["status"]
+        network, pid_ns, leftovers = info["network"], info["pid_namespace"], info["leftover_killed"]
+    if status is not None and os.WIFSIGNALED(status):
+        exit_code = -os.WTERMSIG(status)
+    elif status is not None:
+        exit_code = os.WEXITSTATUS(status)
+    else:
+        exit_code = -signal.SIGKILL
+    killed_by = signal.Signals(-exit_code).name if exit_code < 0 else None
+    truncated = cut_out or cut_err
+    message = _describe(exit_code, killed_by, timed_out, truncated, timeout_s, stderr)
+    if info is None and not backstop:   # not the code's doing: say whose it was
+        message = f"the sandbox launcher ended without a result (exit status {proc.returncode}); the code was killed"
+    return ToolResult(
+        stdout=stdout, stderr=stderr, exit_code=exit_code, timed_out=timed_out,
+        killed_by=killed_by, truncated=truncated, seconds=time.monotonic() - start,
+        message=message,
+        network=network, pid_namespace=pid_ns, leftover_killed=leftovers)
+
+
+def run_many(codes: list[str], max_workers: int | None = None, **limits) -> list[ToolResult]:
+    """Run a batch of snippets, at most `max_workers` at once (default: the CPU count, at
+    most 8); results in the order of `codes`. `limits` are run_code's keyword arguments."""
+    if not codes:
+        return []
+    workers = max_workers or min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tinyrl-sandbox") as pool:
+        return list(pool.map(lambda c: run_code(c, **limits), codes))
