@@ -79,6 +79,15 @@ class RolloutConfig:
     # Parity guard: mean |p_trainer - p_engine| of a step's sampled tokens above this re-syncs
     # the engine once, then stops the run (stale weights after a sync or wake).
     max_probs_diff: float = 0.05
+    # Episodes with tools (a task that declares tools; tinyrl/rollout/turns.py). An episode is the
+    # model's turns plus the tool turns between them; max_response_length bounds ALL its tokens
+    # after the prompt, tool output included (verl: data.max_response_length in multi-turn).
+    max_turns: int = 4                    # assistant turns per episode (verl: multi_turn.max_assistant_turns)
+    max_tool_calls: int = 4               # tool calls per episode; calls beyond it get an error tool turn
+    max_tool_response_tokens: int = 256   # a tool turn's output is cut to this (verl: max_tool_response_length)
+    tool_timeout_s: float = 10.0          # wall clock per call (tinyrl.tools.python.run_code)
+    tool_memory_mb: int = 1024            # address space per call
+    tool_workers: int = 0                 # calls run at once; 0 = the usable cores
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
@@ -558,7 +567,8 @@ def _settings_of_type(obj: Any, kind: type, prefix: str = "") -> dict[str, Any]:
 AT_LEAST_ONE = ("algorithm.max_gen_rounds", "algorithm.kl_horizon", "trainer.train_batch_size", "rollout.n",
                 "rollout.max_response_length", "data.max_prompt_length", "actor.ppo_epochs", "critic.ppo_epochs",
                 "trainer.total_epochs", "model.lora_rank", "model.lora_alpha", "model.logprob_chunk",
-                "trainer.keep_last", "data.max_test_prompts", "sft.max_length")
+                "trainer.keep_last", "data.max_test_prompts", "sft.max_length", "rollout.max_turns",
+                "rollout.max_tool_response_tokens", "rollout.tool_memory_mb")
 ANY_INTEGER = ("trainer.seed", "data.generate_seed")
 OWN_RULE = ("actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size", "rollout.vllm.sleep_level", "task.max_number")
 
@@ -578,7 +588,7 @@ def _number_problems(cfg: Config) -> list[str]:
     import math
 
     out = [f"{k} = {v} is not a finite number" for k, v in _float_settings(cfg).items() if not math.isfinite(v)]
-    for dotted in ("actor.lr", "critic.lr", "reward.timeout_s"):
+    for dotted in ("actor.lr", "critic.lr", "reward.timeout_s", "rollout.tool_timeout_s"):
         value = get_setting(cfg, dotted)
         if math.isfinite(value) and value <= 0:
             out.append(f"{dotted} = {value} must be > 0")

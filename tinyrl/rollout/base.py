@@ -34,6 +34,21 @@ class Turn:
 
 STOP_REASONS = ("stop", "length", "max_turns")  # EOS / max_new_tokens / the turn limit
 
+# How a tool call ended. "ok": it ran and exited 0; the others are still a tool turn that says
+# what happened (never an exception): the code failed or ran too long, or the call itself was
+# malformed (not JSON / no such tool / bad arguments), or it went past rollout.max_tool_calls.
+TOOL_CALL_STATUSES = ("ok", "error", "timeout", "bad_call", "unknown_tool", "over_limit")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call of an episode, as the metrics, the samples and a task's reward see it."""
+
+    name: str                     # the tool asked for ("" when the call could not be parsed)
+    status: str                   # one of TOOL_CALL_STATUSES
+    seconds: float                # wall clock of the run (0.0 when nothing ran)
+    turn: int                     # index into Episode.turns of the assistant turn that made it
+
 
 @dataclass
 class Episode:
@@ -52,6 +67,7 @@ class Episode:
                                   # inserted ones (verl pads tool tokens the same way); None if not given
     turns: list[Turn]             # in order, covering response_ids
     stop_reason: str              # one of STOP_REASONS
+    tool_calls: list[ToolCall] = field(default_factory=list)  # in order; empty for a single-turn episode
 
     def __post_init__(self):
         n = len(self.response_ids)

@@ -33,3 +33,6 @@ class Task:
     config_problems: Callable[[Any], list[str]] = lambda task_cfg: []
     # TaskConfig -> keyword arguments for `generate` (the task's own data options)
     generate_options: Callable[[Any], dict] = lambda task_cfg: {}
+    # Tools the model may call (names in tinyrl.tools.TOOLS). Non-empty: prompts are rendered by
+    # the chat template with these schemas, and rollouts are episodes of turns (rollout/turns.py).
+    tools: tuple[str, ...] = ()
