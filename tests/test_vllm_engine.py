@@ -15,7 +15,9 @@ from tinyrl.rollout.base import SamplingSettings
 from tinyrl.rollout.factory import make_engine
 from tinyrl.rollout.vllm_engine import _merged_state_dict
 
-# One vLLM engine per process (the session fixture): under pytest-xdist these tests share a worker.
+# One vLLM engine per process (the session fixture). The group mark is meant to keep these tests in
+# one xdist worker; with pytest 9.2 + xdist 3.8 it does not (pytest-xdist #1386), so each worker may
+# build its own engine: slower, still correct.
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
 
 # The engine runs in fp32 here (conftest), so engine and trainer differ only by summation
