@@ -377,8 +377,9 @@ def test_hostile_tool_output_and_names_are_drawn_as_inert_text():
     """Tool output is untrusted: an ANSI escape must not reach the terminal (it could clear the
     screen or recolour the view) and Rich markup in it or in a tool's name must neither style
     nor crash the frame (a stray [/nope] is a MarkupError when parsed)."""
-    ep = {**EPISODE, "stop_reason": "[/nope]",
-          "turns": [EPISODE["turns"][0], {"role": "tool", "text": HOSTILE, "tokens": 30}, EPISODE["turns"][2]],
+    said = {"role": "assistant", "text": "calling\x1b]0;owned\x07 [red]x[/red]", "tokens": 9}  # a model's bytes too
+    ep = {**EPISODE, "stop_reason": "[/nope]", "prompt": "User: Using the numbers [1, 2], \x1b[5mmake 3.",
+          "turns": [said, {"role": "tool", "text": HOSTILE, "tokens": 30}, EPISODE["turns"][2]],
           "tool_calls": [{"name": "[/nope]\x1b[2J", "status": "unknown_tool", "seconds": 0.0, "turn": 0}]}
     d = Dashboard(INFO, mode="off")
     d.update(metrics(3), ep)
@@ -389,4 +390,6 @@ def test_hostile_tool_output_and_names_are_drawn_as_inert_text():
     plain = re.sub(r"\x1b\[[0-9;]*m", "", out)  # the view's own colours only
     assert "\\x1b[2J\\x1b[H\\x1b[31mRED [bold]not bold[/bold] [/nope] \\x07\\x0dover" in plain
     assert "╭─ tool · [/nope]\\x1b[2J unknown_tool 0.00s" in plain and "stopped: [/nope]" in plain
+    assert "assistant ▸ calling\\x1b]0;owned\\x07 [red]x[/red]" in plain and "\\x1b[5mmake 3" in plain
+    assert "\x1b]" not in out and "\x1b[5m" not in out
     assert dashboard.safe_text("a\tb\nc é") == "a\tb\nc é"  # tabs, newlines and text untouched

@@ -191,7 +191,7 @@ def episode_view(turns: list[dict], calls: list[dict], reward: Any, width: int) 
             continue
         # a tool turn answers the calls of the assistant turn before it (ToolCall.turn)
         made = [c for c in calls if c.get("turn") == i - 1]
-        label = Text(safe_text(role), style="bold")
+        label = Text(role, style="bold")  # roles are tinyrl's own (Turn.role)
         for c in made:
             label.append(f" · {safe_text(str(c.get('name') or '?'))} {safe_text(str(c.get('status')))} "
                          f"{fmt(c.get('seconds'), '.2f')}s")
