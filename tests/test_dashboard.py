@@ -332,7 +332,8 @@ def test_only_the_last_turns_of_a_long_episode_are_drawn_each_cut_to_its_tail():
     for k in range(5):
         turns += [{"role": "assistant", "text": f"try {k}\n" + CALL, "tokens": 40},
                   {"role": "tool", "text": "\n".join(f"out {k}.{j}" for j in range(50)), "tokens": 300}]
-    turns.append({"role": "assistant", "text": "<answer> 44 + 35 + 19 </answer>", "tokens": 9})
+    turns.append({"role": "assistant", "text": "".join(f"check {j}\n" for j in range(6)) +
+                  "<answer> 44 + 35 + 19 </answer>", "tokens": 60})
     calls = [{"name": "code_interpreter", "status": "ok", "seconds": 0.1, "turn": 2 * k} for k in range(5)]
     d = Dashboard(INFO, mode="off")
     d.update(metrics(3), {**SAMPLE, "turns": turns, "tool_calls": calls, "stop_reason": "stop"})
@@ -343,6 +344,8 @@ def test_only_the_last_turns_of_a_long_episode_are_drawn_each_cut_to_its_tail():
     assert body.rstrip("╯─╰│ \n").endswith("<answer> 44 + 35 + 19 </answer>")
     # a tool reply keeps its last lines; the first ones are cut, marked with "…"
     assert "out 4.49" in body and "out 4.0\n" not in body and "…out 4.4" in body
+    # the last turn holds the answer: it keeps more lines (7 here, all) than an earlier one (4)
+    assert "assistant ▸ check 0" in body
 
 
 def test_tool_metrics_show_in_the_live_view_and_on_every_plain_line_once_seen():
