@@ -116,11 +116,17 @@ def tmux_run(tmp_path):
         t.close()
 
 
-def test_fed_dashboard_in_a_real_pty_shows_the_panels_with_real_values(tmp_path, tmux_run):
+def fed_pane(tmp_path: Path, tmux_run, feed: str) -> Tmux:
+    """A pane that ran the script `feed` to its end (exit status 0)."""
     script = tmp_path / "feed.py"
-    script.write_text(FEED)
+    script.write_text(feed)
     pane = tmux_run(f"{sys.executable} {script}")
     assert pane.wait_exit(limit_s=600) == 0, pane.capture()  # a hang guard: ~5 s when quiet
+    return pane
+
+
+def test_fed_dashboard_in_a_real_pty_shows_the_panels_with_real_values(tmp_path, tmux_run):
+    pane = fed_pane(tmp_path, tmux_run, FEED)
     text = pane.capture()
     assert "FEED-DONE mode=live" in text  # "auto" took the pty for a terminal
     for title in ("tinyrl countdown-tiny", "reward", "KL · policy", "memory (process RAM)", "timings",
@@ -178,10 +184,7 @@ FEED_TOOLS = textwrap.dedent('''
 
 
 def test_a_tool_episode_in_a_real_pty_is_a_conversation_and_its_hostile_output_stays_inert(tmp_path, tmux_run):
-    script = tmp_path / "feed_tools.py"
-    script.write_text(FEED_TOOLS)
-    pane = tmux_run(f"{sys.executable} {script}")
-    assert pane.wait_exit(limit_s=600) == 0, pane.capture()  # a hang guard: ~3 s when quiet
+    pane = fed_pane(tmp_path, tmux_run, FEED_TOOLS)
     text = pane.capture()
     lines = text.splitlines()
     # nothing was cleared or overwritten: the notice is still above the one frame
