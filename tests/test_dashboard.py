@@ -264,3 +264,135 @@ def test_vram_panel_holds_each_phases_measured_peak_against_the_plan():
     assert re.search(r"actor upd\s+13\.50/16\.00 GiB plan", text)
     assert re.search(r"forward\s+–/10\.00 GiB plan", text)   # not measured yet this step
     assert "GiB plan" not in frame(Dashboard(INFO, mode="off"))  # a CPU run has no plan
+
+
+# A tool episode as samples.jsonl keeps it (tinyrl.rollout.transcript): assistant, tool, assistant.
+CALL = '<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(44 + 35 + 19)"}}\n</tool_call>'
+EPISODE = {**SAMPLE, "completion": "(the turns joined)", "stop_reason": "stop",
+           "turns": [{"role": "assistant", "text": " Let me add them.\n" + CALL, "tokens": 40},
+                     {"role": "tool", "text": "\nuser\n<tool_response>\n98\n</tool_response>\nassistant\n", "tokens": 12},
+                     {"role": "assistant", "text": " 98 it is</think>\n<answer> 44 + 35 + 19 </answer>", "tokens": 15}],
+           "tool_calls": [{"name": "code_interpreter", "status": "ok", "seconds": 0.123, "turn": 0}]}
+
+
+def sample_lines(d: Dashboard, width: int = 100) -> list[str]:
+    text = frame(d, width)
+    return text[text.index("latest sample ·"):].splitlines()
+
+
+def test_a_tool_episode_is_drawn_as_a_conversation_with_the_tool_turn_boxed_apart():
+    d = Dashboard(INFO, mode="off")
+    d.update(metrics(3), EPISODE)
+    lines = sample_lines(d)
+    assert "latest sample · step 3 · reward 1.00 · 3 turns · 1 tool call" in lines[0]
+    body = "\n".join(lines)
+    # in order: the call, the tool's reply, the answer
+    at = [body.index(s) for s in ("Let me add them.", '"code": "print(44 + 35 + 19)"', "<tool_response>", "│ │ 98 ",
+                                  "98 it is", "<answer> 44 + 35 + 19 </answer>")]
+    assert at == sorted(at)
+    # the tool turn sits in a box of its own (a second border inside the panel's), titled with the call
+    inner = [x for x in lines if x.startswith("│ │")]
+    assert any("<tool_response>" in x for x in inner) and any(x.split("│")[2].strip() == "98" for x in inner)
+    assert any("╭─ tool · code_interpreter ok 0.12s" in x for x in lines)
+    # the policy's turns are not in it
+    assert not any("Let me add" in x or "<answer>" in x or "code_interpreter" in x for x in inner)
+    assert sum("assistant ▸" in x for x in lines) == 2
+    assert "(the turns joined)" not in body  # drawn from the turns, not the flat completion
+
+
+def test_a_failed_tool_call_draws_its_box_red_and_a_cut_episode_says_why():
+    failed = {**EPISODE, "stop_reason": "max_turns",
+              "tool_calls": [{"name": "code_interpreter", "status": "timeout", "seconds": 10.0, "turn": 0}]}
+    d = Dashboard(INFO, mode="off")
+    d.update(metrics(3), failed)
+    assert "3 turns · 1 tool call · stopped: max_turns" in sample_lines(d)[0]
+    c = Console(file=io.StringIO(), width=100, force_terminal=True, color_system="standard")
+    c.print(d.render())
+    # red (SGR 31) starts the box's top border; the ok box of EPISODE is not red
+    assert re.search(r"\x1b\[31m╭─(\x1b\[[0-9;]*m)* tool · code_interpreter timeout 10.00s", c.file.getvalue())
+    d.update(metrics(4), EPISODE)
+    c = Console(file=io.StringIO(), width=100, force_terminal=True, color_system="standard")
+    c.print(d.render())
+    assert re.search(r"╭─(\x1b\[[0-9;]*m)* tool · code_interpreter ok", c.file.getvalue())
+    assert not re.search(r"\x1b\[31m╭─", c.file.getvalue())
+
+
+def test_a_single_turn_sample_looks_as_it_did_before_turns_were_recorded():
+    old = Dashboard(INFO, mode="off")
+    old.update(metrics(3), SAMPLE)  # a record without turns (samples.jsonl before episodes)
+    new = Dashboard(INFO, mode="off")
+    new.update(metrics(3), {**SAMPLE, "stop_reason": "stop", "tool_calls": [],
+                            "turns": [{"role": "assistant", "text": SAMPLE["completion"], "tokens": 20}]})
+    assert frame(new) == frame(old)
+    assert "turns" not in sample_lines(new)[0] and "assistant ▸" not in frame(new)
+
+
+def test_only_the_last_turns_of_a_long_episode_are_drawn_each_cut_to_its_tail():
+    turns = []
+    for k in range(5):
+        turns += [{"role": "assistant", "text": f"try {k}\n" + CALL, "tokens": 40},
+                  {"role": "tool", "text": "\n".join(f"out {k}.{j}" for j in range(50)), "tokens": 300}]
+    turns.append({"role": "assistant", "text": "".join(f"check {j}\n" for j in range(6)) +
+                  "<answer> 44 + 35 + 19 </answer>", "tokens": 60})
+    calls = [{"name": "code_interpreter", "status": "ok", "seconds": 0.1, "turn": 2 * k} for k in range(5)]
+    d = Dashboard(INFO, mode="off")
+    d.update(metrics(3), {**SAMPLE, "turns": turns, "tool_calls": calls, "stop_reason": "stop"})
+    body = "\n".join(sample_lines(d))
+    shown = dashboard.MAX_TURNS_SHOWN
+    assert f"… {len(turns) - shown} earlier turns" in body
+    assert "try 2" not in body and "out 2.49" in body and "try 3" in body   # the 6th turn from the end is a reply
+    assert body.rstrip("╯─╰│ \n").endswith("<answer> 44 + 35 + 19 </answer>")
+    # a tool reply keeps its last lines; the first ones are cut, marked with "…"
+    assert "out 4.49" in body and "out 4.0\n" not in body and "…out 4.4" in body
+    # the last turn holds the answer: it keeps more lines (7 here, all) than an earlier one (4)
+    assert "assistant ▸ check 0" in body
+
+
+def test_tool_metrics_show_in_the_live_view_and_on_every_plain_line_once_seen():
+    tools = {"tools/calls": 12, "tools/errors": 2, "tools/timeouts": 1, "tools/seconds": 3.456,
+             "episode/turns": 2.5, "episode/tokenization_mismatch": 0}
+    d = Dashboard(INFO, mode="off")
+    d.update(metrics(1))
+    assert "─ tools ─" not in frame(d)  # a run without tool metrics shows no tools panel
+    d.update(metrics(2, **tools))
+    text = frame(d)
+    assert "─ tools ─" in text
+    for label, value in (("calls", "12"), ("errors", "2"), ("timeouts", "1"), ("seconds", "3.46"),
+                         ("turns/episode", "2.50"), ("tok mismatch", "0")):
+        assert re.search(rf"{re.escape(label)}\s+{re.escape(value)}\b", text), label
+    p, buf = plain_dash()
+    with p:
+        p.update(metrics(1))
+        p.update(metrics(2, **tools))
+        p.update(metrics(3))  # a step without them: the fields stay, as dashes
+    lines = buf.getvalue().splitlines()
+    assert "tools" not in lines[0]
+    assert "| vf_loss 0.4560 | tools 12 (errors 2, timeouts 1, 3.46s) | turns 2.50 | tok_mismatch 0 | val" in lines[1]
+    assert "| tools – (errors –, timeouts –, –s) | turns – | tok_mismatch – |" in lines[2]
+    # without tools the line is exactly what it was
+    assert plain_line(metrics(1), 40, None, critic=True) == lines[0]
+
+
+HOSTILE = "\x1b[2J\x1b[H\x1b[31mRED [bold]not bold[/bold] [/nope] \x07\rover"
+
+
+def test_hostile_tool_output_and_names_are_drawn_as_inert_text():
+    """Tool output is untrusted: an ANSI escape must not reach the terminal (it could clear the
+    screen or recolour the view) and Rich markup in it or in a tool's name must neither style
+    nor crash the frame (a stray [/nope] is a MarkupError when parsed)."""
+    said = {"role": "assistant", "text": "calling\x1b]0;owned\x07 [red]x[/red]", "tokens": 9}  # a model's bytes too
+    ep = {**EPISODE, "stop_reason": "[/nope]", "prompt": "User: Using the numbers [1, 2], \x1b[5mmake 3.",
+          "turns": [said, {"role": "tool", "text": HOSTILE, "tokens": 30}, EPISODE["turns"][2]],
+          "tool_calls": [{"name": "[/nope]\x1b[2J", "status": "unknown_tool", "seconds": 0.0, "turn": 0}]}
+    d = Dashboard(INFO, mode="off")
+    d.update(metrics(3), ep)
+    c = Console(file=io.StringIO(), width=100, force_terminal=True, color_system="standard")
+    c.print(d.render())
+    out = c.file.getvalue()
+    assert "\x1b[2J" not in out and "\x1b[H" not in out and "\x07" not in out and "\r" not in out
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)  # the view's own colours only
+    assert "\\x1b[2J\\x1b[H\\x1b[31mRED [bold]not bold[/bold] [/nope] \\x07\\x0dover" in plain
+    assert "╭─ tool · [/nope]\\x1b[2J unknown_tool 0.00s" in plain and "stopped: [/nope]" in plain
+    assert "assistant ▸ calling\\x1b]0;owned\\x07 [red]x[/red]" in plain and "\\x1b[5mmake 3" in plain
+    assert "\x1b]" not in out and "\x1b[5m" not in out
+    assert dashboard.safe_text("a\tb\nc é") == "a\tb\nc é"  # tabs, newlines and text untouched

@@ -116,11 +116,17 @@ def tmux_run(tmp_path):
         t.close()
 
 
-def test_fed_dashboard_in_a_real_pty_shows_the_panels_with_real_values(tmp_path, tmux_run):
+def fed_pane(tmp_path: Path, tmux_run, feed: str) -> Tmux:
+    """A pane that ran the script `feed` to its end (exit status 0)."""
     script = tmp_path / "feed.py"
-    script.write_text(FEED)
+    script.write_text(feed)
     pane = tmux_run(f"{sys.executable} {script}")
     assert pane.wait_exit(limit_s=600) == 0, pane.capture()  # a hang guard: ~5 s when quiet
+    return pane
+
+
+def test_fed_dashboard_in_a_real_pty_shows_the_panels_with_real_values(tmp_path, tmux_run):
+    pane = fed_pane(tmp_path, tmux_run, FEED)
     text = pane.capture()
     assert "FEED-DONE mode=live" in text  # "auto" took the pty for a terminal
     for title in ("tinyrl countdown-tiny", "reward", "KL · policy", "memory (process RAM)", "timings",
@@ -153,6 +159,47 @@ def test_same_feed_through_a_pipe_prints_plain_lines(tmp_path):
     assert "| reward 0.125 [0.000, 1.000] |" in lines[3] and "| val 0.050 |" in lines[3]
     assert lines[4] == "FEED-DONE mode=plain"
     assert "\x1b[" not in proc.stdout  # no escape codes in a log file
+
+
+FEED_TOOLS = textwrap.dedent('''
+    """A tool run's step: a three-turn episode whose tool output tries to clear the screen,
+    move the cursor, recolour the rest and set the window title; tool metrics."""
+    from tinyrl.dashboard import Dashboard
+
+    info = dict(preset="countdown-tools-demo", model="tiny", algorithm="grpo", engine="hf", total_steps=40)
+    call = '<tool_call>\\n{"name": "code_interpreter", "arguments": {"code": "print(44 + 35 + 19)"}}\\n</tool_call>'
+    hostile = "98\\n\\x1b[2J\\x1b[H\\x1b[31mRED [bold]x[/bold] [/nope]\\x1b]0;owned\\x07"
+    with Dashboard(info) as dash:
+        dash.log("before the step")
+        dash.update({"step": 1, "reward/mean": 1.0, "tools/calls": 8, "tools/errors": 1, "tools/timeouts": 0,
+                     "tools/seconds": 0.5, "episode/turns": 2.25, "episode/tokenization_mismatch": 0},
+                    {"prompt": "User: Using the numbers [44, 19, 35], create an equation that equals 98.",
+                     "completion": "", "reward": 1.0, "step": 1, "stop_reason": "stop",
+                     "turns": [{"role": "assistant", "text": "Let me add them.\\n" + call, "tokens": 40},
+                               {"role": "tool", "text": hostile, "tokens": 30},
+                               {"role": "assistant", "text": "</think>\\n<answer> 44 + 35 + 19 </answer>", "tokens": 12}],
+                     "tool_calls": [{"name": "code_interpreter", "status": "ok", "seconds": 0.25, "turn": 0}]})
+    print("FEED-DONE")
+''')
+
+
+def test_a_tool_episode_in_a_real_pty_is_a_conversation_and_its_hostile_output_stays_inert(tmp_path, tmux_run):
+    pane = fed_pane(tmp_path, tmux_run, FEED_TOOLS)
+    text = pane.capture()
+    lines = text.splitlines()
+    # nothing was cleared or overwritten: the notice is still above the one frame
+    assert text.index("before the step") < text.index("latest sample ·") and text.count("latest sample ·") == 1
+    assert "latest sample · step 1 · reward 1.00 · 3 turns · 1 tool call" in text
+    # the tool's reply in its own box, its escapes shown as text, in order between the two assistant turns
+    assert any("╭─ tool · code_interpreter ok 0.25s" in x for x in lines)
+    box = next(i for i, x in enumerate(lines) if "╭─ tool ·" in x)
+    assert lines[box + 1].startswith("│ │ 98") and lines[box - 1].startswith("│ </tool_call>")
+    assert "│ │ \\x1b[2J\\x1b[H\\x1b[31mRED [bold]x[/bold] [/nope]\\x1b]0;owned\\x07" in lines[box + 2]
+    assert lines[box + 4].startswith("│ assistant ▸ </think>") and "<answer> 44 + 35 + 19 </answer>" in text
+    assert re.search(r"calls\s+8\b", text) and re.search(r"turns/episode\s+2\.25", text)
+    # the answer after the reply is still drawn green (SGR 32): the reply's "red" reached no one
+    assert re.search(r"\x1b\[[0-9;]*\b32m(\x1b\[[0-9;]*m)*<answer>", pane.capture(escapes=True))
+    assert pane.tmux("display-message", "-p", "-t", "t", "#{pane_title}").strip() != "owned"
 
 
 @pytest.mark.slow

@@ -164,6 +164,60 @@ def test_a_validation_plot_draws_a_line_per_file_with_its_own_points(tmp_path):
     assert [line.get_label() for line in ax.get_lines()] == ["aime", "math500"]  # one k: the file names
 
 
+def add_tool_metrics(run: Path) -> None:
+    """A tool run's per-step figures: at step s, 2s calls of which s // 4 errors and s // 6 timeouts,
+    0.1s seconds of tool time, 1 + s / 12 turns per episode, a tokenization mismatch at step 7."""
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    with open(run / "metrics.jsonl", "w") as f:
+        for m in recs:
+            s = m["step"]
+            m.update({"tools/calls": 2 * s, "tools/errors": s // 4, "tools/timeouts": s // 6,
+                      "tools/seconds": 0.1 * s, "episode/turns": 1 + s / 12,
+                      "episode/tokenization_mismatch": int(s == 7)})
+            f.write(json.dumps(m) + "\n")
+
+
+def test_a_tool_run_gets_a_tool_use_plot_and_a_summary_line_per_tool_metric(tmp_path):
+    run = make_run(tmp_path / "run")
+    add_tool_metrics(run)
+    names = [p.name for p in write_report(run)]
+    assert "tools.png" in names and is_png(run / "report" / "tools.png")
+    summary = (run / "report" / "summary.txt").read_text()
+    assert [x for x in summary.splitlines() if x.startswith(("tools/", "episode/"))] == [
+        "tools/calls per step: first 2 (step 1), last 24 (step 12), mean 13",
+        "tools/errors per step: first 0 (step 1), last 3 (step 12), mean 1.25",
+        "tools/timeouts per step: first 0 (step 1), last 2 (step 12), mean 0.6667",
+        "tools/seconds per step: first 0.1 (step 1), last 1.2 (step 12), mean 0.65",
+        "episode/turns per step: first 1.08333 (step 1), last 2 (step 12), mean 1.542",
+        "episode/tokenization_mismatch per step: first 0 (step 1), last 0 (step 12), mean 0.08333"]
+    assert "tools.png" not in summary[summary.index("plots skipped"):]
+
+
+def test_the_tool_use_plot_draws_each_metric_at_its_steps(tmp_path):
+    from matplotlib.figure import Figure
+
+    from tinyrl.report import PLOTS
+
+    run = make_run(tmp_path / "run", steps=6)
+    add_tool_metrics(run)
+    recs = load_metrics(run, [])
+    ax = Figure().add_subplot()
+    PLOTS["tools.png"][1](ax, recs)
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+    assert lines == {"tools/calls": [2, 4, 6, 8, 10, 12], "tools/errors": [0, 0, 0, 1, 1, 1],
+                     "tools/timeouts": [0, 0, 0, 0, 0, 1]}
+    twin = [a for a in ax.figure.axes if a is not ax][0]
+    assert [list(line.get_ydata()) for line in twin.get_lines()] == [pytest.approx([1 + s / 12 for s in range(1, 7)])]
+
+
+def test_a_run_without_tool_metrics_hears_nothing_of_tools(tmp_path):
+    run = make_run(tmp_path / "run")
+    names = [p.name for p in write_report(run)]
+    summary = (run / "report" / "summary.txt").read_text()
+    body = summary.split("\n", 1)[1]  # the first line names the run directory (this test's has "tool" in it)
+    assert "tools.png" not in names and "tool" not in body and "episode/" not in body
+
+
 def test_missing_run_dir_or_metrics_file_names_it(tmp_path):
     with pytest.raises(TinyRLError) as exc:
         write_report(tmp_path / "nope")

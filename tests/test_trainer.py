@@ -66,6 +66,11 @@ def test_a_step_writes_metrics(tmp_path):
                 "actor/pg_clipfrac", "training/rollout_probs_diff"):
         assert key in lines[-1], key
     assert (run / "metrics.parquet").exists() and (run / "samples.jsonl").exists()
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 * cfg.trainer.log_samples
+    for rec in samples:  # single-turn episodes, kept whole: one assistant turn, the completion
+        assert [t["role"] for t in rec["turns"]] == ["assistant"] and rec["tool_calls"] == []
+        assert rec["turns"][0]["text"] == rec["completion"] and rec["stop_reason"] in ("stop", "length")
     phases = {json.loads(x)["phase"] for x in (run / "timeline.jsonl").read_text().splitlines()}
     assert {str(p) for p in Phase} - {"validate"} <= phases
     assert json.loads((run / "config.json").read_text())["preset"] == "countdown-tiny"

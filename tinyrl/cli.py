@@ -500,7 +500,7 @@ def report(
     run_dir: Path = typer.Argument(..., help="A run directory written by `tinyrl train` (holds metrics.jsonl)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where to write (default: RUN_DIR/report)."),
 ) -> None:
-    """PNG plots (reward, KL, length, memory, phase timings, validation) and summary.txt of a run."""
+    """PNG plots (reward, KL, length, memory, phase timings, validation, tool use) and summary.txt of a run."""
     from tinyrl.report import write_report
 
     files = write_report(run_dir, out_dir)

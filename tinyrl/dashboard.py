@@ -14,6 +14,7 @@ it shows as "–".
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
 from collections import deque
@@ -37,6 +38,13 @@ MODES = ("auto", "live", "plain", "off")
 DASH = "–"
 GIB = 1024**3
 _SPARK = "▁▂▃▄▅▆▇█"
+# Per-step tool metrics of runs whose episodes call tools (issue 28); a run without them shows
+# none of these anywhere (plain line, live view, `tinyrl report`).
+TOOL_METRICS = ("tools/calls", "tools/errors", "tools/timeouts", "tools/seconds", "episode/turns",
+                "episode/tokenization_mismatch")
+MAX_TURNS_SHOWN = 6  # the sample panel's last turns; the live view crops what does not fit
+# C0 controls but tab and newline, DEL, C1: an ESC would let a sample recolour or move the cursor
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _clock = time.monotonic  # module-level so tests can drive time without sleeping
 
 
@@ -117,6 +125,26 @@ def sparkline(values: list[float], width: int) -> str:
     return "".join(_SPARK[min(7, int((v - lo) / (hi - lo) * 8))] for v in vals)
 
 
+def safe_text(text: str) -> str:
+    """Untrusted text (a completion, a tool's output) made inert on a terminal: each control
+    character is shown as `\\xNN`, never sent. (Rich markup needs no escaping: samples are drawn
+    as Text objects, which do not parse it.)"""
+    return _CONTROL.sub(lambda c: f"\\x{ord(c.group()):02x}", text)
+
+
+def tail(text: str, chars: int, lines: int | None = None) -> str:
+    """The end of `text`, at most `chars` characters and `lines` lines; "…" marks a cut."""
+    cut = text[-chars:] if len(text) > chars else text
+    if lines is not None and cut.count("\n") >= lines:
+        cut = cut.split("\n")[-lines:]
+        cut = "\n".join(cut)
+    return cut if cut == text else "…" + cut
+
+
+def tool_metrics_seen(m: dict) -> bool:
+    return any(k in m for k in TOOL_METRICS)
+
+
 def reward_style(reward: Any) -> str:
     """green: solved (>= 1); yellow: format-only partial credit (0 < r < 1); red: nothing."""
     if not isinstance(reward, (int, float)) or not math.isfinite(reward):
@@ -126,7 +154,7 @@ def reward_style(reward: Any) -> str:
 
 def highlight_completion(text: str, reward: Any) -> Text:
     """The completion with <think> tags and the <answer>...</answer> span styled by reward."""
-    out = Text(text)  # Text, not markup: completions are full of [brackets]
+    out = Text(safe_text(text))  # Text, not markup: completions are full of [brackets]
     out.highlight_regex(r"</?think>", "bold magenta")
     out.highlight_regex(answer_patterns(), f"bold {reward_style(reward)}")  # each task's answer span
     return out
@@ -134,11 +162,49 @@ def highlight_completion(text: str, reward: Any) -> Text:
 
 def task_of(prompt: str) -> str:
     """Prompts are mostly boilerplate: the task knows the line that differs per sample."""
-    return task_line(prompt)
+    return safe_text(task_line(prompt))
 
 
-def plain_line(m: dict, total_steps: Any, val: Any, critic: bool) -> str:
-    """One stable, greppable line per step (same fields in the same order every step)."""
+def sample_turns(sample: dict) -> tuple[list[dict], list[dict]]:
+    """(turns, tool calls) of a samples.jsonl record (tinyrl.rollout.transcript); none in a
+    record written before episodes had turns."""
+    turns = [t for t in sample.get("turns") or [] if isinstance(t, dict)]
+    calls = [c for c in sample.get("tool_calls") or [] if isinstance(c, dict)]
+    return turns, calls
+
+
+def episode_view(turns: list[dict], calls: list[dict], reward: Any, width: int) -> list:
+    """The conversation after the prompt, its last MAX_TURNS_SHOWN turns: the policy's turns as
+    text (answer highlighted as in a single-turn sample), each inserted turn (a tool's reply) in
+    a box of its own titled with its role and the calls it answers (name, status, seconds), red
+    when one of them did not end "ok". Each turn keeps its tail: the live view crops the bottom."""
+    out: list = []
+    first = max(0, len(turns) - MAX_TURNS_SHOWN)
+    if first:
+        out.append(Text(f"… {first} earlier turn{'s' if first > 1 else ''}", style="dim"))
+    for i in range(first, len(turns)):
+        role, text = str(turns[i].get("role", "?")), str(turns[i].get("text", "")).strip()
+        if role == "assistant":  # the last one holds the answer: as much room as a single-turn sample
+            last = i == len(turns) - 1
+            said = highlight_completion(tail(text, max(200, width * (5 if last else 3)), 8 if last else 4), reward)
+            out.append(Text.assemble(("assistant ▸ ", "bold cyan"), said))
+            continue
+        # a tool turn answers the calls of the assistant turn before it (ToolCall.turn)
+        made = [c for c in calls if c.get("turn") == i - 1]
+        label = Text(role, style="bold")  # roles are tinyrl's own (Turn.role)
+        for c in made:
+            label.append(f" · {safe_text(str(c.get('name') or '?'))} {safe_text(str(c.get('status')))} "
+                         f"{fmt(c.get('seconds'), '.2f')}s")
+        failed = any(c.get("status") != "ok" for c in made)
+        out.append(Panel(Text(safe_text(tail(text, max(120, width * 3), 6))), title=label, title_align="left",
+                         border_style="red" if failed else "bright_black", padding=(0, 1)))
+    return out
+
+
+def plain_line(m: dict, total_steps: Any, val: Any, critic: bool, tools: bool = False) -> str:
+    """One stable, greppable line per step (same fields in the same order every step).
+    `tools`: the run's episodes call tools (a TOOL_METRICS key was seen), so the tool fields
+    are on every line from then on."""
     kind = m.get("memory/kind")
     if "sft/loss" in m:
         return sft_line(m, total_steps, val)
@@ -155,6 +221,8 @@ def plain_line(m: dict, total_steps: Any, val: Any, critic: bool) -> str:
     ]
     if critic:
         parts.append(f"vf_loss {fmt(m.get('critic/vf_loss'))}")
+    if tools:
+        parts += tool_fields(m)
     parts += [
         f"val {fmt(val, '.3f')}",
         f"{fmt(m.get('timing/step'), '.2f')}s",
@@ -162,6 +230,14 @@ def plain_line(m: dict, total_steps: Any, val: Any, critic: bool) -> str:
         f"{memory_label(kind)} {fmt_gib(m.get('memory/used_bytes'))}/{fmt_gib(m.get('memory/total_bytes'))} GiB",
     ]
     return " | ".join(parts)
+
+
+def tool_fields(m: dict) -> list[str]:
+    """The plain line's tool fields, TOOL_METRICS in order."""
+    return [f"tools {fmt(m.get('tools/calls'))} (errors {fmt(m.get('tools/errors'))}, "
+            f"timeouts {fmt(m.get('tools/timeouts'))}, {fmt(m.get('tools/seconds'), '.2f')}s)",
+            f"turns {fmt(m.get('episode/turns'), '.2f')}",
+            f"tok_mismatch {fmt(m.get('episode/tokenization_mismatch'))}"]
 
 
 def sft_line(m: dict, total_steps: Any, val_loss: Any) -> str:
@@ -200,6 +276,7 @@ class Dashboard:
         algo = str(self.info.get("algorithm", "")).lower()
         # Estimators that train no value model never report critic/* keys.
         self._critic_expected = needs_critic(algo) if algo in ADV_ESTIMATORS else algo != "sft"
+        self._tools_seen = False  # set by the first step with a TOOL_METRICS key; never unset
         self._lock = threading.Lock()
         self._start = _clock()
         self._metrics: dict = {}
@@ -250,6 +327,7 @@ class Dashboard:
                 self._probs_diff = (metrics["training/rollout_probs_diff"], step)
             if any(k.startswith("critic/") for k in metrics):
                 self._critic_expected = True
+            self._tools_seen = self._tools_seen or tool_metrics_seen(metrics)
             self._rewards.append(metrics.get("reward/mean", metrics.get("sft/loss")))
             # The trainer's own step time excludes dashboard and logging; wall time is the fallback.
             took = metrics.get("timing/step")
@@ -259,7 +337,7 @@ class Dashboard:
             self._step_count += 1
             self._last_update = now
             line = plain_line(self._metrics, self.info.get("total_steps"), self._val[0],
-                              self._critic_expected) if self.mode == "plain" else None
+                              self._critic_expected, self._tools_seen) if self.mode == "plain" else None
         if line is not None:
             self._print_plain(line)
             for name, figures in by_file.items():
@@ -290,6 +368,7 @@ class Dashboard:
                 "mean_step": self._step_time_sum / self._step_count if self._step_count else None,
                 "last_update": self._last_update, "phase": self._phase,
                 "phase_start": self._phase_start, "critic": self._critic_expected,
+                "tools": self._tools_seen,
             }
 
     def eta_seconds(self, snap: dict, now: float) -> float | None:
@@ -316,8 +395,9 @@ class Dashboard:
         bottom.add_column(ratio=2)
         # A run without a critic (SFT, GRPO and the other critic-free estimators: tinyrl.roles)
         # shows no critic panel; its timings take the row.
-        panels = [self._timing_panel(snap)] + ([self._critic_panel(snap)] if snap["critic"] else [])
-        if snap["critic"]:
+        panels = [self._timing_panel(snap)] + ([self._critic_panel(snap)] if snap["critic"] else []) + \
+            ([self._tools_panel(snap)] if snap["tools"] else [])
+        for _ in panels[1:]:
             bottom.add_column(ratio=1)
         bottom.add_row(*panels)
         val = [self._val_files_panel(snap)] if snap["val_files"] else []
@@ -441,6 +521,15 @@ class Dashboard:
             ("explained var", fmt(m.get("critic/explained_var"), ".3f")),
         ]), title="critic", border_style="blue")
 
+    def _tools_panel(self, snap: dict) -> Panel:
+        m = snap["m"]
+        return Panel(self._kv([
+            ("calls", fmt(m.get("tools/calls"))), ("errors", fmt(m.get("tools/errors"))),
+            ("timeouts", fmt(m.get("tools/timeouts"))), ("seconds", fmt(m.get("tools/seconds"), ".2f")),
+            ("turns/episode", fmt(m.get("episode/turns"), ".2f")),
+            ("tok mismatch", fmt(m.get("episode/tokenization_mismatch"))),
+        ]), title="tools", border_style="bright_blue")
+
     def _val_files_panel(self, snap: dict) -> Panel:
         """One row per data.val_files file: its latest figures and the step they are from."""
         files = snap["val_files"]
@@ -461,12 +550,15 @@ class Dashboard:
         if not s:
             return Panel(Text("waiting for the first step", style="dim"), title="latest sample")
         reward = s.get("reward")
-        completion = str(s.get("completion", ""))
-        # The answer is at the end: keep the tail, about five lines' worth at this width.
-        keep = max(200, width * 5)
-        if len(completion) > keep:
-            completion = "…" + completion[-keep:]
-        body = Group(Text(task_of(str(s.get("prompt", ""))), style="dim", no_wrap=True, overflow="ellipsis"),
-                     highlight_completion(completion, reward))
+        task = Text(task_of(str(s.get("prompt", ""))), style="dim", no_wrap=True, overflow="ellipsis")
         title = f"latest sample · step {fmt(s.get('step'))} · reward {fmt(reward, '.2f')}"
-        return Panel(body, title=title, border_style=reward_style(reward))
+        turns, calls = sample_turns(s)
+        if len(turns) > 1 or calls:
+            title += f" · {len(turns)} turns · {len(calls)} tool call{'' if len(calls) == 1 else 's'}"
+            if s.get("stop_reason") not in (None, "stop"):
+                title += f" · stopped: {safe_text(str(s['stop_reason']))}"
+            body = Group(task, *episode_view(turns, calls, reward, width))
+        else:
+            # The answer is at the end: keep the tail, about five lines' worth at this width.
+            body = Group(task, highlight_completion(tail(str(s.get("completion", "")), max(200, width * 5)), reward))
+        return Panel(body, title=Text(title), border_style=reward_style(reward))

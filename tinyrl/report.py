@@ -7,6 +7,8 @@ Writes RUN_DIR/report/*.png and summary.txt unless told another directory.
 A plot whose metrics are absent is skipped (and named in the summary), never drawn empty.
 train's data.val_files figures (`val/<name>/<metric>`) get one plot per metric family (greedy_acc,
 pass@k, maj@k, mean@n, response_length; a line per file) and a summary line per file.
+A run whose episodes call tools (`tools/*`, `episode/turns` metrics) gets tools.png and a
+summary line per tool metric; a run without them gets nothing about tools, not even "skipped".
 Uses matplotlib's object API (Figure + Agg), not pyplot: no global backend switch, no GUI.
 """
 
@@ -18,7 +20,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable
 
-from tinyrl.dashboard import PHASES, memory_label, val_files, val_metric_order
+from tinyrl.dashboard import PHASES, TOOL_METRICS, memory_label, val_files, val_metric_order
 from tinyrl.errors import TinyRLError
 from tinyrl.jsonl import read_records
 from tinyrl.memory import versus
@@ -204,6 +206,26 @@ def _plot_sft_loss(ax, recs: list[dict]) -> None:
     ax.legend(loc="upper right")
 
 
+def _plot_tools(ax, recs: list[dict]) -> None:
+    """tools/calls, tools/errors and tools/timeouts per step (left axis), episode/turns (right), as
+    the trainer logged them (their definitions are the turn loop's, tinyrl.rollout)."""
+    for key, color in (("tools/calls", "tab:blue"), ("tools/errors", "tab:red"), ("tools/timeouts", "tab:orange")):
+        xs, ys = series(recs, key)
+        if xs:
+            ax.plot(xs, ys, color=color, marker=_marker(xs), label=key)
+    ax.set(title="Tool use per step", xlabel="step", ylabel="tool calls / errors / timeouts")
+    ax.set_ylim(bottom=0)
+    tx, turns = series(recs, "episode/turns")
+    twin = None
+    if tx:
+        twin = ax.twinx()
+        twin.plot(tx, turns, color="tab:gray", linestyle="--", label="episode/turns")
+        twin.set_ylabel("episode/turns")
+        twin.set_ylim(bottom=0)
+        twin.grid(False)
+    _legend_below(ax, twin)
+
+
 # name -> (metric keys, any one of which makes the plot worth drawing; how to draw it)
 PLOTS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "reward.png": (("reward/mean",), _plot_reward),
@@ -213,10 +235,13 @@ PLOTS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "timings.png": (tuple(f"timing/{p}" for p in PHASES), _plot_timings),
     "val_score.png": (("val/score",), _plot_val),
     "sft_loss.png": (("sft/loss",), _plot_sft_loss),
+    "tools.png": (("tools/calls", "tools/errors", "tools/timeouts", "episode/turns"), _plot_tools),
 }
 # Plots of one kind of run only: not listed as skipped for the other kind (`tinyrl sft` or `train`).
 SFT_ONLY = {"sft_loss.png"}
 RL_ONLY = {"reward.png", "kl.png", "response_length.png", "val_score.png"}
+# Plots of runs whose episodes call tools: a run without tool metrics does not hear of them.
+TOOLS_ONLY = {"tools.png"}
 
 
 _VAL_TITLES = {"greedy_acc": "greedy accuracy", "pass": "pass@k (unbiased estimator)",
@@ -313,6 +338,17 @@ def _save(Figure, matplotlib, draw: Callable, data: Any, path: Path, wide: bool 
         fig.savefig(path, bbox_inches="tight")  # "tight" keeps legends placed outside the axes
 
 
+def tools_summary(recs: list[dict]) -> list[str]:
+    """A line per tool metric the run logged (TOOL_METRICS): its first, last and mean per step."""
+    lines = []
+    for key in TOOL_METRICS:
+        xs, ys = series(recs, key)
+        if xs:
+            lines.append(f"{key} per step: first {ys[0]:g} (step {xs[0]:g}), last {ys[-1]:g} (step {xs[-1]:g}), "
+                         f"mean {statistics.fmean(ys):.4g}")
+    return lines
+
+
 def summarize(recs: list[dict], config: dict | None) -> list[str]:
     lines = []
     if config:
@@ -336,6 +372,7 @@ def summarize(recs: list[dict], config: dict | None) -> list[str]:
     if not sl:
         lines.append(f"final val score: {val[-1]:.4f} (step {vx[-1]:g})" if val else "final val score: none (no validation steps)")
     lines += val_summary(recs)
+    lines += tools_summary(recs)
     change = accuracy_change(recs)
     if change:
         lines.append(change)
@@ -406,7 +443,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
     other_kind = RL_ONLY if series(recs, "sft/loss")[0] else SFT_ONLY
     for name, (keys, draw) in PLOTS.items():
         if not any(series(recs, k)[0] for k in keys):
-            if name in other_kind:
+            if name in other_kind or name in TOOLS_ONLY:
                 continue
             skipped.append(f"{name} (no {' / '.join(keys[:2])}{' ...' if len(keys) > 2 else ''} in metrics.jsonl)")
             continue

@@ -455,12 +455,16 @@ class Trainer:
             self._padding[f"perf/padding_ratio/{phase}"] = computed / real
 
     def _keep_sample(self, step: int, episodes, texts, scores) -> None:
+        """samples.jsonl: the first trainer.log_samples episodes of the step, whole (turns and tool
+        calls: tinyrl.rollout.transcript); `completion` stays for readers of older files."""
+        from tinyrl.rollout.transcript import transcript
+
         k = min(self.cfg.trainer.log_samples, len(episodes))
         self._last_sample = None
         for i in range(k):
             prompt = self.inputs.tokenizer.decode(episodes[i].prompt_ids, skip_special_tokens=True)
             rec = {"step": step + 1, "prompt": prompt, "completion": texts[i], "reward": float(scores[i]),
-                   "stop_reason": episodes[i].stop_reason}
+                   **transcript(self.inputs.tokenizer, episodes[i])}
             self.run.sample(rec)
             self._last_sample = self._last_sample or rec
 
