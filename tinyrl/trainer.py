@@ -272,7 +272,7 @@ class Trainer:
             texts = response_texts(self.inputs.tokenizer, episodes)
             if scored is None:  # dynamic sampling scored them already, round by round
                 examples = [self.inputs.train_rows[rows[e.prompt_index]] for e in episodes]
-                scored = self.inputs.reward_fn.score_batch(texts, examples)  # tinyrl.tasks.rewards
+                scored = self.inputs.reward_fn.score_batch(texts, examples, episodes)  # tinyrl.tasks.rewards
             scores = torch.tensor(scored.total, dtype=torch.float32).to(self.device)
             if cfg.algorithm.overlong_buffer:
                 from tinyrl.rl.shaping import overlong_penalty
@@ -367,7 +367,8 @@ class Trainer:
         def score(episodes, these):
             with timed(Phase.REWARD):
                 return self.inputs.reward_fn.score_batch(response_texts(self.inputs.tokenizer, episodes),
-                                                         [self.inputs.train_rows[these[e.prompt_index]] for e in episodes])
+                                                         [self.inputs.train_rows[these[e.prompt_index]] for e in episodes],
+                                                         episodes)
 
         def more_rows(round_: int) -> list[int]:  # seeded by (step, round): a resumed run draws the same
             g = torch.Generator().manual_seed(cfg.trainer.seed * 1_000_033 + step * 101 + round_)
@@ -495,7 +496,7 @@ class Trainer:
             n=1, greedy=True, temperature=1.0, max_new_tokens=self.cfg.rollout.max_response_length))
         self.engine.sleep()
         scored = self.inputs.reward_fn.score_batch(response_texts(self.inputs.tokenizer, res.episodes),
-                                                   [rows[e.prompt_index] for e in res.episodes])
+                                                   [rows[e.prompt_index] for e in res.episodes], res.episodes)
         out = {"val/score": scored.metrics()["reward/accuracy"],
                "val/reward_mean": sum(scored.total) / len(scored.total)}
         if self.inputs.val_sets:  # data.val_files: the task's judgement, as `tinyrl eval` (tinyrl/eval.py)
