@@ -164,13 +164,11 @@ def _problem(rng: random.Random) -> tuple[str, str]:
     return f"Compute $\\frac{{{a % 9 + 1}}}{{{c}}} + \\frac{{{b % 7 + 1}}}{{{c + 1}}}$ as a fraction in lowest terms.", ans
 
 
-def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: str = "dapo",
-             progress: bool = True) -> tuple[Path, Path]:
-    """Generated problems into out_dir/train.parquet and test.parquet (test held out from train)."""
+def generated_problems(train_size: int, test_size: int, seed: int = 0) -> tuple[list, list]:
+    """(train, test) lists of generated (problem, answer); no test problem is in train."""
     for name, size in (("train_size", train_size), ("test_size", test_size)):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise TinyRLError(f"{name} must be a positive integer, got {size!r}", hint="e.g. --train-size 1000")
-    prompt_of("", template)
     test_rng, train_rng = random.Random(f"tinyrl-math:{seed}:test"), random.Random(f"tinyrl-math:{seed}:train")
     test = [_problem(test_rng) for _ in range(test_size)]
     held_out = {p for p, _ in test}
@@ -179,6 +177,14 @@ def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: 
         row = _problem(train_rng)
         if row[0] not in held_out:
             train.append(row)
+    return train, test
+
+
+def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: str = "dapo",
+             progress: bool = True) -> tuple[Path, Path]:
+    """Generated problems into out_dir/train.parquet and test.parquet (test held out from train)."""
+    prompt_of("", template)
+    train, test = generated_problems(train_size, test_size, seed)
     out = Path(out_dir).expanduser()
     return (write_rows(train, out / "train.parquet", template, "train"),
             write_rows(test, out / "test.parquet", template, "test"))

@@ -153,6 +153,16 @@ def convert_rl(source: str, out_dir: Path, name: str | None = None, problem_key:
     return write_rl(rows, Path(out_dir).expanduser() / f"{name}.parquet", name), len(rows), len(frame) - len(rows)
 
 
+def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: str = "retool",
+             progress: bool = True) -> tuple[Path, Path]:
+    """The maths task's generated problems (tinyrl.tasks.math.generated_problems) as ReTool
+    prompts: out_dir/train.parquet and test.parquet (tests, and a first look without a download)."""
+    train, test = maths.generated_problems(train_size, test_size, seed)
+    out = Path(out_dir).expanduser()
+    return (write_rl([(p, a, DATA_SOURCE) for p, a in train], out / "train.parquet", "train"),
+            write_rl([(p, a, DATA_SOURCE) for p, a in test], out / "test.parquet", "test"))
+
+
 # ------------------------------------------------------------------------------- SFT data
 
 _TAG = re.compile(r"<(code|interpreter|answer)>(.*?)</\1>", re.S)
@@ -261,20 +271,32 @@ def _write(table: Any, path: Path) -> None:
 
 def data_command(
     out_dir: Path = typer.Option(..., "--out", help="Output directory."),
-    source: str = typer.Option(..., "--from", help="A file (.parquet/.jsonl/.json/.csv) or hf:NAME[:split] "
-                               "(e.g. hf:BytedTsinghua-SIA/DAPO-Math-17k, or with --sft hf:JoeYing/ReTool-SFT)."),
+    source: Optional[str] = typer.Option(None, "--from", help="A file (.parquet/.jsonl/.json/.csv) or hf:NAME[:split] "
+                                         "(e.g. hf:BytedTsinghua-SIA/DAPO-Math-17k, or with --sft "
+                                         "hf:JoeYing/ReTool-SFT); without it, generated problems (train + test)."),
     sft: bool = typer.Option(False, "--sft", help="ReTool-SFT traces -> messages + tools for `tinyrl sft` "
                              "(without it: maths problems -> RL prompts with the ReTool system prompt)."),
     name: Optional[str] = typer.Option(None, help="Output file name without .parquet (default: the input's name)."),
-    test_size: int = typer.Option(0, help="With --sft: the last N rows go to NAME-test.parquet (validation loss)."),
+    test_size: Optional[int] = typer.Option(None, help="With --sft: the last N rows go to NAME-test.parquet "
+                                            "(validation loss; default 0); without --from: generated test "
+                                            "problems (default 256)."),
     problem_key: Optional[str] = typer.Option(None, help="Column holding the problem of a plain table."),
     answer_key: Optional[str] = typer.Option(None, help="Column holding the answer of a plain table."),
+    train_size: int = typer.Option(4096, help="Generated training problems (without --from)."),
+    seed: int = typer.Option(0, help="Seed of the generated problems."),
 ) -> None:
     """Convert ReTool-SFT traces (--sft) or maths problems (DAPO-Math-17k, AIME, ...) for the retool task."""
     from rich.console import Console
 
+    if source is None:
+        if sft:
+            raise TinyRLError("--sft converts ReTool-SFT traces and needs --from", hint="e.g. --from hf:JoeYing/ReTool-SFT")
+        tests = 256 if test_size is None else test_size
+        train, test = generate(out_dir, train_size, tests, seed=seed)
+        Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({tests:,} rows)")
+        return
     if sft:
-        paths, n, skipped = convert_sft(source, out_dir, name, test_size)
+        paths, n, skipped = convert_sft(source, out_dir, name, test_size or 0)
         Console().print(f"wrote {' and '.join(map(str, paths))} ({n:,} conversations"
                         + (f"; {skipped:,} malformed rows skipped" if skipped else "") + ")")
         return
@@ -307,6 +329,7 @@ TASK = Task(
     solved_at=lambda t: t.correct_score - t.tool_error_penalty,  # a right answer, even with a failed call
     extract_answer=extract_answer,
     data_command=data_command,
+    generate=generate,
     data_hint="`tinyrl data retool --from hf:BytedTsinghua-SIA/DAPO-Math-17k --out DIR`",
     task_line=_task_line,
     # answer_patterns: the maths task's (\\boxed{}, "Answer:") already cover this task's answers
