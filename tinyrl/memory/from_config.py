@@ -166,7 +166,7 @@ def categories(cfg: Config, plan: MemoryPlan) -> dict[str, dict[str, int]]:
             c["base weights"] += min(base_w, trainer_w)
             c["adapters"] += trainer_w - min(base_w, trainer_w)
         act = p.pop("activations", 0) + p.pop("hf_decode_transient", 0) + p.pop("hf_merge_fixes", 0) \
-            + p.pop("trainer_measured", 0)
+            + p.pop("trainer_measured", 0) + p.pop("hf_turn_prefill_transient", 0)
         chunk = 0
         if name in ("forward", "actor_update") and "activations" in ph.parts:
             # parts are for max(micro_batch, 1): a phase where nothing fits shows one sequence

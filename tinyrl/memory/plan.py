@@ -140,8 +140,12 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
     phases = {"rollout": rollout, **phases}
     notes += rollout_notes
     if multi_turn:
+        prefill = rollout.parts.get("hf_turn_prefill_transient")
         notes.append(f"multi-turn: each episode (assistant and tool turns) is priced at its limit, "
-                     f"{prompt_len} + {response_len} tokens; the tool's processes use host RAM, not the card")
+                     f"{prompt_len} + {response_len} tokens"
+                     + (f"; a tool turn's prefill into every episode's context copies K/V for "
+                        f"{prefill / GiB:.2f} GiB (rollout activations)" if prefill else "")
+                     + "; the tool's processes use host RAM, not the card")
     if quantize == "nf4":
         notes.append("NF4 base: weights from the formula; activations traced for a bf16 base plus "
                      "one dequantised linear. Rollouts sample from that NF4 base with the hf engine "
