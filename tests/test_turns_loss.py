@@ -91,6 +91,9 @@ def test_tool_tokens_get_no_gradient_in_any_loss_term(tiny_model_dir, agg):
         "rollout.n=2"], check=False)
     torch.manual_seed(0)
     models = PolicyModels(cfg.model, str(tiny_model_dir), torch.device("cpu"))
+    with torch.no_grad():  # a trained-looking actor and critic: fresh LoRA B and value head are 0,
+        for p in models.actor_parameters() + models.critic_parameters():  # which zeroes some gradients anyway
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
     traj = trajectory_of(episodes, tok.pad_token_id, torch.device("cpu"))
     traj.rollout_lp = engine_logprobs(episodes, traj.mask)
     with torch.no_grad():  # FORWARD, as the trainer does it
