@@ -119,6 +119,11 @@ def test_the_task_declares_the_code_tool():
     from tinyrl.tools import TOOLS
 
     assert all(name in TOOLS for name in task.tools)
+    from tinyrl.tasks import task_line
+
+    # the dashboard's line of a rendered prompt: the problem, not the system prompt or the schemas
+    rendered = f"system\n{rt.SYSTEM_PROMPT}\n\n# Tools\n<tools>...</tools>\nuser\nFind x if 3x = 12.\nassistant\n"
+    assert task_line(rendered) == "Find x if 3x = 12."
 
 
 # ------------------------------------------------------------------ RL data
@@ -243,3 +248,51 @@ def test_sft_conversion_refuses_files_it_cannot_read(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "b.parquet")
     with pytest.raises(TinyRLError, match="--test-size"):
         rt.convert_sft(str(tmp_path / "b.parquet"), tmp_path, test_size=1)
+
+
+# ------------------------------------------------------------------ with the real turn loop
+
+
+def test_episodes_of_the_real_turn_loop_score_from_the_models_last_turn(tiny_model_dir):
+    """The turn loop (tinyrl.rollout.turns) with the real sandbox and a hermes template writes the
+    tool turns; the retool reward reads the decoded episodes as the trainer hands them over."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from helpers.hermes_template import HERMES_TEMPLATE
+    from helpers.scripted_engine import ScriptedEngine
+    from transformers import AutoTokenizer
+
+    from tinyrl.rollout.base import SamplingSettings, response_texts
+    from tinyrl.rollout.chat import ToolChat
+    from tinyrl.rollout.turns import EpisodeLimits, run_episodes
+    from tinyrl.tasks.rewards import reward_set
+    from tinyrl.tools import TOOLS
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = HERMES_TEMPLATE
+    chat = ToolChat(tok, [TOOLS["code_interpreter"].schema], [tok.eos_token_id])
+
+    def call(code):
+        return "<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {"code": code}}) + "\n</tool_call>"
+
+    first = [call("print(6 * 7)"), call("print('\\\\boxed{42}')"), call("1 / 0"), call("print(1)")]
+    last = ["So the answer is \\boxed{42}.", "Done.", "\\boxed{42}", "\\boxed{41}"]
+
+    def script(context, j):  # a continuation is generated with n = 1: its context says which sample
+        if "<tool_response>" not in context:
+            return first[j]
+        return last[next(i for i, c in enumerate(first) if c.split("\n")[1] in context)]
+
+    messages = [rt.prompt_messages("What is 6 * 7?")]
+    prompts = [chat.render(messages[0], generation_prompt=True)]
+    res = run_episodes(ScriptedEngine(tok, script), prompts, SamplingSettings(n=4, max_new_tokens=600, seed=1),
+                       chat=chat, tools={"code_interpreter": TOOLS["code_interpreter"]},
+                       limits=EpisodeLimits(tool_timeout_s=10.0, tool_workers=2), messages=messages)
+    texts = response_texts(tok, res.episodes)
+    assert "<tool_response>\n\\boxed{42}" in texts[1]  # the tool really printed the answer
+    assert [[c.status for c in e.tool_calls] for e in res.episodes] == [["ok"], ["ok"], ["error"], ["ok"]]
+    scored = reward_set(["task"], [], cfg(tool_error_penalty=0.25)).score_batch(texts, [ROW] * 4, res.episodes)
+    assert scored.total == [1.0, -1.0, 0.75, -1.0]
+    assert scored.solved == [True, False, True, False]

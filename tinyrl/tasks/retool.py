@@ -317,7 +317,7 @@ def _task_line(prompt: str) -> str | None:
     # the rendered prompt: the user's message follows the system prompt (and the tool schemas)
     if SYSTEM_PROMPT not in prompt:
         return None
-    return prompt.rsplit("user\n", 1)[-1].split("<|im_end|>", 1)[0].strip()
+    return re.split(r"<\|im_end\|>|\nassistant\b", prompt.rsplit("user\n", 1)[-1], maxsplit=1)[0].strip()
 
 
 TASK = Task(
