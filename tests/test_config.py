@@ -136,7 +136,7 @@ def test_a_critic_run_that_sets_one_roles_rate_says_the_other_is_at_a_default(tm
 
 def test_no_shipped_critic_preset_leaves_a_rate_at_another_size_default():
     for name in list_presets():
-        if name.endswith("-sft"):
+        if "-sft" in name:  # countdown-demo-sft, retool-sft-4090
             continue  # `tinyrl sft` trains the actor only (the CLI asks for these notes for `train`)
         notes: list[str] = []
         cfg = load_config(name, check=False, notes=notes)

@@ -126,6 +126,25 @@ def test_roofline_grpo_lora_has_no_value_passes_and_cheaper_updates():
     assert r.sec_per_step == pytest.approx(2.88 + 2.56 + 7.68 + 1.0)
 
 
+def test_roofline_adds_the_tool_calls_of_a_task_with_tools():
+    from dataclasses import replace
+
+    tools = replace(PPO, tool_calls=3, tool_workers=4)
+    r, plain = estimate_step(SHAPE, CARD, tools, PLAIN), estimate_step(SHAPE, CARD, PPO, PLAIN)
+    # 16 episodes x 3 calls x 0.5 s / 4 at once = 6 s on top of the rollout, nothing else changes
+    assert r.details["tools_s"] == pytest.approx(16 * 3 * PLAIN.tool_call_s / 4) == pytest.approx(6.0)
+    assert r.phases["rollout"] == pytest.approx(plain.phases["rollout"] + 6.0)
+    assert {k: v for k, v in r.phases.items() if k != "rollout"} == \
+        {k: v for k, v in plain.phases.items() if k != "rollout"}
+    from tinyrl.cost import roofline_for
+    from tinyrl.hardware import get_gpu
+
+    gpu = get_gpu("rtx4090")
+    cfg = load_config("retool-4090", ["rollout.tool_workers=16", "rollout.max_tool_calls=2"])
+    assert roofline_for(cfg, gpu).details["tools_s"] == pytest.approx(32 * 8 * 2 * 0.5 / 16)
+    assert roofline_for(load_config("math-grpo-4090"), gpu).details["tools_s"] == 0.0
+
+
 def test_roofline_caps_concurrency_by_what_the_kv_cache_holds():
     small = Card(memory_bytes=4.32e9, bandwidth_bytes_per_s=100e9, flops_per_s=10e12)
     r = estimate_step(SHAPE, small, PPO, PLAIN)

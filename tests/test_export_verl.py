@@ -346,3 +346,136 @@ def test_critic_warmup_goes_to_verl_under_its_own_name_and_meaning():
     for warmup in (0, 4):
         cfg = load_config("countdown-tiny", [f"trainer.critic_warmup={warmup}"])
         assert map_config(cfg, ctx).overrides["trainer.critic_warmup"] == warmup
+
+
+# ------------------------------------------------------------------ a task with tools (issue 28)
+
+
+def retool_export(tmp_path, *extra: str) -> Path:
+    from tinyrl.tasks import get_task
+
+    train, test = get_task("retool").generate(tmp_path / "data", 16, 8, progress=False)
+    cfg = load_config("retool-4090", [f"data.train_path={train}", f"data.test_path={test}", "trainer.train_batch_size=8",
+                                      "actor.ppo_mini_batch_size=8", "rollout.tool_timeout_s=2",
+                                      "rollout.tool_memory_mb=512", "rollout.tool_workers=2", *extra])
+    return export_verl(cfg, tmp_path / "out", gpus=8)
+
+
+def multi_turn_fields() -> set[str]:
+    """The fields of verl's MultiTurnConfig dataclass, read from its source (importing it needs ray)."""
+    import ast
+
+    source = Path(importlib.util.find_spec("verl").submodule_search_locations[0]) / "workers" / "config" / "rollout.py"
+    cls = next(n for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.ClassDef)
+               and n.name == "MultiTurnConfig")
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+
+
+def test_a_task_with_tools_exports_verls_multi_turn_rollout(tmp_path, verl_yaml):
+    out = retool_export(tmp_path)
+    keys = dict(a.split("=", 1) for a in script_args(out / "run_verl.sh"))
+    mt = "actor_rollout_ref.rollout.multi_turn."
+    assert {k[len(mt):] for k in keys if k.startswith(mt)} <= multi_turn_fields()  # the dataclass takes them
+    assert keys[mt + "enable"] == "true" and keys[mt + "format"] == "hermes"
+    assert keys[mt + "max_assistant_turns"] == "8" and keys[mt + "max_user_turns"] == "8"
+    assert keys[mt + "max_tool_response_length"] == "1024"  # 256 tokens, in characters
+    assert keys[mt + "tool_config_path"] == "'$HERE/tool_config.yaml'"  # Hydra-quoted, bash expands $HERE
+    loop = keys["actor_rollout_ref.rollout.agent.default_agent_loop"]
+    agent_loops = Path(importlib.util.find_spec("verl").submodule_search_locations[0]) / "experimental" / "agent_loop"
+    assert f'@register("{loop}")' in (agent_loops / "tool_agent_loop.py").read_text()  # verl's tool loop's name
+    text = (out / "run_verl.sh").read_text()
+    assert 'export PYTHONPATH="$HERE' in text and "rollout.max_tool_calls = 8" in text
+    # a task without tools: no multi-turn keys, and the tool settings are still handled (no note)
+    plain = export_verl(load_config("countdown-tiny", SMALL), tmp_path / "plain")
+    assert "multi_turn" not in (plain / "run_verl.sh").read_text() and not (plain / "tool_config.yaml").exists()
+
+
+def verl_tool_loader(monkeypatch):
+    """verl 0.9.1's own tool loader (tools/tool_registry.py) and its real BaseTool, schemas and
+    function_tool modules, loaded from the installed files. Not importable here: `verl` itself
+    (its __init__ imports ray), verl.utils.rollout_trace (ray; its decorator only traces, so it is
+    replaced by the identity) and omegaconf (not installed: OmegaConf.load is yaml.safe_load with
+    attribute access, to_container a plain copy)."""
+    import types
+
+    root = Path(importlib.util.find_spec("verl").submodule_search_locations[0])
+
+    class Node(dict):
+        def __getattr__(self, key):
+            value = self[key]
+            return Node(value) if isinstance(value, dict) else [Node(v) if isinstance(v, dict) else v
+                                                                  for v in value] if isinstance(value, list) else value
+
+    omegaconf = types.ModuleType("omegaconf")
+    omegaconf.OmegaConf = types.SimpleNamespace(load=lambda p: Node(yaml.safe_load(Path(p).read_text())),
+                                                to_container=lambda node, resolve=True: json.loads(json.dumps(node)))
+    trace = types.ModuleType("verl.utils.rollout_trace")
+    trace.rollout_trace_op = lambda fn: fn
+    for name, module in (("verl", types.ModuleType("verl")), ("verl.tools", types.ModuleType("verl.tools")),
+                         ("verl.utils", types.ModuleType("verl.utils")), ("verl.utils.rollout_trace", trace),
+                         ("omegaconf", omegaconf)):
+        module.__path__ = []
+        monkeypatch.setitem(sys.modules, name, module)
+    for name in ("schemas", "base_tool", "function_tool", "tool_registry"):
+        spec = importlib.util.spec_from_file_location(f"verl.tools.{name}", root / "tools" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, f"verl.tools.{name}", module)
+        spec.loader.exec_module(module)
+    return sys.modules["verl.tools.tool_registry"]
+
+
+def test_verls_tool_loader_builds_the_exported_tool_and_it_runs_tinyrls_sandbox(tmp_path, monkeypatch):
+    import asyncio
+
+    from tinyrl.tools import TOOLS, render
+    from tinyrl.tools.python import run_code
+
+    out = retool_export(tmp_path)
+    registry = verl_tool_loader(monkeypatch)
+    monkeypatch.syspath_prepend(str(out))  # what run_verl.sh's PYTHONPATH does
+    tools = registry.initialize_tools_from_config(str(out / "tool_config.yaml"))
+    assert [type(t).__name__ for t in tools] == ["TinyRLTool"] and tools[0].name == "code_interpreter"
+    tool = tools[0]
+    assert tool.tool_schema.model_dump(exclude_unset=True) == TOOLS["code_interpreter"].schema  # verl's pydantic
+    assert (tool.timeout_s, tool.memory_mb, tool._pool._max_workers) == (2.0, 512, 2)
+
+    async def call(parameters):
+        instance, _ = await tool.create()
+        try:
+            return await tool.execute(instance, parameters)
+        finally:
+            await tool.release(instance)
+
+    response, reward, metrics = asyncio.run(call({"code": "print(6 * 7)"}))
+    assert (response.text, reward, metrics["status"]) == ("42", 0.0, "ok")
+    response, _, metrics = asyncio.run(call({"code": "1 / 0"}))
+    assert response.text == render(run_code("1 / 0")) and metrics["status"] == "error"  # tinyrl's own tool turn
+    assert "ZeroDivisionError" in response.text
+    response, _, metrics = asyncio.run(call({"code": "import time\ntime.sleep(6)\nprint('late')"}))
+    assert metrics["status"] == "timeout" and "late" not in response.text  # rollout.tool_timeout_s = 2
+    response, _, metrics = asyncio.run(call({"program": "print(1)"}))
+    assert metrics["status"] == "bad_call" and "code" in response.text
+
+
+def test_the_exported_reward_scores_episodes_exactly_like_tinyrl(tmp_path):
+    """verl hands compute_score the whole decoded episode, tool turns included: the exported reward
+    reads the model's last turn as tinyrl does, so an answer the tool printed never scores."""
+    from tinyrl.tasks import get_task
+
+    out = retool_export(tmp_path, "task.answer_format=boxed")
+    spec = importlib.util.spec_from_file_location("exported_reward_retool", out / "reward_fn.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ours = get_task("retool").make_reward(load_config("retool-4090", ["task.answer_format=boxed"]).task)
+    row = pq.read_table(out / "data" / "train.parquet").to_pylist()[0]
+    truth = row["reward_model"]["ground_truth"]
+    tool = "\nuser\n<tool_response>\n{}\n</tool_response>\nassistant\n"
+    call = '<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(1)"}}\n</tool_call>'
+    scores = []
+    for completion in (f"\\boxed{{{truth}}}", "x" + call + tool.format(truth) + f"So \\boxed{{{truth}}}",
+                       "x" + call + tool.format(f"\\boxed{{{truth}}}") + "done", "no answer",
+                       f"\\boxed{{{truth}}}" + call + tool.format("1") + "\\boxed{-99999}"):
+        expected = ours(completion, row)
+        assert module.compute_score(row["data_source"], completion, truth, row["extra_info"]) == expected
+        scores.append(expected)
+    assert scores == [1.0, 1.0, -1.0, -1.0, -1.0]  # the third: the tool printed the right answer

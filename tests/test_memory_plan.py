@@ -125,3 +125,39 @@ def test_the_hf_rollout_counts_its_decode_transients_and_merge_fixes():
     full = build_plan(spec, gpu=get_gpu("rtx4090"), prompt_len=150, response_len=1024, prompts_per_step=32,
                       rollout_n=8, engine="hf", micro_batch=1, simulate=False, finetune="full")
     assert "hf_merge_fixes" not in full.phases["rollout"].parts  # nothing merged without adapters
+
+
+def test_a_multi_turn_hf_rollout_prices_the_tool_turns_prefill_into_each_episode():
+    """Tool turns are prefilled into each episode's own context (the n samples of a prompt no
+    longer share it): the K/V copy over every episode and the whole sequence (3B, 256 episodes
+    of 1,174 tokens: 2,462,056,448 bytes, formulas.kv_expansion_bytes), which outgrows a decode
+    step's transient; the lengths themselves were already at their limit."""
+    spec = load_spec("Qwen/Qwen2.5-3B")
+    kw = dict(gpu=get_gpu("rtx4090"), prompt_len=150, response_len=1024, prompts_per_step=32, rollout_n=8,
+              engine="hf", micro_batch=1, simulate=False)
+    single, multi = build_plan(spec, **kw), build_plan(spec, multi_turn=True, **kw)
+    one, many = single.phases["rollout"].parts, multi.phases["rollout"].parts
+    assert many["hf_turn_prefill_transient"] == fm.kv_expansion_bytes(spec, 256, 1174) == 2_462_056_448
+    assert "hf_decode_transient" not in many  # they never overlap: the larger one is the peak
+    assert multi.phases["rollout"].peak - single.phases["rollout"].peak == \
+        many["hf_turn_prefill_transient"] - one["hf_decode_transient"] > 0
+    assert many["hf_kv_cache"] == one["hf_kv_cache"] == 256 * 1174 * fm.kv_bytes_per_token(spec)
+    assert {k: v.peak for k, v in multi.phases.items() if k != "rollout"} == \
+        {k: v.peak for k, v in single.phases.items() if k != "rollout"}
+    assert any(n.startswith("multi-turn") for n in multi.notes) and not any(n.startswith("multi-turn")
+                                                                          for n in single.notes)
+    vllm = dict(kw, engine="vllm")
+    assert build_plan(spec, multi_turn=True, **vllm).phases["rollout"].parts == \
+        build_plan(spec, **vllm).phases["rollout"].parts  # vLLM: whole sequences in its KV cache already
+
+
+def test_a_task_with_tools_is_planned_as_multi_turn():
+    from tinyrl.config import load_config
+    from tinyrl.memory.from_config import plan_for_config
+
+    cfg = load_config("retool-4090", ["rollout.engine=hf", "actor.micro_batch_tokens=5120"])
+    plan = plan_for_config(cfg, get_gpu("rtx4090"), simulate=False)
+    assert "hf_turn_prefill_transient" in plan.phases["rollout"].parts
+    cfg = load_config("math-grpo-4090", ["rollout.engine=hf"])
+    assert "hf_turn_prefill_transient" not in plan_for_config(cfg, get_gpu("rtx4090"), simulate=False) \
+        .phases["rollout"].parts

@@ -165,6 +165,9 @@ class TaskConfig:
     correct_score: float = 1.0            # DAPO: +1
     wrong_score: float = -1.0             # DAPO: -1 (wrong, missing or unparsable answer)
     verify_timeout_s: float = 5.0         # hard limit per math-verify call (a killed worker process)
+    # retool (the maths options above, plus): subtracted once from an episode's score when any
+    # of its tool calls failed (error, timeout, malformed, unknown tool, over the limit)
+    tool_error_penalty: float = 0.0
 
 
 @dataclass

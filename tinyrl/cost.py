@@ -162,6 +162,7 @@ def roofline_for(cfg: Config, gpu: Any, assumptions: Assumptions = Assumptions()
         ppo_epochs=cfg.actor.ppo_epochs,
         vllm_memory_share=cfg.rollout.vllm.gpu_memory_utilization,
         max_num_seqs=cfg.rollout.vllm.max_num_seqs,
+        **tool_work(cfg),
     )
     card = Card(gpu.memory_bytes, gpu.bandwidth_bytes_per_s, gpu.bf16_tflops * 1e12)
     try:
@@ -169,6 +170,16 @@ def roofline_for(cfg: Config, gpu: Any, assumptions: Assumptions = Assumptions()
     except DoesNotFit as exc:
         raise TinyRLError(f"{cfg.model.name} on {gpu.name}: {exc}",
                           hint="set rollout.vllm.gpu_memory_utilization higher, or shorter lengths") from exc
+
+
+def tool_work(cfg: Config) -> dict[str, int]:
+    """A task with tools: calls per episode at most, and how many run at once (0 = this machine's cores)."""
+    from tinyrl.contention import usable_cpus
+    from tinyrl.tasks import get_task
+
+    if not get_task(cfg.task.name).tools:
+        return {}
+    return {"tool_calls": cfg.rollout.max_tool_calls, "tool_workers": cfg.rollout.tool_workers or usable_cpus()}
 
 
 def roofline_assumptions(cfg: Config, a: Assumptions, r: Roofline) -> list[str]:
@@ -186,7 +197,9 @@ def roofline_assumptions(cfg: Config, a: Assumptions, r: Roofline) -> list[str]:
         f"({cfg.model.finetune}, checkpointing {'on' if cfg.model.gradient_checkpointing else 'off'}); "
         "attention scores, optimizer step and value head ignored",
         f"roofline: {a.step_overhead_s:g} s fixed per step for vLLM sleep/wake, weight sync, reward, bookkeeping (a guess)",
-    ]
+    ] + ([f"roofline: tools: every episode makes rollout.max_tool_calls = {cfg.rollout.max_tool_calls} calls of "
+          f"{a.tool_call_s:g} s, {tool_work(cfg)['tool_workers']} at once, none overlapping decoding: "
+          f"{d['tools_s']:.1f} s of the rollout (an upper bound)"] if d["tools_s"] else [])
 
 
 # --------------------------------------------------------------------------- the estimate

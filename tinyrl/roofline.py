@@ -27,6 +27,10 @@ embedding lookup not):
 - training-side passes (log-probs, values, updates) run at train_mfu.
 - plus a fixed per-step overhead: vLLM sleep/wake, weight or adapter sync, reward scoring,
   bookkeeping.
+- a task with tools (multi-turn): R bounds every token of an episode after the prompt, tool turns
+  included, and all of them are priced as decoded (tool output is really prefilled: cheaper, so
+  still an upper bound); each episode makes its `tool_calls` calls, `tool_workers` at a time,
+  `tool_call_s` each, added to the rollout as if no decoding overlapped them (an upper bound).
 
 Also ignored (each a few % at <= 1,280 tokens): attention-score FLOPs, the optimizer step,
 the value head, LoRA's extra kernels in vLLM.
@@ -53,6 +57,9 @@ class Assumptions:
     max_num_seqs: int = 256          # vLLM's default, when rollout.vllm.max_num_seqs = 0
     step_overhead_s: float = 1.5     # sleep/wake + sync + reward + bookkeeping, a guess
     response_fill: float = 1.0       # mean response length / max: 1.0 is an upper bound
+    # one call of a short program in tinyrl's sandbox (fresh interpreter): 0.41-0.53 s measured on
+    # this project's busy 2-core machine (README, "The Python sandbox"); 0.85 s when it imports numpy
+    tool_call_s: float = 0.5
     prompt_fill: float = 1.0         # mean prompt length / max: 1.0 (padded, as verl does)
 
     def to_dict(self) -> dict:
@@ -104,6 +111,8 @@ class Workload:
     ppo_epochs: int = 1
     vllm_memory_share: float = 0.0  # 0: Assumptions.vllm_memory_share
     max_num_seqs: int = 0           # 0: Assumptions.max_num_seqs
+    tool_calls: int = 0             # per episode, at most (a task with tools: rollout.max_tool_calls)
+    tool_workers: int = 1           # calls running at once (rollout.tool_workers, resolved)
 
 
 @dataclass(frozen=True)
@@ -167,6 +176,8 @@ def estimate_step(shape: ModelShape, card: Card, work: Workload, a: Assumptions 
     phases["actor_update"] = work.ppo_epochs * update * shape.matmul_params * tokens / train_rate
     if work.critic:
         phases["critic_update"] = work.ppo_epochs * update * critic_params * tokens / train_rate
+    tools = seqs * work.tool_calls * a.tool_call_s / max(work.tool_workers, 1)
+    phases["rollout"] += tools
     phases["overhead"] = a.step_overhead_s
     details = {
         "prefill_s": prefill,
@@ -177,5 +188,6 @@ def estimate_step(shape: ModelShape, card: Card, work: Workload, a: Assumptions 
         "decode_bound": "bandwidth" if step_bytes / bandwidth >= step_s else "compute",
         "train_tokens_per_step": tokens,
         "update_flops_per_param_token": update,
+        "tools_s": tools,
     }
     return Roofline(phases=phases, details=details)

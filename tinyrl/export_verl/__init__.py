@@ -2,7 +2,8 @@
 
 Writes OUT/run_verl.sh (`python3 -m verl.trainer.main_ppo key=value ...`, the settings verl cannot
 take listed at its top), OUT/data/{train,test}.parquet (and val_<name>.parquet per data.val_files entry), OUT/reward_fn.py (tinyrl's reward behind
-verl's compute_score signature) and OUT/tinyrl_config.json (the resolved tinyrl config).
+verl's compute_score signature), OUT/tinyrl_config.json (the resolved tinyrl config) and, for a
+task with tools, OUT/tool_config.yaml + OUT/tinyrl_tool.py (tinyrl/export_verl/tools.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from tinyrl.config import Config
 from tinyrl.errors import TinyRLError
-from tinyrl.export_verl import files
+from tinyrl.export_verl import files, tools
 from tinyrl.export_verl.mapping import VERL_VERSION, Context, map_config
 
 
@@ -62,11 +63,13 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
                           f"(trainer.train_batch_size = {cfg.trainer.train_batch_size})",
                           hint="lower trainer.train_batch_size or use more data")
     files.write_reward_fn(cfg, out, spec, whole_row, VERL_VERSION)
+    tool_files = tools.write_tool_files(cfg, out, VERL_VERSION)
     val_files = [files.HERE + "data/test.parquet"] + [files.HERE + f"data/{p.name}" for p in extra_val]
     ctx = Context(model_path=path, train_files=files.HERE + "data/train.parquet",
                   val_files=val_files if extra_val else val_files[0], reward_path=files.HERE + "reward_fn.py",
                   steps_per_epoch=steps, gpus=gpus, nodes=nodes,
-                  critic_model_path=model_path(cfg, None)[0])  # the value head is not in an export
+                  critic_model_path=model_path(cfg, None)[0],  # the value head is not in an export
+                  tool_config_path=files.HERE + tools.TOOL_CONFIG if tool_files else "")
     mapping = map_config(cfg, ctx)
     header = [f"verl {VERL_VERSION} recipe exported by `tinyrl export-verl` from {source or cfg.preset}",
               f"{gpus} GPU(s) per node x {nodes} node(s); keys are verl {VERL_VERSION}'s "
@@ -76,10 +79,14 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
               f"Data: data/ ({steps} steps per epoch at this batch size); reward: reward_fn.py ({cfg.reward.fn})."]
     if whole_row:
         header.append("The reward reads whole rows: they ride along as JSON in extra_info.tinyrl_row.")
+    if tool_files:
+        header.append(f"Tools ({', '.join(tools.task_tools(cfg))}): multi-turn rollouts with {tools.TOOL_CONFIG}, "
+                      f"whose class ({tools.TOOL_MODULE}.py) runs tinyrl's Python sandbox.")
     for one in spec:
         if ":" in one and not one.startswith("user_reward/"):
             header.append(f"reward.fn = {one}: that module must be importable where verl runs.")
-    files.write_script(out, mapping.overrides, header, model_notes + mapping.notes, cfg.trainer.wandb)
+    files.write_script(out, mapping.overrides, header, model_notes + mapping.notes, cfg.trainer.wandb,
+                       pythonpath=bool(tool_files))
     (out / "tinyrl_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     return out
 

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from tinyrl.config import REPO_ROOT, Config, resolve_path
 from tinyrl.errors import TinyRLError
+from tinyrl.export_verl import tools
 
 HERE = "$HERE/"  # values starting with this are paths relative to run_verl.sh
 _SIMPLE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
@@ -120,7 +121,8 @@ def check_inputs_kept(cfg: Config, out: Path) -> None:
         source = _reward_file(spec)
         if source is not None:
             inputs.append((key, source, out / "user_reward" / source.name))
-    written = [target for *_, target in inputs] + [out / n for n in ("run_verl.sh", "reward_fn.py", "tinyrl_config.json")]
+    written = [target for *_, target in inputs] + [out / n for n in (
+        "run_verl.sh", "reward_fn.py", "tinyrl_config.json", tools.TOOL_CONFIG, f"{tools.TOOL_MODULE}.py")]
     clashes = []
     for key, source, _ in inputs:
         if not source.is_file():
@@ -249,11 +251,13 @@ def _hydra_value(key: str, value: Any) -> str:
 
 
 def write_script(out: Path, overrides: dict[str, Any], header: list[str], notes: list[str],
-                 wandb: bool) -> Path:
+                 wandb: bool, pythonpath: bool = False) -> Path:
     lines = ["#!/usr/bin/env bash"] + [f"# {h}" if h else "#" for h in header]
     lines += ["#", "# tinyrl settings verl cannot take as they are (every other setting is mapped below):"]
     lines += [f"#   - {n}" for n in notes] or ["#   (none)"]
     lines += ["", "set -euo pipefail", 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"']
+    if pythonpath:  # verl imports the tool class by module name (tools/tool_registry.py get_tool_class)
+        lines.append('export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"')
     if wandb:  # tinyrl logs to wandb in offline mode
         lines.append('export WANDB_MODE="${WANDB_MODE:-offline}"')
     lines += ["", "python3 -m verl.trainer.main_ppo \\"]

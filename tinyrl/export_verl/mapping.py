@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tinyrl.config import Config, has_critic  # tinyrl.roles: verl, too, builds a critic for gae only
+from tinyrl.export_verl.tools import map_tools
 
 VERL_VERSION = "0.9.1"
 AR = "actor_rollout_ref"
@@ -38,6 +39,7 @@ class Context:
     gpus: int = 1
     nodes: int = 1
     critic_model_path: str = ""    # default: model_path
+    tool_config_path: str = ""     # value for multi_turn.tool_config_path (a task with tools)
 
 
 @dataclass
@@ -80,7 +82,8 @@ def map_config(cfg: Config, ctx: Context) -> Mapping:
         part(cfg, ctx, m, o)
     for dotted in ("reward.fn", "reward.extra_fns", "reward.weights", "reward.timeout_s", "task.name", "task.template",
                    "task.format_score", "task.strict", "task.answer_format", "task.correct_score",
-                   "task.wrong_score", "task.verify_timeout_s", "task.operands", "task.max_number"):
+                   "task.wrong_score", "task.verify_timeout_s", "task.operands", "task.max_number",
+                   "task.tool_error_penalty"):
         m.get(cfg, dotted, None)  # baked into reward_fn.py (the template and generation options: in the data)
     # verl 0.9.1 moved the top-level custom_reward_function.* (still accepted, migrated in
     # experimental/reward_loop/reward_loop.py) to reward.custom_reward_function.*: use the new home.
@@ -181,6 +184,7 @@ def _rollout(cfg, ctx, m, o):
         m.note(cfg, "rollout.vllm.max_num_seqs", "0 = from the memory plan; verl's default (256) kept")
     o[f"{r}.enforce_eager"] = g("rollout.vllm.enforce_eager")
     o[f"{r}.free_cache_engine"] = True  # tinyrl always puts vLLM to sleep while training
+    map_tools(cfg, m, o, r, ctx.tool_config_path)  # multi-turn episodes of a task with tools
     m.note(cfg, "rollout.vllm.sleep_level", "verl picks vLLM's sleep level itself (free_cache_engine=true)")
     if g("rollout.max_probs_diff", None) is not None:
         m.note(cfg, "rollout.max_probs_diff", "tinyrl's parity guard (re-sync, then stop); verl logs "

@@ -23,6 +23,7 @@ from tinyrl.memory.plan import MemoryPlan, PhasePlan, build_plan
 from tinyrl.model_specs import load_spec, param_count
 from tinyrl.phases import BUDGETED_PHASES
 from tinyrl.roles import Role
+from tinyrl.tasks import get_task
 
 GiB = fm.GiB
 
@@ -32,7 +33,7 @@ MEMORY_FIELDS = ("model.name", "model.finetune", "model.lora_rank", "model.lora_
                  "data.max_prompt_length", "rollout.max_response_length", "rollout.n",
                  "rollout.engine", "trainer.train_batch_size", "actor.ppo_mini_batch_size",
                  "algorithm.adv_estimator", "algorithm.kl_in_reward", "algorithm.use_kl_loss",
-                 "trainer.memory_budget_gib")
+                 "trainer.memory_budget_gib", "task.name")
 
 # The plan's training phases and the trace phase each one is searched with.
 TRAINING_PHASES = {str(p): str(p) for p in BUDGETED_PHASES}
@@ -70,7 +71,8 @@ def plan_for_config(cfg: Config, gpu: GPU, *, simulate: bool = True,
         finetune=m.finetune, lora_rank=m.lora_rank, lora_targets=tuple(m.lora_targets),
         quantize=None if m.quantize == "none" else m.quantize,
         gradient_checkpointing=m.gradient_checkpointing, logprob_chunk=m.logprob_chunk,
-        engine=_engine(cfg), with_entropy=True, budget_bytes=budget_bytes, simulate=simulate)
+        engine=_engine(cfg), with_entropy=True, budget_bytes=budget_bytes, simulate=simulate,
+        multi_turn=bool(get_task(cfg.task.name).tools))  # a task with tools: episodes of turns
 
 
 # ------------------------------------------------------------------------------- settings
@@ -164,7 +166,7 @@ def categories(cfg: Config, plan: MemoryPlan) -> dict[str, dict[str, int]]:
             c["base weights"] += min(base_w, trainer_w)
             c["adapters"] += trainer_w - min(base_w, trainer_w)
         act = p.pop("activations", 0) + p.pop("hf_decode_transient", 0) + p.pop("hf_merge_fixes", 0) \
-            + p.pop("trainer_measured", 0)
+            + p.pop("trainer_measured", 0) + p.pop("hf_turn_prefill_transient", 0)
         chunk = 0
         if name in ("forward", "actor_update") and "activations" in ph.parts:
             # parts are for max(micro_batch, 1): a phase where nothing fits shows one sequence

@@ -82,13 +82,19 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
                with_entropy: bool = True, margin_fraction: float = 0.10,
                budget_bytes: int | None = None, engine: str = "vllm",
                offload_optimizer_in_rollout: bool = False, vllm_max_batched_tokens: int = 8192,
-               micro_batch: int | None = None, simulate: bool = True, model: str = "") -> MemoryPlan:
+               micro_batch: int | None = None, simulate: bool = True, model: str = "",
+               multi_turn: bool = False) -> MemoryPlan:
     """Plan every phase against `budget_bytes` (default: the card less `margin_fraction`, which
     covers allocator fragmentation and what the trace does not see).
 
     Micro-batches (sequences) are the largest that fit, capped by the sequences per optimizer
     step (mini_batch_prompts x rollout_n) or per step for the no-grad phase; `micro_batch`
-    fixes them instead. vLLM gets what is left after the trainer's resident memory."""
+    fixes them instead. vLLM gets what is left after the trainer's resident memory.
+
+    `multi_turn` (a task with tools): an episode's tokens after the prompt, tool turns included,
+    are bounded by `response_len` (rollout.max_response_length), so every phase is already priced
+    at prompt_len + response_len per episode; what the turns add is the hf engine's prefill of a
+    tool turn into each episode's own, grown context (_hf_generate_parts)."""
     if quantize not in (None, "nf4") or (quantize == "nf4" and finetune != "lora"):
         raise TinyRLError(f"quantize={quantize!r} with finetune={finetune!r} cannot be planned",
                           hint="NF4 (QLoRA) quantises a frozen base: use it with finetune=lora")
@@ -130,9 +136,16 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
     rollout, util, max_seqs, share, rollout_notes = _rollout(
         spec, gpu, budget, seq, per_step, engine, quantize, vllm_max_batched_tokens,
         _trainer_parts(spec, Phase.FORWARD, 1, seq, common, simulate, quantize),
-        offload_optimizer_in_rollout, (prompts_per_step, prompt_len, common))
+        offload_optimizer_in_rollout, (prompts_per_step, prompt_len, common, multi_turn))
     phases = {"rollout": rollout, **phases}
     notes += rollout_notes
+    if multi_turn:
+        prefill = rollout.parts.get("hf_turn_prefill_transient")
+        notes.append(f"multi-turn: each episode (assistant and tool turns) is priced at its limit, "
+                     f"{prompt_len} + {response_len} tokens"
+                     + (f"; a tool turn's prefill into every episode's context copies K/V for "
+                        f"{prefill / GiB:.2f} GiB (rollout activations)" if prefill else "")
+                     + "; the tool's processes use host RAM, not the card")
     if quantize == "nf4":
         notes.append("NF4 base: weights from the formula; activations traced for a bf16 base plus "
                      "one dequantised linear. Rollouts sample from that NF4 base with the hf engine "
@@ -213,15 +226,23 @@ def _vllm_profile_bytes(spec: dict, tokens: int, seqs: int) -> int:
     return layer + seqs * spec["vocab_size"] * 4 * 2
 
 
-def _hf_generate_parts(spec: dict, seqs: int, seq: int, prompts: int, prompt_len: int, common: dict) -> dict[str, int]:
+def _hf_generate_parts(spec: dict, seqs: int, seq: int, prompts: int, prompt_len: int, common: dict,
+                       multi_turn: bool = False) -> dict[str, int]:
     """tinyrl's decode loop (rollout/decode.py) keeps a KV cache for the whole batch; beside it
     the largest transient: the prefill's K/V copied to every query head (transformers' repeat_kv
     with a padding mask, one layer at a time), or a decode step's (its sampling temporaries,
     plus the same copy where the loop cannot avoid it: sliding-window layers keep transformers'
-    own masks). With LoRA, merged_adapter's exact-restore fixes (the most it may keep)."""
+    own masks). With LoRA, merged_adapter's exact-restore fixes (the most it may keep).
+    Multi-turn: a tool turn is prefilled into each episode's own context, which is no longer
+    shared by a prompt's n samples: the same copy over every episode and up to the whole
+    sequence (whether the engine keeps its cache and prefills the new tokens only, or
+    re-prefills the conversation: the copy is of the keys, so as large either way)."""
     decode = fm.hf_decode_transient_bytes(spec, seqs, seq, expands_kv=bool(spec.get("use_sliding_window")))
-    parts = {"hf_kv_cache": seqs * seq * fm.kv_bytes_per_token(spec),
-             "hf_decode_transient": max(decode, fm.kv_expansion_bytes(spec, prompts, prompt_len))}
+    transients = {"hf_decode_transient": max(decode, fm.kv_expansion_bytes(spec, prompts, prompt_len))}
+    if multi_turn:
+        transients["hf_turn_prefill_transient"] = fm.kv_expansion_bytes(spec, seqs, seq)
+    largest = max(transients, key=transients.get)  # they never overlap: the largest is the peak
+    parts = {"hf_kv_cache": seqs * seq * fm.kv_bytes_per_token(spec), largest: transients[largest]}
     if common["finetune"] == "lora":
         parts["hf_merge_fixes"] = fm.merge_fix_bytes(spec, common["lora_targets"])
     return parts

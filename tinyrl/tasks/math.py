@@ -164,13 +164,11 @@ def _problem(rng: random.Random) -> tuple[str, str]:
     return f"Compute $\\frac{{{a % 9 + 1}}}{{{c}}} + \\frac{{{b % 7 + 1}}}{{{c + 1}}}$ as a fraction in lowest terms.", ans
 
 
-def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: str = "dapo",
-             progress: bool = True) -> tuple[Path, Path]:
-    """Generated problems into out_dir/train.parquet and test.parquet (test held out from train)."""
+def generated_problems(train_size: int, test_size: int, seed: int = 0) -> tuple[list, list]:
+    """(train, test) lists of generated (problem, answer); no test problem is in train."""
     for name, size in (("train_size", train_size), ("test_size", test_size)):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise TinyRLError(f"{name} must be a positive integer, got {size!r}", hint="e.g. --train-size 1000")
-    prompt_of("", template)
     test_rng, train_rng = random.Random(f"tinyrl-math:{seed}:test"), random.Random(f"tinyrl-math:{seed}:train")
     test = [_problem(test_rng) for _ in range(test_size)]
     held_out = {p for p, _ in test}
@@ -179,6 +177,14 @@ def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: 
         row = _problem(train_rng)
         if row[0] not in held_out:
             train.append(row)
+    return train, test
+
+
+def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: str = "dapo",
+             progress: bool = True) -> tuple[Path, Path]:
+    """Generated problems into out_dir/train.parquet and test.parquet (test held out from train)."""
+    prompt_of("", template)
+    train, test = generated_problems(train_size, test_size, seed)
     out = Path(out_dir).expanduser()
     return (write_rows(train, out / "train.parquet", template, "train"),
             write_rows(test, out / "test.parquet", template, "test"))
@@ -234,6 +240,25 @@ def read_table(source: str) -> tuple[Any, str]:
         raise TinyRLError(f"cannot read {path}: {e}", hint="check the file") from e
 
 
+def problem_rows(frame: Any, source: str, problem_key: str | None = None,
+                 answer_key: str | None = None) -> list[tuple[str, str]]:
+    """(problem, answer) of each row of a plain problem/answer table that has both."""
+    cols = list(frame.columns)
+    pkey = problem_key or next((k for k in _PROBLEM_KEYS if k in cols), None)
+    akey = answer_key or next((k for k in _ANSWER_KEYS if k in cols), None)
+    if pkey not in cols or akey not in cols:
+        raise TinyRLError(f"{source}: no problem/answer columns found (columns: {', '.join(map(str, cols))})",
+                          hint="name them with --problem-key and --answer-key")
+    rows = []
+    for problem, value in zip(frame[pkey], frame[akey]):
+        answer = _answer_text(value, akey)
+        if answer is not None and str(problem).strip():
+            rows.append((str(problem), answer))
+    if not rows:
+        raise TinyRLError(f"{source}: no row has both a problem and an answer", hint="check --answer-key")
+    return rows
+
+
 def convert(source: str, out_dir: Path, template: str, name: str | None = None,
             problem_key: str | None = None, answer_key: str | None = None) -> tuple[Path, int]:
     """A problem/answer table -> out_dir/NAME.parquet in verl's maths schema. -> (path, rows)"""
@@ -247,20 +272,7 @@ def convert(source: str, out_dir: Path, template: str, name: str | None = None,
         path.parent.mkdir(parents=True, exist_ok=True)
         frame.to_parquet(path, index=False)
         return path, len(frame)
-    pkey = problem_key or next((k for k in _PROBLEM_KEYS if k in cols), None)
-    akey = answer_key or next((k for k in _ANSWER_KEYS if k in cols), None)
-    if pkey not in cols or akey not in cols:
-        raise TinyRLError(f"{source}: no problem/answer columns found (columns: {', '.join(map(str, cols))})",
-                          hint="name them with --problem-key and --answer-key")
-    rows, skipped = [], 0
-    for problem, value in zip(frame[pkey], frame[akey]):
-        answer = _answer_text(value, akey)
-        if answer is None or not str(problem).strip():
-            skipped += 1
-            continue
-        rows.append((str(problem), answer))
-    if not rows:
-        raise TinyRLError(f"{source}: no row has both a problem and an answer", hint="check --answer-key")
+    rows = problem_rows(frame, source, problem_key, answer_key)
     path = write_rows(rows, Path(out_dir).expanduser() / f"{name or default_name}.parquet", template,
                       name or default_name)
     return path, len(rows)
@@ -302,7 +314,8 @@ def _config_problems(t: Any) -> list[str]:
     return out
 
 
-def _task_line(prompt: str) -> str | None:
+def dapo_problem(prompt: str) -> str | None:
+    """The problem inside DAPO-Math-17k's instruction (None: not that instruction)."""
     match = _DAPO_PROBLEM.search(prompt)
     return match.group(1) if match else None
 
@@ -317,7 +330,7 @@ TASK = Task(
     data_command=data_command,
     generate=generate,
     data_hint="`tinyrl data math --from FILE|hf:NAME[:split] --out DIR` (or no --from: generated problems)",
-    task_line=_task_line,
+    task_line=dapo_problem,
     answer_patterns=(r"(?i:answer)\s*:[^\n]*", r"\\boxed\{[^\n]*?\}"),
     config_problems=_config_problems,
 )

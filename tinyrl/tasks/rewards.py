@@ -9,6 +9,7 @@ val/score, eval) is judged on the first function alone, so shaping terms never f
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,23 +40,36 @@ class Scores:
         return out
 
 
+def reads_episode(fn: RewardFn) -> bool:
+    """A reward that takes an `episode` keyword gets the sample's Episode (its turns and tool
+    calls, tinyrl.rollout.base); the rest, user functions included, keep (completion, row)."""
+    try:
+        return "episode" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a callable without a signature (a builtin, a C extension)
+        return False
+
+
 class RewardSet:
     """Callable as one reward function (the weighted total), or per batch with the details."""
 
     def __init__(self, fns: list[tuple[str, RewardFn]], weights: list[float], solved_at: float):
         self.fns, self.weights, self.solved_at = fns, weights or [1.0] * len(fns), solved_at
+        self._with_episode = [reads_episode(fn) for _, fn in fns]
 
     def __call__(self, completion: str, row: Any) -> float:
         return self.score(completion, row)[0]
 
-    def score(self, completion: str, row: Any) -> tuple[float, bool, list[float]]:
-        raw = [fn(completion, row) for _, fn in self.fns]
+    def score(self, completion: str, row: Any, episode: Any = None) -> tuple[float, bool, list[float]]:
+        raw = [fn(completion, row, episode=episode) if wants else fn(completion, row)
+               for (_, fn), wants in zip(self.fns, self._with_episode)]
         return sum(w * r for w, r in zip(self.weights, raw)), raw[0] >= self.solved_at, raw
 
-    def score_batch(self, completions: list[str], rows: list[Any]) -> Scores:
+    def score_batch(self, completions: list[str], rows: list[Any], episodes: list[Any] | None = None) -> Scores:
+        """`episodes` (the rollout's, in the order of `completions`) reach rewards that read them."""
         out = Scores(parts={name: [] for name, _ in self.fns})
-        for completion, row in zip(completions, rows):
-            total, solved, raw = self.score(completion, row)
+        episodes = episodes if episodes is not None else [None] * len(completions)
+        for completion, row, episode in zip(completions, rows, episodes):
+            total, solved, raw = self.score(completion, row, episode)
             out.total.append(total)
             out.solved.append(solved)
             for (name, _), r in zip(self.fns, raw):

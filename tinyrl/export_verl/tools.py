@@ -1,0 +1,137 @@
+"""export-verl for a task with tools: verl's multi-turn rollout settings, its tool config YAML,
+and tinyrl's Python sandbox wrapped as a verl tool (OUT/tinyrl_tool.py).
+
+verl 0.9.1, read from the installed package:
+- settings: `actor_rollout_ref.rollout.multi_turn.*` (workers/config/rollout.py MultiTurnConfig:
+  enable, max_assistant_turns, max_user_turns, max_parallel_calls, max_tool_response_length (in
+  CHARACTERS), tool_response_truncate_side, format, tool_config_path) and
+  `actor_rollout_ref.rollout.agent.default_agent_loop` (experimental/agent_loop/agent_loop.py:
+  rows without an `agent_name` column run this loop; "tool_agent" is ToolAgentLoop);
+- the YAML: tools/tool_registry.py initialize_tools_from_config reads `tools[].class_name`,
+  `tools[].config` (its `type` must be "native") and `tools[].tool_schema`
+  (schemas.py OpenAIFunctionToolSchema), and builds `cls(config=..., tool_schema=...)`;
+- the tool: tools/base_tool.py BaseTool(config: dict, tool_schema), `async execute(instance_id,
+  parameters: dict, **kwargs) -> tuple[ToolResponse, float, dict]` (ToolResponse(text=...)).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tinyrl.config import REPO_ROOT, Config
+
+TOOL_CONFIG = "tool_config.yaml"
+TOOL_MODULE = "tinyrl_tool"           # OUT/tinyrl_tool.py, importable once OUT is on PYTHONPATH
+TOOL_CLASS = "TinyRLTool"
+CHARS_PER_TOKEN = 4                   # verl cuts a tool response by characters, tinyrl by tokens
+SETTINGS = ("rollout.max_turns", "rollout.max_tool_calls", "rollout.max_tool_response_tokens",
+            "rollout.tool_timeout_s", "rollout.tool_memory_mb", "rollout.tool_workers")
+
+
+def task_tools(cfg: Config) -> tuple[str, ...]:
+    from tinyrl.tasks import get_task
+
+    return get_task(cfg.task.name).tools
+
+
+def map_tools(cfg: Config, m: Any, o: dict, rollout: str, tool_config_path: str) -> None:
+    """verl's multi-turn settings for a task with tools (`rollout` = verl's rollout section);
+    without tools the settings have nothing to act on, in tinyrl or in verl."""
+    values = {dotted: m.get(cfg, dotted) for dotted in SETTINGS}
+    if not task_tools(cfg):
+        return
+    mt = f"{rollout}.multi_turn"
+    o[f"{mt}.enable"] = True
+    o[f"{mt}.format"] = "hermes"  # Qwen2.5's <tool_call> JSON, what tinyrl parses
+    o[f"{mt}.tool_config_path"] = tool_config_path
+    o[f"{mt}.max_assistant_turns"] = values["rollout.max_turns"]
+    # verl counts tool turns (each answers one assistant turn's calls); tinyrl counts calls
+    o[f"{mt}.max_user_turns"] = values["rollout.max_tool_calls"]
+    o[f"{mt}.max_parallel_calls"] = values["rollout.max_tool_calls"]
+    o[f"{mt}.max_tool_response_length"] = values["rollout.max_tool_response_tokens"] * CHARS_PER_TOKEN
+    o[f"{rollout}.agent.default_agent_loop"] = "tool_agent"
+    o["data.return_raw_chat"] = True  # the agent loop renders the messages itself, with the tools
+    m.note(cfg, "rollout.max_tool_calls", "verl ends the episode after max_user_turns tool turns and runs at "
+           "most max_parallel_calls calls of a turn (both set to it); tinyrl answers calls past the limit "
+           "with an error tool turn and lets the model go on")
+    m.note(cfg, "rollout.max_tool_response_tokens", f"verl cuts a tool response by characters "
+           f"(multi_turn.max_tool_response_length = {CHARS_PER_TOKEN} x this), keeping its head and tail")
+    m.notes.append(f"rollout.tool_timeout_s / tool_memory_mb / tool_workers: in {TOOL_CONFIG}, read by "
+                   f"{TOOL_MODULE}.py, which runs tinyrl's sandbox (tinyrl.tools.python.run_code) inside "
+                   "verl's agent-loop workers: tinyrl must be importable there, and "
+                   f"{TOOL_MODULE}.py on PYTHONPATH (run_verl.sh adds its directory; on other nodes set it)")
+    if cfg.task.tool_error_penalty:
+        m.note(cfg, "task.tool_error_penalty", "not applied by verl: its compute_score gets the decoded "
+               "response and extra_info, not the outcome of each tool call (verl 0.9.1 "
+               "experimental/reward_loop/reward_manager/naive.py)")
+
+
+def tool_config(cfg: Config) -> dict:
+    """The YAML verl's initialize_tools_from_config reads: one native tool per tinyrl tool."""
+    from tinyrl.tools import TOOLS
+
+    r = cfg.rollout
+    return {"tools": [{"class_name": f"{TOOL_MODULE}.{TOOL_CLASS}",
+                       "config": {"type": "native", "timeout_s": r.tool_timeout_s, "memory_mb": r.tool_memory_mb,
+                                  "max_workers": r.tool_workers},
+                       "tool_schema": TOOLS[name].schema} for name in task_tools(cfg)]}
+
+
+TOOL_SOURCE = '''"""tinyrl's tools as verl {verl} tools: written by `tinyrl export-verl`; {config} names this class.
+
+verl/tools/base_tool.py: BaseTool.__init__(config: dict, tool_schema: OpenAIFunctionToolSchema),
+`async execute(instance_id, parameters, **kwargs) -> (ToolResponse, reward, metrics)`. A call runs
+tinyrl.tools.TOOLS[name] (the Python sandbox: tinyrl.tools.python.run_code) with the limits of
+config (timeout_s, memory_mb) in a pool of config["max_workers"] threads (0 = the usable
+cores), and its text is tinyrl.tools.render(result): the tool turn tinyrl trains with."""
+
+import asyncio
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import ToolResponse
+
+TINYRL_SRC = {src!r}
+try:
+    import tinyrl  # noqa: F401
+except ImportError:
+    sys.path.insert(0, TINYRL_SRC)
+from tinyrl.tools import TOOLS, render
+from tinyrl.tools.python import run_code
+
+
+class {cls}(BaseTool):
+    def __init__(self, config: dict, tool_schema):
+        super().__init__(config, tool_schema)
+        self.timeout_s = float(config.get("timeout_s", 10.0))
+        self.memory_mb = int(config.get("memory_mb", 1024))
+        workers = int(config.get("max_workers", 0)) or len(os.sched_getaffinity(0))
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tinyrl-tool")
+
+    async def execute(self, instance_id: str, parameters: dict, **kwargs):
+        if self.name not in TOOLS or not isinstance(parameters.get("code"), str):
+            return ToolResponse(text=f"[bad call: {{self.name}} takes one string argument, code]"), 0.0, \
+                {{"status": "bad_call"}}
+        code = parameters["code"]
+        result = await asyncio.get_running_loop().run_in_executor(
+            self._pool, lambda: run_code(code, timeout_s=self.timeout_s, memory_mb=self.memory_mb))
+        status = "ok" if result.ok else ("timeout" if result.timed_out else "error")
+        return ToolResponse(text=render(result)), 0.0, {{"status": status, "seconds": result.seconds}}
+'''
+
+
+def write_tool_files(cfg: Config, out: Path, verl: str) -> list[Path]:
+    """OUT/tool_config.yaml and OUT/tinyrl_tool.py for a task with tools (nothing otherwise)."""
+    import yaml
+
+    if not task_tools(cfg):
+        return []
+    config, module = out / TOOL_CONFIG, out / f"{TOOL_MODULE}.py"
+    # JSON through YAML's safe dumper: plain types only, so verl's OmegaConf reads it as written
+    config.write_text(yaml.safe_dump(json.loads(json.dumps(tool_config(cfg))), sort_keys=False))
+    module.write_text(TOOL_SOURCE.format(verl=verl, config=TOOL_CONFIG, src=str(REPO_ROOT), cls=TOOL_CLASS))
+    return [config, module]
