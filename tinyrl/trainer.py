@@ -537,7 +537,7 @@ class Trainer:
             res = score_prompts(self.engine, self.inputs.tokenizer, prompts, rows, get_task(cfg.task.name), cfg.task,
                                 n=n, ks=[1, n] if n else [], temperature=cfg.rollout.temperature,
                                 top_p=cfg.rollout.top_p, greedy=True, max_new_tokens=cfg.rollout.max_response_length,
-                                seed=cfg.trainer.seed + self.step, name=name)
+                                seed=cfg.trainer.seed + self.step, name=name, tool_rollout=self.tool_rollout)
             m = res.metrics
             out[f"val/{name}/pass@1"] = m["pass@1"] if n else m["greedy_acc"]
             out.update({f"val/{name}/{k}": v for k, v in m.items() if k != "tokens_per_s"})
