@@ -28,7 +28,7 @@ def math_with_tools(monkeypatch):
     real = tasks.all_tasks
 
     def with_tools():
-        out = real()
+        out = dict(real())  # all_tasks() is cached: never change its dict
         out["math"] = dataclasses.replace(out["math"], tools=("code_interpreter",))
         return out
 
