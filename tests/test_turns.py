@@ -160,8 +160,8 @@ def test_parse_keeps_calls_in_order_and_never_raises():
 # -- limits: the budget, the turn limit, stop ------------------------------------------------
 
 def test_budget_bounds_the_whole_episode(tok, chat):
-    def script(context, j):  # calls forever, with a long-winded turn
-        return "thinking " * 12 + call("print('x' * 40)")
+    def script(context, j):  # calls forever; turn 1's length differs per sample, so budgets left differ
+        return "thinking " * (12 + 9 * j) + call("print('x' * 40)")
 
     for budget in (60, 150, 260):
         res, engine, _ = _run(chat, script, k=1, n=3, budget=budget, limits=EpisodeLimits(max_turns=50))
@@ -189,3 +189,13 @@ def test_tool_output_is_cut_to_its_token_limit(tok, chat):
     content = text.split("<tool_response>\n")[1].split("\n</tool_response>")[0]
     assert content.endswith("[output cut to 40 tokens]")
     assert len(tok(content, add_special_tokens=False)["input_ids"]) <= 40 + 1  # a decode/encode seam may merge
+
+
+def test_each_turn_gets_its_own_seed_from_the_rollouts(chat):
+    _, first, _ = _run(chat, _two_turn_script, seed=5)
+    _, again, _ = _run(chat, _two_turn_script, seed=5)
+    _, other, _ = _run(chat, _two_turn_script, seed=6)
+    assert first.seeds == again.seeds and first.seeds[0] == 5 and len(first.seeds) == 2
+    assert first.seeds[1] is not None and first.seeds[1] != 5 and other.seeds[1] != first.seeds[1]
+    _, unseeded, _ = _run(chat, _two_turn_script, seed=None)
+    assert unseeded.seeds == [None, None]
