@@ -4,16 +4,15 @@ and pass@k is computed as without tools. --no-tools gives the single-turn path."
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 
 import pytest
 from transformers import AutoTokenizer
 
-import tinyrl.tasks as tasks
 from helpers.hermes_template import HERMES_TEMPLATE
 from helpers.scripted_engine import ScriptedEngine
+from helpers.tool_task import give_tools
 from tinyrl import eval as ev
 from tinyrl.errors import TinyRLError
 from tinyrl.tasks import math as mt
@@ -25,14 +24,7 @@ def _call(code: str) -> str:
 
 @pytest.fixture
 def math_with_tools(monkeypatch):
-    real = tasks.all_tasks
-
-    def with_tools():
-        out = dict(real())  # all_tasks() is cached: never change its dict
-        out["math"] = dataclasses.replace(out["math"], tools=("code_interpreter",))
-        return out
-
-    monkeypatch.setattr(tasks, "all_tasks", with_tools)
+    give_tools(monkeypatch, "math")
 
 
 def test_eval_keeps_whole_episodes(tmp_path, tiny_model_dir, monkeypatch, math_with_tools):

@@ -4,14 +4,13 @@ a tool task without the chat template is refused before anything loads."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 
-import tinyrl.tasks as tasks
 from helpers.hermes_template import HERMES_TEMPLATE
 from helpers.scripted_engine import ScriptedEngine
+from helpers.tool_task import give_tools
 from test_trainer import tiny_config
 from tinyrl.errors import TinyRLError
 from tinyrl.rollout.turns import ToolRollout
@@ -20,14 +19,7 @@ from tinyrl.trainer import Trainer
 
 @pytest.fixture
 def countdown_with_tools(monkeypatch):
-    real = tasks.all_tasks
-
-    def with_tools():
-        out = dict(real())  # all_tasks() is cached: never change its dict
-        out["countdown"] = dataclasses.replace(out["countdown"], tools=("code_interpreter",))
-        return out
-
-    monkeypatch.setattr(tasks, "all_tasks", with_tools)
+    give_tools(monkeypatch, "countdown")
 
 
 def _call(code: str) -> str:
