@@ -199,3 +199,14 @@ def test_each_turn_gets_its_own_seed_from_the_rollouts(chat):
     assert first.seeds[1] is not None and first.seeds[1] != 5 and other.seeds[1] != first.seeds[1]
     _, unseeded, _ = _run(chat, _two_turn_script, seed=None)
     assert unseeded.seeds == [None, None]
+
+
+def test_a_template_that_cannot_follow_the_models_turn_is_refused(tok):
+    from tinyrl.errors import TinyRLError
+
+    with pytest.raises(TinyRLError, match="does not end an assistant message"):
+        ToolChat(tok, list(SCHEMAS.values()), [tok.convert_tokens_to_ids("<|im_start|>") + 10_000])
+    wrong = AutoTokenizer.from_pretrained(tok.name_or_path)
+    wrong.chat_template = HERMES_TEMPLATE.replace("'<|endoftext|>\\n'", "'<|im_end|>\\n'")
+    with pytest.raises(TinyRLError, match="does not end an assistant message"):
+        ToolChat(wrong, list(SCHEMAS.values()), [tok.eos_token_id])
