@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from transformers import AutoTokenizer
 
 from helpers.hermes_template import HERMES_TEMPLATE
@@ -210,3 +209,12 @@ def test_a_template_that_cannot_follow_the_models_turn_is_refused(tok):
     wrong.chat_template = HERMES_TEMPLATE.replace("'<|endoftext|>\\n'", "'<|im_end|>\\n'")
     with pytest.raises(TinyRLError, match="does not end an assistant message"):
         ToolChat(wrong, list(SCHEMAS.values()), [tok.eos_token_id])
+
+
+def test_an_answer_on_the_budgets_last_token_is_a_stop(tok, chat):
+    answer = "<answer> 42 </answer>"
+    exact = len(tok(answer, add_special_tokens=False)["input_ids"]) + 1  # + EOS
+    res, _, _ = _run(chat, lambda context, j: answer, k=1, n=1, budget=exact)
+    assert res.episodes[0].stop_reason == "stop" and len(res.episodes[0].response_ids) == exact
+    res, _, _ = _run(chat, lambda context, j: answer, k=1, n=1, budget=exact - 1)
+    assert res.episodes[0].stop_reason == "length"

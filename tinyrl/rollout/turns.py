@@ -180,10 +180,12 @@ def _next_calls(active: list[_Live], schemas: dict, limits: EpisodeLimits,
     calling = []
     for live in active:
         text = live.texts[-1][1]
-        if not live.finished_turn or len(live.ids) >= budget:
+        if not live.finished_turn:
             live.stop_reason = "length"
         elif not has_tool_call(text):
-            live.stop_reason = "stop"
+            live.stop_reason = "stop"       # ended by itself, even on the budget's last token
+        elif len(live.ids) >= budget:
+            live.stop_reason = "length"     # no room for a tool turn: its calls are not run
         elif sum(t.role == "assistant" for t in live.turns) >= limits.max_turns:
             live.stop_reason = "max_turns"
         else:
