@@ -117,3 +117,9 @@ def test_vllm_engine_runs_multi_turn_episodes(taught, vllm_engine):
     _check_greedy(res, tok)
     hf = _episodes(HFEngine(model, tok), chat, greedy)  # fp32 both: the same greedy episodes
     assert [e.response_ids for e in res.episodes] == [e.response_ids for e in hf.episodes]
+    # budgets per prompt (the turn loop's later turns): vLLM stops each request at its own
+    prompts = [chat.render(_messages(a, b), True) for a, b in QUESTIONS]
+    cut = vllm_engine.generate(prompts, SamplingSettings(n=1, greedy=True, max_new_tokens=50,
+                                                         max_new_tokens_per_prompt=[3, 7]))
+    assert [len(e.response_ids) for e in cut.episodes] == [3, 7]
+    assert [e.response_ids for e in cut.episodes] == [e.response_ids[:n] for e, n in zip(res.episodes, (3, 7))]

@@ -16,9 +16,10 @@ contexts).
                 calls a tool (its calls are not run)
 
 A bad call (not JSON, an unknown tool, bad arguments, past rollout.max_tool_calls) becomes a
-tool turn that says so, never an exception. Per-row budgets differ after turn 1: each
-continuation is generated to the largest remaining budget and cut to its own (the sampled
-prefix of a row is the same whatever the limit; the surplus is wasted decoding). Seeds: turn t
+tool turn that says so, never an exception. Per-row budgets differ after turn 1: they go to the
+engine as `max_new_tokens_per_prompt` (vLLM stops each request at its own), and every
+continuation is cut to its own budget here too (the HF engine decodes the batch to the largest;
+the sampled prefix of a row is the same whatever the limit, the surplus is wasted decoding). Seeds: turn t
 uses a seed derived from (sampling.seed, t), so a seeded rollout repeats exactly.
 
 Knows nothing of tasks, the trainer or a particular engine.
@@ -246,7 +247,8 @@ def _continue(engine, grown: list[_Live], sampling: SamplingSettings, budget: in
     if not grown:
         return []
     left = [budget - len(live.ids) for live in grown]
-    settings = replace(sampling, n=1, max_new_tokens=max(left), seed=turn_seed(sampling.seed, turn))
+    settings = replace(sampling, n=1, max_new_tokens=max(left), max_new_tokens_per_prompt=left,
+                       seed=turn_seed(sampling.seed, turn))
     out = engine.generate([live.prompt_ids + live.ids for live in grown], settings).episodes
     for live, e, room in zip(grown, out, left):
         tokens = e.response_ids[:room]
