@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from transformers import AutoTokenizer
 
 from helpers.hermes_template import HERMES_TEMPLATE
@@ -160,8 +159,8 @@ def test_parse_keeps_calls_in_order_and_never_raises():
 # -- limits: the budget, the turn limit, stop ------------------------------------------------
 
 def test_budget_bounds_the_whole_episode(tok, chat):
-    def script(context, j):  # calls forever, with a long-winded turn
-        return "thinking " * 12 + call("print('x' * 40)")
+    def script(context, j):  # calls forever; turn 1's length differs per sample, so budgets left differ
+        return "thinking " * (12 + 9 * j) + call("print('x' * 40)")
 
     for budget in (60, 150, 260):
         res, engine, _ = _run(chat, script, k=1, n=3, budget=budget, limits=EpisodeLimits(max_turns=50))
@@ -189,3 +188,33 @@ def test_tool_output_is_cut_to_its_token_limit(tok, chat):
     content = text.split("<tool_response>\n")[1].split("\n</tool_response>")[0]
     assert content.endswith("[output cut to 40 tokens]")
     assert len(tok(content, add_special_tokens=False)["input_ids"]) <= 40 + 1  # a decode/encode seam may merge
+
+
+def test_each_turn_gets_its_own_seed_from_the_rollouts(chat):
+    _, first, _ = _run(chat, _two_turn_script, seed=5)
+    _, again, _ = _run(chat, _two_turn_script, seed=5)
+    _, other, _ = _run(chat, _two_turn_script, seed=6)
+    assert first.seeds == again.seeds and first.seeds[0] == 5 and len(first.seeds) == 2
+    assert first.seeds[1] is not None and first.seeds[1] != 5 and other.seeds[1] != first.seeds[1]
+    _, unseeded, _ = _run(chat, _two_turn_script, seed=None)
+    assert unseeded.seeds == [None, None]
+
+
+def test_a_template_that_cannot_follow_the_models_turn_is_refused(tok):
+    from tinyrl.errors import TinyRLError
+
+    with pytest.raises(TinyRLError, match="does not end an assistant message"):
+        ToolChat(tok, list(SCHEMAS.values()), [tok.convert_tokens_to_ids("<|im_start|>") + 10_000])
+    wrong = AutoTokenizer.from_pretrained(tok.name_or_path)
+    wrong.chat_template = HERMES_TEMPLATE.replace("'<|endoftext|>\\n'", "'<|im_end|>\\n'")
+    with pytest.raises(TinyRLError, match="does not end an assistant message"):
+        ToolChat(wrong, list(SCHEMAS.values()), [tok.eos_token_id])
+
+
+def test_an_answer_on_the_budgets_last_token_is_a_stop(tok, chat):
+    answer = "<answer> 42 </answer>"
+    exact = len(tok(answer, add_special_tokens=False)["input_ids"]) + 1  # + EOS
+    res, _, _ = _run(chat, lambda context, j: answer, k=1, n=1, budget=exact)
+    assert res.episodes[0].stop_reason == "stop" and len(res.episodes[0].response_ids) == exact
+    res, _, _ = _run(chat, lambda context, j: answer, k=1, n=1, budget=exact - 1)
+    assert res.episodes[0].stop_reason == "length"

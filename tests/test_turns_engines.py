@@ -94,10 +94,13 @@ def test_hf_engine_runs_multi_turn_episodes(taught):
     assert engine.multi_turn
     _check_greedy(_episodes(engine, chat, SamplingSettings(n=1, greedy=True, max_new_tokens=200)), tok)
     # sampled, seeded: the same seed gives the same episodes, turn by turn
-    sampled = SamplingSettings(n=3, temperature=1.0, max_new_tokens=120, seed=11)
+    sampled = SamplingSettings(n=4, temperature=1.0, max_new_tokens=120, seed=11)
     first, again = _episodes(engine, chat, sampled), _episodes(engine, chat, sampled)
+    assert any(len(e.turns) > 2 for e in first.episodes)  # later turns sampled too
     assert [e.response_ids for e in first.episodes] == [e.response_ids for e in again.episodes]
-    assert [e.prompt_index for e in first.episodes] == [0, 0, 0, 1, 1, 1]
+    other = _episodes(engine, chat, SamplingSettings(n=4, temperature=1.0, max_new_tokens=120, seed=12))
+    assert [e.response_ids for e in other.episodes] != [e.response_ids for e in first.episodes]
+    assert [e.prompt_index for e in first.episodes] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert all(len(e.response_ids) <= 120 for e in first.episodes)
 
 
@@ -114,3 +117,9 @@ def test_vllm_engine_runs_multi_turn_episodes(taught, vllm_engine):
     _check_greedy(res, tok)
     hf = _episodes(HFEngine(model, tok), chat, greedy)  # fp32 both: the same greedy episodes
     assert [e.response_ids for e in res.episodes] == [e.response_ids for e in hf.episodes]
+    # budgets per prompt (the turn loop's later turns): vLLM stops each request at its own
+    prompts = [chat.render(_messages(a, b), True) for a, b in QUESTIONS]
+    cut = vllm_engine.generate(prompts, SamplingSettings(n=1, greedy=True, max_new_tokens=50,
+                                                         max_new_tokens_per_prompt=[3, 7]))
+    assert [len(e.response_ids) for e in cut.episodes] == [3, 7]
+    assert [e.response_ids for e in cut.episodes] == [e.response_ids[:n] for e, n in zip(res.episodes, (3, 7))]
