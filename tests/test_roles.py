@@ -121,6 +121,29 @@ def test_ppo_builds_every_role(tiny_model_dir, monkeypatch, finetune):
     assert models.critic_parameters()
 
 
+def test_the_critic_adapter_learns_from_its_first_backward(tiny_model_dir):
+    """The value head starts as verl's (N(0, initializer_range)), not at zero: with a zero head and
+    peft's zero LoRA B the critic adapter's gradient is exactly 0 until the head has grown (the
+    critic starts as a linear probe of the base's last hidden state; README, the PPO demo). Two
+    builds give the same head (its own seeded generator)."""
+    from tinyrl.models import make_batch
+
+    cfg = load_config("countdown-tiny", ["model.padding_free=false"]).model
+    models = PolicyModels(cfg, str(tiny_model_dir), torch.device("cpu"), roles=frozenset(Role))
+    w = models.value_head.proj.weight
+    assert 0.01 < float(w.detach().std()) < 0.03 and float(models.value_head.proj.bias.detach()) == 0.0  # range 0.02
+    again = PolicyModels(cfg, str(tiny_model_dir), torch.device("cpu"), roles=frozenset(Role))
+    assert torch.equal(again.value_head.proj.weight, w)
+    batch = make_batch([[5, 6, 7], [5, 6, 7, 8]], [[10, 11, 12], [13]], pad_id=0)
+    models.train(True)
+    with models.role("critic"):
+        models.values(batch).sum().backward()
+    named = dict(models.actor.named_parameters())
+    lora_b = {n: p.grad for n, p in named.items() if ".critic." in n and "lora_B" in n}
+    assert lora_b and all(g is not None and g.abs().sum() > 0 for g in lora_b.values()), \
+        [n for n, g in lora_b.items() if g is None or not g.abs().sum() > 0]
+
+
 # ----------------------------------------------------------------------------- a GRPO run
 
 @pytest.mark.parametrize("finetune", ["lora", "full"])
@@ -183,8 +206,7 @@ def _snapshot(models: PolicyModels) -> dict[str, dict[str, torch.Tensor]]:
 
 def test_ppo_trains_actor_critic_and_value_head_every_step_and_never_the_base(tmp_path, countdown_train):
     # A reward with spread from step 1 on (countdown's is 0 for most of the tiny model's samples):
-    # the returns and advantages are never all zero. Two mini-batches a step: the critic adapter's
-    # gradient flows through the value head, which starts at 0, so it first moves on the second.
+    # the returns and advantages are never all zero. Two mini-batches a step.
     (tmp_path / "spread.py").write_text("def score(completion, example):\n    return (len(completion) % 5) / 4\n")
     cfg = _tiny(tmp_path, countdown_train, "algorithm.adv_estimator=gae", "rollout.n=1", "trainer.max_steps=4",
                 f"reward.fn={tmp_path / 'spread.py'}:score")

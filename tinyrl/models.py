@@ -108,13 +108,26 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
 
 
 class ValueHead(nn.Module):
-    """hidden [B, T, H] -> value [B, T]; kept in fp32 (tiny, and the regression target is fp32)."""
+    """hidden [B, T, H] -> value [B, T]; kept in fp32 (tiny, and the regression target is fp32).
 
-    def __init__(self, hidden_size: int):
+    Initialised as verl's critic head: verl 0.9.1 loads the critic as
+    AutoModelForTokenClassification(num_labels=1) (verl/utils/model.py load_valuehead_model),
+    whose new `score` Linear gets transformers' _init_weights, weight ~ N(0, initializer_range),
+    bias 0 (transformers 5.19 modeling_layers.py GenericForTokenClassification,
+    modeling_utils.py _init_weights). Not zeros: with a zero head AND the critic's LoRA B at zero
+    (peft's init) the adapter's gradient is exactly 0 until the head has grown: the critic
+    starts as a linear probe of the base's last hidden state (README, "PPO with a critic on this
+    demo"). A seeded generator of its own: the global RNG stream (LoRA inits, anything after)
+    is the same as without a critic.
+    """
+
+    def __init__(self, hidden_size: int, init_std: float = 0.02, seed: int = 0):
         super().__init__()
         self.proj = nn.Linear(hidden_size, 1)
-        nn.init.zeros_(self.proj.weight)
-        nn.init.zeros_(self.proj.bias)
+        with torch.no_grad():
+            self.proj.weight.copy_(torch.randn(self.proj.weight.shape, generator=torch.Generator().manual_seed(seed))
+                                   * init_std)
+            self.proj.bias.zero_()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.proj(hidden.float()).squeeze(-1)
@@ -189,7 +202,8 @@ class PolicyModels:
                 head = self._causal_lm(critic_base).lm_head.weight
                 if head is not self._causal_lm(critic_base).model.get_input_embeddings().weight:
                     head.requires_grad_(False)
-        self.value_head = ValueHead(base.config.hidden_size).to(device) if self.with_critic else None
+        self.value_head = (ValueHead(base.config.hidden_size, getattr(base.config, "initializer_range", None) or 0.02)
+                           .to(device) if self.with_critic else None)
         if cfg.padding_free:
             for m in {id(x): x for x in (self.actor, self.critic_backbone, self.reference) if x is not None}.values():
                 use_packed_attention(m)
