@@ -34,6 +34,7 @@ class RunInputs:
     test_rows: list[dict]
     reward_fn: Any                   # tinyrl.tasks.rewards.RewardSet: callable (completion, row) -> float
     val_sets: list = field(default_factory=list)  # data.val_files: (name, prompts, rows)
+    tools: tuple[str, ...] = ()      # the task's tools (tinyrl.tools.TOOLS names): rollouts are episodes
 
 
 def pick_device(name: str) -> torch.device:
@@ -162,15 +163,17 @@ def read_chat_template(setting: str) -> str:
 
 
 def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = None,
-                  chat: bool = False) -> tuple[list[list[int]], list[dict]]:
+                  chat: bool = False, tools: tuple[str, ...] = ()) -> tuple[list[list[int]], list[dict]]:
+    """`tools`: the task's tools, whose schemas the chat template lists in each prompt."""
     from tinyrl.data.io import chat_text, load_prompts, prompt_text
 
     frame = load_prompts(path, max_rows=max_rows)
     rows = frame.to_dict("records")
+    schemas = tool_schemas(tools)
     texts = []
     for i, row in enumerate(rows):
         try:  # data.chat_template: the messages through the tokenizer's template (tinyrl.data.io)
-            texts.append(chat_text(row, tokenizer) if chat else prompt_text(row))
+            texts.append(chat_text(row, tokenizer, schemas) if chat else prompt_text(row))
         except TinyRLError as exc:  # say where: a 327,680-row file has one bad row
             raise TinyRLError(f"{path} row {i} (counting from 0): {exc.message}", hint=exc.hint) from exc
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -191,9 +194,19 @@ def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = No
     return ids, rows
 
 
+def tool_schemas(names: tuple[str, ...]) -> list[dict]:
+    """The OpenAI function schemas of tools named in tinyrl.tools.TOOLS, in order."""
+    if not names:
+        return []
+    from tinyrl.tools import TOOLS
+
+    return [TOOLS[name].schema for name in names]
+
+
 def prepare_inputs(cfg: Config, run_dir: Path | None = None) -> RunInputs:
     """`run_dir`: where model.init_from's starting model is written (tinyrl.init_from)."""
     from tinyrl.init_from import model_path_of
+    from tinyrl.tasks import get_task
     from tinyrl.tasks.rewards import build_rewards
 
     device = pick_device(cfg.trainer.device)
@@ -201,17 +214,19 @@ def prepare_inputs(cfg: Config, run_dir: Path | None = None) -> RunInputs:
     train_path = ensure_train_data(cfg)
     model_path = model_path_of(cfg, run_dir)
     tok = load_tokenizer(model_path, cfg.model.custom_chat_template)
-    train_prompts, train_rows = tokenize_rows(train_path, tok, cfg.data.max_prompt_length, chat=cfg.data.chat_template)
+    tools = get_task(cfg.task.name).tools
+    chat = dict(chat=cfg.data.chat_template, tools=tools)
+    train_prompts, train_rows = tokenize_rows(train_path, tok, cfg.data.max_prompt_length, **chat)
     test_prompts, test_rows = [], []
     if cfg.trainer.test_every:
         test_prompts, test_rows = tokenize_rows(resolve_path(cfg.data.test_path), tok, cfg.data.max_prompt_length,
-                                                max_rows=cfg.data.max_test_prompts, chat=cfg.data.chat_template)
+                                                max_rows=cfg.data.max_test_prompts, **chat)
     val_sets = []
     if cfg.trainer.test_every:
         from tinyrl.eval import parse_data_args
 
         for name, path in parse_data_args(cfg.data.val_files):
             val_sets.append((name, *tokenize_rows(resolve_path(str(path)), tok, cfg.data.max_prompt_length,
-                                                  max_rows=cfg.data.max_test_prompts, chat=cfg.data.chat_template)))
+                                                  max_rows=cfg.data.max_test_prompts, **chat)))
     return RunInputs(device, model_path, tok, tok.pad_token_id, train_prompts, train_rows,
-                     test_prompts, test_rows, reward_fn, val_sets)
+                     test_prompts, test_rows, reward_fn, val_sets, tools)

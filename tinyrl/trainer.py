@@ -87,6 +87,12 @@ class Trainer:
 
         self.engine = make_engine(cfg.rollout.engine, model=self.models.actor, tokenizer=self.inputs.tokenizer,
                                   model_path=self.inputs.model_path, device=self.device, **self._vllm_settings())
+        self.tool_rollout = None  # a task with tools: rollouts are episodes of turns (rollout/turns.py)
+        if self.inputs.tools:
+            from tinyrl.rollout.turns import ToolRollout
+
+            self.tool_rollout = ToolRollout(self.inputs.tools, self.inputs.tokenizer, self.engine, cfg.rollout)
+        self._mismatches = 0  # this step's episodes unlike a re-render of their conversation
         self.rollout_is = resolve_rollout_is(cfg.algorithm.rollout_is, self.engine.name)
         self.one_pass_update = one_pass_update(cfg, self.engine.name, self.rollout_is)
         self._start_run(run_dir, resume, len(self.inputs.train_prompts), "prompts")
@@ -272,7 +278,7 @@ class Trainer:
             texts = response_texts(self.inputs.tokenizer, episodes)
             if scored is None:  # dynamic sampling scored them already, round by round
                 examples = [self.inputs.train_rows[rows[e.prompt_index]] for e in episodes]
-                scored = self.inputs.reward_fn.score_batch(texts, examples)  # tinyrl.tasks.rewards
+                scored = self.inputs.reward_fn.score_batch(texts, examples, episodes=episodes)  # tinyrl.tasks.rewards
             scores = torch.tensor(scored.total, dtype=torch.float32).to(self.device)
             if cfg.algorithm.overlong_buffer:
                 from tinyrl.rl.shaping import overlong_penalty
@@ -301,6 +307,10 @@ class Trainer:
         metrics.update(scored.metrics())  # reward/accuracy: the task's "solved" (tinyrl.tasks)
         metrics.update(self._batch_stats)
         metrics.update(self._padding)
+        if self.tool_rollout is not None:
+            from tinyrl.rollout.turns import episode_metrics
+
+            metrics.update(episode_metrics(episodes, self._mismatches))
         # Which prompts this step consumed, compactly: a resumed run must show the same digests.
         metrics["data/rows_sha1"] = hashlib.sha1(json.dumps(rows).encode()).hexdigest()[:16]
         return metrics
@@ -348,10 +358,12 @@ class Trainer:
         rows, Scores or None)"""
         cfg = self.cfg
 
+        self._mismatches = 0
+
         def generate(these: list[int], round_: int = 0, then_sleep: bool = True):
             with timed(Phase.ROLLOUT):
-                result = self.engine.generate(
-                    [self.inputs.train_prompts[i] for i in these],
+                result = self._episodes(
+                    [self.inputs.train_prompts[i] for i in these], [self.inputs.train_rows[i] for i in these],
                     SamplingSettings(n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                      max_new_tokens=cfg.rollout.max_response_length,
                                      seed=cfg.trainer.seed * 7919 + step + 1_000_003 * round_))
@@ -367,7 +379,8 @@ class Trainer:
         def score(episodes, these):
             with timed(Phase.REWARD):
                 return self.inputs.reward_fn.score_batch(response_texts(self.inputs.tokenizer, episodes),
-                                                         [self.inputs.train_rows[these[e.prompt_index]] for e in episodes])
+                                                         [self.inputs.train_rows[these[e.prompt_index]] for e in episodes],
+                                                         episodes=episodes)
 
         def more_rows(round_: int) -> list[int]:  # seeded by (step, round): a resumed run draws the same
             g = torch.Generator().manual_seed(cfg.trainer.seed * 1_000_033 + step * 101 + round_)
@@ -385,6 +398,17 @@ class Trainer:
         self._batch_stats = {"batch/groups_kept": filled.groups_kept, "batch/gen_rounds": filled.rounds,
                              "batch/groups_seen": filled.groups_seen}
         return filled.episodes, filled.rows, filled.scored
+
+    def _episodes(self, prompts: list[list[int]], rows: list[dict], sampling: SamplingSettings):
+        """The engine's rollout: single-turn completions, or with the task's tools episodes of
+        turns (tinyrl.rollout.turns; their re-render mismatches are added to self._mismatches)."""
+        if self.tool_rollout is None:
+            return self.engine.generate(prompts, sampling)
+        from tinyrl.data.io import prompt_messages
+
+        result = self.tool_rollout.run(self.engine, prompts, sampling, [prompt_messages(r) for r in rows])
+        self._mismatches += result.tokenization_mismatches
+        return result
 
     def _forward(self, traj: Trajectory) -> None:
         """FORWARD: old and reference log-probs (and values) for the whole trajectory, no grad."""
@@ -491,11 +515,11 @@ class Trainer:
         prompts = self.inputs.test_prompts
         rows = self.inputs.test_rows
         self.engine.wake(self.models.actor)
-        res = self.engine.generate(prompts, SamplingSettings(
+        res = self._episodes(prompts, rows, SamplingSettings(
             n=1, greedy=True, temperature=1.0, max_new_tokens=self.cfg.rollout.max_response_length))
         self.engine.sleep()
         scored = self.inputs.reward_fn.score_batch(response_texts(self.inputs.tokenizer, res.episodes),
-                                                   [rows[e.prompt_index] for e in res.episodes])
+                                                   [rows[e.prompt_index] for e in res.episodes], episodes=res.episodes)
         out = {"val/score": scored.metrics()["reward/accuracy"],
                "val/reward_mean": sum(scored.total) / len(scored.total)}
         if self.inputs.val_sets:  # data.val_files: the task's judgement, as `tinyrl eval` (tinyrl/eval.py)

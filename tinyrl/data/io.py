@@ -80,15 +80,21 @@ def prompt_text(row: Any) -> str:
     return content
 
 
-def chat_text(row: Any, tokenizer) -> str:
-    """The row's `prompt` messages rendered by the tokenizer's chat template, ready to generate."""
+def prompt_messages(row: Any) -> list[dict]:
+    """A row's `prompt` as plain chat messages (text -> one user message)."""
     prompt = row["prompt"]
-    messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in
-                ([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt)]
+    return [{"role": str(m["role"]), "content": str(m["content"])} for m in
+            ([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt)]
+
+
+def chat_text(row: Any, tokenizer, tools: list[dict] | None = None) -> str:
+    """The row's `prompt` messages rendered by the tokenizer's chat template, ready to generate;
+    `tools` (OpenAI function schemas): the task's tools, which the template lists for the model."""
+    messages = prompt_messages(row)
     if not getattr(tokenizer, "chat_template", None):
         raise TinyRLError("data.chat_template = true but this tokenizer has no chat template",
                           hint="set data.chat_template=false (the prompt text is fed as it is) or use an instruct model")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
 
 
 def _plain(value: Any) -> Any:

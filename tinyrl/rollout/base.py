@@ -99,6 +99,7 @@ def response_texts(tokenizer, episodes: list[Episode]) -> list[str]:
 @dataclass
 class RolloutResult:
     episodes: list[Episode] = field(default_factory=list)  # grouped: n per prompt, in order
+    tokenization_mismatches: int = 0  # episodes unlike a full re-render of their conversation (rollout/turns.py)
 
 
 class RolloutEngine(Protocol):

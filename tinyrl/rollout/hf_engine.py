@@ -34,6 +34,11 @@ from tinyrl.rollout.decode import sample_tokens
 class HFEngine:
     name = "hf"
     sleep_supported = False
+    # Episodes with tools (rollout/turns.py): each turn after the first is a new generate() over
+    # the grown contexts, which re-prefills prompt + episode so far (the KV cache is not kept
+    # across turns: tool calls end some rows' turns while others decode, and the loop is generic).
+    multi_turn = True
+    keeps_context_cache = False
 
     def __init__(
         self,

@@ -71,6 +71,10 @@ def import_vllm():
 
 class VLLMEngine:
     name = "vllm"
+    # Episodes with tools (rollout/turns.py): each turn re-submits prompt + episode so far, and
+    # prefix caching (on: see __init__) serves the already-computed blocks of that context.
+    multi_turn = True
+    keeps_context_cache = True
 
     def __init__(
         self,
@@ -118,6 +122,11 @@ class VLLMEngine:
             enforce_eager=enforce_eager,
             enable_sleep_mode=self.sleep_supported,
             logprobs_mode="processed_logprobs",
+            # Said, not left to the default (vLLM 0.32 engine/arg_utils.py EngineArgs:
+            # enable_prefix_caching: bool | None = None, then the model's
+            # is_prefix_caching_supported): a multi-turn episode's later turns re-submit
+            # the whole context, and the cache is what spares re-computing it.
+            enable_prefix_caching=True,
         )
         if kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes

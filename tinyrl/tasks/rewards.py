@@ -52,7 +52,9 @@ class RewardSet:
         raw = [fn(completion, row) for _, fn in self.fns]
         return sum(w * r for w, r in zip(self.weights, raw)), raw[0] >= self.solved_at, raw
 
-    def score_batch(self, completions: list[str], rows: list[Any]) -> Scores:
+    def score_batch(self, completions: list[str], rows: list[Any], episodes: list | None = None) -> Scores:
+        # episodes (tinyrl.rollout.base.Episode, one per completion): accepted for the reward of
+        # episodes with tools; not read yet (the tasks' scoring of episodes is another change)
         out = Scores(parts={name: [] for name, _ in self.fns})
         for completion, row in zip(completions, rows):
             total, solved, raw = self.score(completion, row)

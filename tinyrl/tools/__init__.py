@@ -20,7 +20,8 @@ __all__ = ["TOOLS", "Tool", "ToolResult", "render", "run_code", "run_many"]
 class Tool:
     name: str
     schema: dict[str, Any]                        # {"type": "function", "function": {...}}
-    run: Callable[[dict[str, Any]], ToolResult]   # the call's parsed JSON arguments -> result
+    # (the call's parsed JSON arguments, timeout_s=..., memory_mb=...) -> result; never raises
+    run: Callable[..., ToolResult]
 
 
 # The name and parameter verl's ReTool recipe uses (recipe/retool/sandbox_fusion_tool_config.yaml)
@@ -39,8 +40,8 @@ CODE_INTERPRETER_SCHEMA = {
 }
 
 
-def _run_code_tool(arguments: dict[str, Any]) -> ToolResult:
-    return run_code(str(arguments["code"]))
+def _run_code_tool(arguments: dict[str, Any], **limits) -> ToolResult:
+    return run_code(str(arguments["code"]), **limits)
 
 
 TOOLS: dict[str, Tool] = {

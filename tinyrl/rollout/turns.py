@@ -1,0 +1,269 @@
+"""The turn loop: episodes with tools over ANY engine (it only calls `engine.generate` on token
+contexts).
+
+    turn 1      engine.generate(prompts, sampling): sampling.n episodes per prompt
+    then        for every episode whose last assistant turn ended by itself (its stop token) and
+                holds hermes tool calls (tinyrl.rollout.hermes): parse them; run all calls of
+                all episodes at once in a bounded thread pool (rollout.tool_workers), each in
+                the sandbox with rollout.tool_timeout_s / tool_memory_mb; render each result
+                (tinyrl.tools.render, cut to rollout.max_tool_response_tokens tokens); append
+                the tool turn the chat template writes (policy_mask 0, log-prob 0.0); then ONE
+                engine.generate over all grown contexts (prompt + episode so far), n = 1
+    stop        "stop": an assistant turn without a tool call; "length": the episode's budget
+                (sampling.max_new_tokens = rollout.max_response_length bounds ALL its tokens
+                after the prompt, tool turns included, as verl's multi-turn response length);
+                "max_turns": rollout.max_turns assistant turns made and the last one still
+                calls a tool (its calls are not run)
+
+A bad call (not JSON, an unknown tool, bad arguments, past rollout.max_tool_calls) becomes a
+tool turn that says so, never an exception. Per-row budgets differ after turn 1: each
+continuation is generated to the largest remaining budget and cut to its own (the sampled
+prefix of a row is the same whatever the limit; the surplus is wasted decoding). Seeds: turn t
+uses a seed derived from (sampling.seed, t), so a seeded rollout repeats exactly.
+
+Knows nothing of tasks, the trainer or a particular engine.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+from tinyrl.rollout.base import Episode, RolloutResult, SamplingSettings, ToolCall, Turn
+from tinyrl.rollout.chat import ToolChat
+from tinyrl.rollout.hermes import ParsedCall, has_tool_call, parse_tool_calls
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """rollout.max_turns ... tool_workers (tinyrl.config.RolloutConfig holds the defaults)."""
+
+    max_turns: int = 4
+    max_tool_calls: int = 4
+    max_tool_response_tokens: int = 256
+    tool_timeout_s: float = 10.0
+    tool_memory_mb: int = 1024
+    tool_workers: int = 0           # 0 = the usable cores
+
+    @classmethod
+    def of(cls, rollout_cfg) -> "EpisodeLimits":
+        return cls(**{f: getattr(rollout_cfg, f) for f in cls.__dataclass_fields__})
+
+    def workers(self) -> int:
+        if self.tool_workers > 0:
+            return self.tool_workers
+        from tinyrl.contention import usable_cpus
+
+        return max(1, usable_cpus())
+
+
+class ToolRollout:
+    """What a run with tools rolls out with: the chat template with the tools' schemas, the tools
+    and the limits. `run(engine, prompts, sampling, messages)` -> run_episodes(...)."""
+
+    def __init__(self, names: tuple[str, ...], tokenizer, engine, rollout_cfg):
+        from tinyrl.errors import TinyRLError
+        from tinyrl.tools import TOOLS
+
+        if not getattr(engine, "multi_turn", False):
+            raise TinyRLError(f"the {engine.name} rollout engine cannot run episodes with tools",
+                              hint="set rollout.engine=hf or rollout.engine=vllm")
+        self.tools = {name: TOOLS[name] for name in names}
+        self.chat = ToolChat(tokenizer, [t.schema for t in self.tools.values()], engine.stop_ids)
+        self.limits = EpisodeLimits.of(rollout_cfg)
+
+    def run(self, engine, prompt_ids: list[list[int]], sampling: SamplingSettings,
+            messages: list[list[dict]] | None) -> RolloutResult:
+        return run_episodes(engine, prompt_ids, sampling, chat=self.chat, tools=self.tools, limits=self.limits,
+                            messages=messages)
+
+
+@dataclass
+class _Live:
+    """An episode being built."""
+
+    prompt_index: int
+    prompt_ids: list[int]
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    texts: list[tuple[str, str]] = field(default_factory=list)  # (role, content) for the re-render
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finished_turn: bool = False       # the last assistant turn ended with a stop token
+    stop_reason: str = ""
+
+    def add_assistant(self, tokens: list[int], logprobs: list[float] | None, finished: bool, text: str) -> None:
+        start = len(self.ids)
+        self.ids += tokens
+        self.mask += [1] * len(tokens)
+        self.logprobs = None if self.logprobs is None or logprobs is None else self.logprobs + list(logprobs)
+        self.turns.append(Turn("assistant", start, len(self.ids)))
+        self.texts.append(("assistant", text))
+        self.finished_turn = finished
+
+    def add_tool(self, tokens: list[int], contents: list[str]) -> None:
+        start = len(self.ids)
+        self.ids += tokens
+        self.mask += [0] * len(tokens)
+        if self.logprobs is not None:
+            self.logprobs += [0.0] * len(tokens)
+        self.turns.append(Turn("tool", start, len(self.ids)))
+        self.texts += [("tool", c) for c in contents]
+
+    def episode(self) -> Episode:
+        return Episode(self.prompt_index, self.prompt_ids, self.ids, self.mask, self.logprobs, self.turns,
+                       self.stop_reason, self.tool_calls)
+
+
+@dataclass
+class _Outcome:
+    status: str
+    text: str
+    seconds: float = 0.0
+    name: str = ""
+
+
+def run_episodes(engine, prompt_ids: list[list[int]], sampling: SamplingSettings, *, chat: ToolChat,
+                 tools: dict, limits: EpisodeLimits, messages: list[list[dict]] | None = None) -> RolloutResult:
+    """Episodes with tools, grouped by prompt (sampling.n each, as engine.generate).
+    `tools`: name -> tinyrl.tools.Tool offered to the model; `messages`: each prompt's chat
+    messages, for the re-render check (None: no check). Returns the episodes and, in
+    `tokenization_mismatches`, how many differ from a full re-render of their conversation."""
+    budget = sampling.max_new_tokens
+    schemas = {name: tool.schema for name, tool in tools.items()}
+    stops = set(getattr(engine, "stop_ids", [])) | chat.stop_ids
+    lives: list[_Live] = []
+    for e in engine.generate(prompt_ids, sampling).episodes:
+        live = _Live(e.prompt_index, list(e.prompt_ids), logprobs=[] if e.logprobs is not None else None)
+        live.add_assistant(e.response_ids, e.logprobs, e.finished, _assistant_text(chat, e.response_ids, stops))
+        lives.append(live)
+    active = list(lives)
+    turn = 1
+    with ThreadPoolExecutor(max_workers=limits.workers(), thread_name_prefix="tinyrl-tool") as pool:
+        while active:
+            calling = _next_calls(active, schemas, limits, budget)
+            if not calling:
+                break
+            outcomes = _run_calls(pool, calling, tools, limits, chat.tokenizer)
+            grown = []
+            for (live, calls), results in zip(calling, outcomes):
+                made = len(live.turns) - 1  # the assistant turn that made these calls
+                live.tool_calls += [ToolCall(r.name, r.status, r.seconds, made) for r in results]
+                tokens = chat.tool_turn_ids([r.text for r in results])
+                if len(live.ids) + len(tokens) >= budget:  # no room left to answer: the budget ends it
+                    live.stop_reason = "length"
+                    continue
+                live.add_tool(tokens, [r.text for r in results])
+                grown.append(live)
+            turn += 1
+            active = _continue(engine, grown, sampling, budget, turn, chat, stops)
+    for live in lives:
+        live.stop_reason = live.stop_reason or ("stop" if live.finished_turn else "length")
+    result = RolloutResult([live.episode() for live in lives])
+    if messages is not None:
+        result.tokenization_mismatches = sum(
+            not chat.matches(messages[live.prompt_index], live.texts, live.prompt_ids + live.ids, live.finished_turn)
+            for live in lives)
+    return result
+
+
+def _assistant_text(chat: ToolChat, tokens: list[int], stops: set[int]) -> str:
+    """The assistant message's content: its tokens without the closing stop token."""
+    body = tokens[:-1] if tokens and tokens[-1] in stops else tokens
+    return chat.tokenizer.decode(body, skip_special_tokens=False)
+
+
+def _next_calls(active: list[_Live], schemas: dict, limits: EpisodeLimits,
+                budget: int) -> list[tuple[_Live, list[ParsedCall]]]:
+    """Settle the episodes that end here (their stop_reason); -> those that call tools."""
+    calling = []
+    for live in active:
+        text = live.texts[-1][1]
+        if not live.finished_turn or len(live.ids) >= budget:
+            live.stop_reason = "length"
+        elif not has_tool_call(text):
+            live.stop_reason = "stop"
+        elif sum(t.role == "assistant" for t in live.turns) >= limits.max_turns:
+            live.stop_reason = "max_turns"
+        else:
+            calling.append((live, parse_tool_calls(text, schemas)))
+    return calling
+
+
+def _run_calls(pool: ThreadPoolExecutor, calling, tools: dict, limits: EpisodeLimits,
+               tokenizer) -> list[list[_Outcome]]:
+    """Every call of every calling episode, run at once in `pool`; -> outcomes per episode, in order."""
+    rows: list[list[tuple[str, object]]] = []  # per episode: (tool name, a Future or an _Outcome)
+    for live, calls in calling:
+        used = len(live.tool_calls)
+        row = []
+        for call in calls:
+            if call.status:
+                row.append((call.name, _Outcome(call.status, f"[error: {call.problem}]")))
+            elif used >= limits.max_tool_calls:
+                row.append((call.name, _Outcome("over_limit", f"[error: this episode already made "
+                            f"{limits.max_tool_calls} tool calls (rollout.max_tool_calls); this call was not run]")))
+            else:
+                used += 1
+                row.append((call.name, pool.submit(tools[call.name].run, call.arguments,
+                                                   timeout_s=limits.tool_timeout_s, memory_mb=limits.tool_memory_mb)))
+        rows.append(row)
+    return [[replace(done, name=name) if isinstance(done, _Outcome)
+             else _result(done.result(), name, tokenizer, limits.max_tool_response_tokens)
+             for name, done in row] for row in rows]
+
+
+def _result(result, name: str, tokenizer, max_tokens: int) -> _Outcome:
+    from tinyrl.tools import render
+
+    status = "timeout" if result.timed_out else "ok" if result.exit_code == 0 else "error"
+    return _Outcome(status, cut_to_tokens(render(result), tokenizer, max_tokens), result.seconds, name)
+
+
+def cut_to_tokens(text: str, tokenizer, max_tokens: int) -> str:
+    """`text` within `max_tokens` tokens: cut, ending with a note that says so (the note counted)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) <= max_tokens:
+        return text
+    note = f"\n[output cut to {max_tokens} tokens]"
+    keep = max_tokens - len(tokenizer(note, add_special_tokens=False)["input_ids"])
+    if keep <= 0:
+        return tokenizer.decode(ids[:max_tokens])
+    return tokenizer.decode(ids[:keep]) + note
+
+
+def turn_seed(seed: int | None, turn: int) -> int | None:
+    """Turn `turn`'s (>= 2) sampling seed: fixed by the rollout's seed, different per turn."""
+    return None if seed is None else (seed * 1_000_003 + turn * 7_919) % (2**31 - 1)
+
+
+def _continue(engine, grown: list[_Live], sampling: SamplingSettings, budget: int, turn: int,
+              chat: ToolChat, stops: set[int]) -> list[_Live]:
+    """The next assistant turn of every grown episode, in one generate call. -> those still going"""
+    if not grown:
+        return []
+    left = [budget - len(live.ids) for live in grown]
+    settings = replace(sampling, n=1, max_new_tokens=max(left), seed=turn_seed(sampling.seed, turn))
+    out = engine.generate([live.prompt_ids + live.ids for live in grown], settings).episodes
+    for live, e, room in zip(grown, out, left):
+        tokens = e.response_ids[:room]
+        lp = None if e.logprobs is None else e.logprobs[:room]
+        live.add_assistant(tokens, lp, e.finished and len(e.response_ids) <= room,
+                           _assistant_text(chat, tokens, stops))
+    return grown
+
+
+def episode_metrics(episodes: list[Episode], mismatches: int) -> dict[str, float]:
+    """Per step: tools/calls, tools/errors (any status but ok and timeout), tools/timeouts (all
+    three: totals over the step's episodes), tools/seconds (summed wall clock of the calls that
+    ran), episode/turns (mean assistant turns per episode), episode/tokenization_mismatch
+    (episodes whose tokens differ from a full re-render of their conversation)."""
+    calls = [c for e in episodes for c in e.tool_calls]
+    n = max(len(episodes), 1)
+    return {"tools/calls": float(len(calls)),
+            "tools/errors": float(sum(c.status not in ("ok", "timeout") for c in calls)),
+            "tools/timeouts": float(sum(c.status == "timeout" for c in calls)),
+            "tools/seconds": float(sum(c.seconds for c in calls)),
+            "episode/turns": sum(sum(t.role == "assistant" for t in e.turns) for e in episodes) / n,
+            "episode/tokenization_mismatch": float(mismatches)}
