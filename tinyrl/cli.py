@@ -423,6 +423,7 @@ def eval_cmd(
     engine: str = typer.Option("auto", "--engine", help="auto (vllm on CUDA, else hf) | hf | vllm."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Response limit (default: the run's, else 1024)."),
     chat_template: Optional[bool] = typer.Option(None, "--chat-template/--no-chat-template", help="Render prompts with the tokenizer's chat template (default: the run's data.chat_template)."),
+    tools: Optional[bool] = typer.Option(None, "--tools/--no-tools", help="Episodes with the task's tools (default: on when the task declares tools; limits: the run's rollout.max_turns ...)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where eval.json and eval_samples.jsonl go (default: RUN_DIR/eval or eval/MODEL)."),
     seed: int = typer.Option(0, "--seed", help="Sampling seed."),
     as_json: bool = typer.Option(False, "--json", help="Print eval.json instead of the table."),
@@ -439,7 +440,7 @@ def eval_cmd(
     _log_to_stderr()
     summary, where = evaluate(target, data, task_name=task, n=n, ks=ks, temperature=temperature, top_p=top_p,
                               greedy=greedy, engine=engine, max_new_tokens=max_tokens, out_dir=out_dir,
-                              chat_template=chat_template, seed=seed, progress=not as_json)
+                              chat_template=chat_template, seed=seed, progress=not as_json, tools=tools)
     if as_json:
         print(json.dumps(summary, indent=2))
         return

@@ -33,8 +33,11 @@ class FileResult:
 
 def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], task, task_cfg, *, n: int,
                   ks: list[int], temperature: float, top_p: float, greedy: bool, max_new_tokens: int,
-                  seed: int = 0, name: str = "data", tick: Callable[[int], None] = lambda k: None) -> FileResult:
-    """Greedy (optional) and n sampled episodes per prompt, judged by the task. -> FileResult"""
+                  seed: int = 0, name: str = "data", tick: Callable[[int], None] = lambda k: None,
+                  tool_rollout=None) -> FileResult:
+    """Greedy (optional) and n sampled episodes per prompt, judged by the task. -> FileResult
+    `tool_rollout` (tinyrl.rollout.turns.ToolRollout): episodes with tools; each sample then
+    keeps its turns (role + text) and tool calls, and the metrics add the tool counts."""
     reward = task.make_reward(task_cfg)
     solved_at = task.solved_at(task_cfg)
     result = FileResult(name)
@@ -42,13 +45,21 @@ def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], 
         ([("sample", SamplingSettings(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                                       seed=seed))] if n > 0 else [])
     per_kind: dict[str, list[list[dict]]] = {}
-    tokens, seconds, lengths = 0, 0.0, []
+    tokens, seconds, lengths, all_episodes, mismatches = 0, 0.0, [], [], 0
     for kind, settings in kinds:
         groups: list[list[dict]] = [[] for _ in prompts]
         for start in range(0, len(prompts), CHUNK_PROMPTS):
             chunk = prompts[start:start + CHUNK_PROMPTS]
             t0 = time.perf_counter()
-            episodes = engine.generate(chunk, settings).episodes
+            if tool_rollout is None:
+                episodes = engine.generate(chunk, settings).episodes
+            else:
+                from tinyrl.data.io import prompt_messages
+
+                res = tool_rollout.run(engine, chunk, settings,
+                                       [prompt_messages(r) for r in rows[start:start + len(chunk)]])
+                episodes, mismatches = res.episodes, mismatches + res.tokenization_mismatches
+                all_episodes += episodes
             seconds += time.perf_counter() - t0
             for e, text in zip(episodes, response_texts(tokenizer, episodes)):
                 i = start + e.prompt_index
@@ -57,6 +68,8 @@ def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], 
                                   "completion": text, "answer": task.extract_answer(text, task_cfg),
                                   "correct": score >= solved_at, "reward": score,
                                   "response_tokens": len(e.response_ids)})
+                if tool_rollout is not None:
+                    groups[i][-1].update(episode_record(tokenizer, e))
                 tokens += len(e.response_ids)
                 lengths.append(len(e.response_ids))
             tick(len(chunk))
@@ -69,7 +82,20 @@ def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], 
                                          for g in per_kind["sample"]], ks))
     result.metrics["response_length"] = sum(lengths) / max(len(lengths), 1)
     result.metrics["tokens_per_s"] = tokens / max(seconds, 1e-9)
+    if tool_rollout is not None:
+        from tinyrl.rollout.turns import episode_metrics
+
+        result.metrics.update(episode_metrics(all_episodes, mismatches))
     return result
+
+
+def episode_record(tokenizer, episode) -> dict:
+    """A whole episode as a sample keeps it: each turn's role and text, the tool calls, why it stopped."""
+    return {"turns": [{"role": t.role, "text": tokenizer.decode(episode.response_ids[t.start:t.end])}
+                      for t in episode.turns],
+            "tool_calls": [{"name": c.name, "status": c.status, "seconds": round(c.seconds, 3), "turn": c.turn}
+                           for c in episode.tool_calls],
+            "stop_reason": episode.stop_reason}
 
 
 def metrics_from_samples(path: Path, ks: list[int]) -> dict[str, dict[str, float]]:
@@ -157,8 +183,11 @@ def _engine(kind: str, model_path: str, tokenizer, device, max_model_len: int, s
 def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: int = 32,
              ks: list[int] | None = None, temperature: float = 0.6, top_p: float = 1.0, greedy: bool = True,
              engine: str = "auto", max_new_tokens: int | None = None, out_dir: Path | None = None,
-             chat_template: bool | None = None, seed: int = 0, progress: bool = True) -> tuple[dict, Path]:
-    """Evaluate; write OUT/eval.json and OUT/eval_samples.jsonl. -> (eval.json's dict, OUT)"""
+             chat_template: bool | None = None, seed: int = 0, progress: bool = True,
+             tools: bool | None = None) -> tuple[dict, Path]:
+    """Evaluate; write OUT/eval.json and OUT/eval_samples.jsonl. -> (eval.json's dict, OUT)
+    `tools` (default: on when the task declares tools): episodes with the task's tools, with the
+    run's rollout limits (rollout.max_turns ...; the defaults for a model directory)."""
     import torch
 
     from tinyrl.config import TaskConfig
@@ -187,7 +216,14 @@ def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: i
             raise TinyRLError(f"--task is needed for {what}", hint="e.g. --task math (`tinyrl tasks`)")
         task = get_task(task_cfg.name)
         max_new = max_new_tokens or (cfg.rollout.max_response_length if cfg is not None else 1024)
-        chat = chat_template if chat_template is not None else bool(cfg is not None and cfg.data.chat_template)
+        with_tools = bool(task.tools) if tools is None else tools
+        if with_tools and not task.tools:
+            raise TinyRLError(f"--tools: the {task.name} task declares no tools", hint="leave --tools out")
+        chat = chat_template if chat_template is not None else (
+            with_tools or bool(cfg is not None and cfg.data.chat_template))
+        if with_tools and not chat:
+            raise TinyRLError("--tools needs prompts rendered by the chat template (it lists the tools)",
+                              hint="drop --no-chat-template, or evaluate without tools: --no-tools")
         out = out_dir or (Path(target) / "eval" if cfg is not None else Path("eval") / Path(target).name)
         if (out / "eval.json").exists():
             raise TinyRLError(f"{out / 'eval.json'} exists; nothing was changed", hint="give another --out directory")
@@ -199,16 +235,25 @@ def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: i
             raise TinyRLError(f"{target}: no such directory here, and no Hugging Face model of that id could be "
                               f"loaded ({exc.message})", hint="give a run directory, a model directory, or a "
                               "Hugging Face id (org/name) with network access or in the local cache") from exc
+        from tinyrl.setup import tool_schemas
+
+        schemas = tool_schemas(task.tools if with_tools else ())
         loaded = []
         for name, path in files:
             rows = load_prompts(path).to_dict("records")
-            texts = [chat_text(r, tokenizer) if chat else prompt_text(r) for r in rows]
+            texts = [chat_text(r, tokenizer, schemas) if chat else prompt_text(r) for r in rows]
             loaded.append((name, tokenizer(texts, add_special_tokens=False)["input_ids"], rows))
         longest = max(len(p) for _, prompts, _ in loaded for p in prompts)
         eng = _engine(engine, model_path, tokenizer, device, longest + max_new, seed)
         try:
+            tool_rollout = None
+            if with_tools:
+                from tinyrl.config import RolloutConfig
+                from tinyrl.rollout.turns import ToolRollout
+
+                tool_rollout = ToolRollout(task.tools, tokenizer, eng, cfg.rollout if cfg is not None else RolloutConfig())
             results = _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, greedy, max_new,
-                           seed, progress)
+                           seed, progress, tool_rollout)
         finally:
             eng.close()
     out.mkdir(parents=True, exist_ok=True)
@@ -220,11 +265,14 @@ def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: i
                "top_p": top_p, "greedy": greedy, "max_new_tokens": max_new,
                "files": {r.name: {"path": str(p), "problems": len(rows), **r.metrics}
                          for r, (_, p), (_, _, rows) in zip(results, files, loaded)}}
+    if with_tools:
+        summary["tools"] = list(task.tools)
     (out / "eval.json").write_text(json.dumps(summary, indent=2))
     return summary, out
 
 
-def _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, greedy, max_new, seed, progress):
+def _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, greedy, max_new, seed, progress,
+         tool_rollout=None):
     from contextlib import nullcontext
 
     total = sum(len(prompts) for _, prompts, _ in loaded) * ((1 if greedy else 0) + (1 if n else 0))
@@ -239,5 +287,6 @@ def _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, gree
         job = bar.add_task("evaluating (prompts)", total=total) if bar else None
         tick = (lambda k: bar.advance(job, k)) if bar else (lambda k: None)
         return [score_prompts(eng, tokenizer, prompts, rows, task, task_cfg, n=n, ks=ks, temperature=temperature,
-                              top_p=top_p, greedy=greedy, max_new_tokens=max_new, seed=seed, name=name, tick=tick)
+                              top_p=top_p, greedy=greedy, max_new_tokens=max_new, seed=seed, name=name, tick=tick,
+                              tool_rollout=tool_rollout)
                 for name, prompts, rows in loaded]

@@ -59,6 +59,9 @@ class Trainer:
     shared with `tinyrl sft` (tinyrl.sft.trainer.SFTTrainer), which overrides the step, the
     validation and the state hooks below."""
 
+    tool_rollout = None  # set for a task with tools (RL only: SFT's generation stays single-turn)
+    _mismatches = 0
+
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = False, dashboard=None):
         self._open_run(cfg, run_dir, resume, dashboard)
         # device, tokenizer, data, reward fn (validated); model.init_from's model written to run_dir
@@ -87,7 +90,7 @@ class Trainer:
 
         self.engine = make_engine(cfg.rollout.engine, model=self.models.actor, tokenizer=self.inputs.tokenizer,
                                   model_path=self.inputs.model_path, device=self.device, **self._vllm_settings())
-        self.tool_rollout = None  # a task with tools: rollouts are episodes of turns (rollout/turns.py)
+        # a task with tools: rollouts are episodes of turns (rollout/turns.py)
         if self.inputs.tools:
             from tinyrl.rollout.turns import ToolRollout
 
@@ -541,7 +544,7 @@ class Trainer:
             res = score_prompts(self.engine, self.inputs.tokenizer, prompts, rows, get_task(cfg.task.name), cfg.task,
                                 n=n, ks=[1, n] if n else [], temperature=cfg.rollout.temperature,
                                 top_p=cfg.rollout.top_p, greedy=True, max_new_tokens=cfg.rollout.max_response_length,
-                                seed=cfg.trainer.seed + self.step, name=name)
+                                seed=cfg.trainer.seed + self.step, name=name, tool_rollout=self.tool_rollout)
             m = res.metrics
             out[f"val/{name}/pass@1"] = m["pass@1"] if n else m["greedy_acc"]
             out.update({f"val/{name}/{k}": v for k, v in m.items() if k != "tokens_per_s"})

@@ -21,10 +21,12 @@ class ScriptedEngine:
         self.tokenizer, self.script = tokenizer, script
         self.stop_ids = [tokenizer.eos_token_id]
         self.calls: list[tuple[int, int]] = []   # (contexts, max_new_tokens) per generate call
+        self.seeds: list[int | None] = []        # sampling.seed per generate call
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> RolloutResult:
         n = 1 if sampling.greedy else sampling.n
         self.calls.append((len(prompt_ids), sampling.max_new_tokens))
+        self.seeds.append(sampling.seed)
         out = RolloutResult()
         for i, prompt in enumerate(prompt_ids):
             context = self.tokenizer.decode(prompt, skip_special_tokens=False)

@@ -21,6 +21,9 @@ class SamplingSettings:
     max_new_tokens: int = 64
     greedy: bool = False          # validation: temperature 0, n = 1
     seed: int | None = None
+    # Per prompt, a smaller limit than max_new_tokens (the turn loop: budgets left differ per
+    # episode); an engine may honour it (vLLM) or decode to max_new_tokens (the caller cuts).
+    max_new_tokens_per_prompt: list[int] | None = None
 
 
 @dataclass(frozen=True)

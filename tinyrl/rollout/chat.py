@@ -38,8 +38,15 @@ class ToolChat:
         base = self.render(_BASE)
         # after the base's assistant stop token: the template's own text follows it
         ends = [i for i, t in enumerate(base) if t in self.stop_ids]
-        self._cut = ends[-1] + 1 if ends else len(base)
+        if not ends:  # the model's turn ends with a token the template never writes there
+            names = ", ".join(repr(tokenizer.decode([t])) for t in sorted(self.stop_ids))
+            raise TinyRLError(f"the chat template does not end an assistant message with a token the model stops "
+                              f"on ({names}), so a tool turn cannot follow the model's turn as the template writes it",
+                              hint="use a template whose assistant messages end with the model's EOS (Qwen2.5-Instruct: "
+                              "<|im_end|>), e.g. via model.custom_chat_template")
+        self._cut = ends[-1] + 1
         self._base = base
+        self.tool_turn_ids(["x"])  # a template that cannot write tool turns incrementally fails here, at setup
 
     def text(self, messages: list[dict], generation_prompt: bool = False) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=self.schemas or None, tokenize=False,

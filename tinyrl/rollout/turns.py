@@ -16,9 +16,10 @@ contexts).
                 calls a tool (its calls are not run)
 
 A bad call (not JSON, an unknown tool, bad arguments, past rollout.max_tool_calls) becomes a
-tool turn that says so, never an exception. Per-row budgets differ after turn 1: each
-continuation is generated to the largest remaining budget and cut to its own (the sampled
-prefix of a row is the same whatever the limit; the surplus is wasted decoding). Seeds: turn t
+tool turn that says so, never an exception. Per-row budgets differ after turn 1: they go to the
+engine as `max_new_tokens_per_prompt` (vLLM stops each request at its own), and every
+continuation is cut to its own budget here too (the HF engine decodes the batch to the largest;
+the sampled prefix of a row is the same whatever the limit, the surplus is wasted decoding). Seeds: turn t
 uses a seed derived from (sampling.seed, t), so a seeded rollout repeats exactly.
 
 Knows nothing of tasks, the trainer or a particular engine.
@@ -180,10 +181,12 @@ def _next_calls(active: list[_Live], schemas: dict, limits: EpisodeLimits,
     calling = []
     for live in active:
         text = live.texts[-1][1]
-        if not live.finished_turn or len(live.ids) >= budget:
+        if not live.finished_turn:
             live.stop_reason = "length"
         elif not has_tool_call(text):
-            live.stop_reason = "stop"
+            live.stop_reason = "stop"       # ended by itself, even on the budget's last token
+        elif len(live.ids) >= budget:
+            live.stop_reason = "length"     # no room for a tool turn: its calls are not run
         elif sum(t.role == "assistant" for t in live.turns) >= limits.max_turns:
             live.stop_reason = "max_turns"
         else:
@@ -244,7 +247,8 @@ def _continue(engine, grown: list[_Live], sampling: SamplingSettings, budget: in
     if not grown:
         return []
     left = [budget - len(live.ids) for live in grown]
-    settings = replace(sampling, n=1, max_new_tokens=max(left), seed=turn_seed(sampling.seed, turn))
+    settings = replace(sampling, n=1, max_new_tokens=max(left), max_new_tokens_per_prompt=left,
+                       seed=turn_seed(sampling.seed, turn))
     out = engine.generate([live.prompt_ids + live.ids for live in grown], settings).episodes
     for live, e, room in zip(grown, out, left):
         tokens = e.response_ids[:room]

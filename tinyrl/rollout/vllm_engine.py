@@ -157,7 +157,8 @@ class VLLMEngine:
                 n=n,
                 temperature=0.0 if sampling.greedy else sampling.temperature,
                 top_p=1.0 if sampling.greedy else sampling.top_p,
-                max_tokens=sampling.max_new_tokens,
+                max_tokens=sampling.max_new_tokens if sampling.max_new_tokens_per_prompt is None
+                else sampling.max_new_tokens_per_prompt[i],
                 logprobs=0,
                 stop_token_ids=self.stop_ids,
                 seed=None if sampling.seed is None else _prompt_seed(sampling.seed, i, n),

@@ -1,0 +1,220 @@
+"""Episodes with tools (tinyrl/rollout/turns.py): the turn loop with the real sandbox, the real
+chat template rendering (a hermes template for the tiny model) and the trainer's real math.
+
+The policy is a scripted engine (tests/helpers/scripted_engine.py: given assistant turns
+instead of sampled ones) where the test needs exact tool calls; tests/test_turns_engines.py
+runs the loop with the HF and vLLM engines and the tiny model itself.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from helpers.hermes_template import HERMES_TEMPLATE
+from helpers.scripted_engine import ScriptedEngine
+from tinyrl.rollout.base import SamplingSettings
+from tinyrl.rollout.chat import ToolChat
+from tinyrl.rollout.hermes import parse_tool_calls
+from tinyrl.rollout.turns import EpisodeLimits, episode_metrics, run_episodes
+from tinyrl.tools import TOOLS
+
+TOOLSET = {"code_interpreter": TOOLS["code_interpreter"]}
+SCHEMAS = {name: t.schema for name, t in TOOLSET.items()}
+
+
+def call(code: str, name: str = "code_interpreter") -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": {"code": code}}) + "\n</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    t = AutoTokenizer.from_pretrained(tiny_model_dir)
+    t.chat_template = HERMES_TEMPLATE
+    return t
+
+
+@pytest.fixture(scope="module")
+def chat(tok):
+    return ToolChat(tok, list(SCHEMAS.values()), [tok.eos_token_id])
+
+
+def _messages(k: int) -> list[list[dict]]:
+    return [[{"role": "user", "content": f"task {i}: what is {i} * 7?"}] for i in range(k)]
+
+
+def _run(chat, script, *, k=2, n=2, budget=400, limits=EpisodeLimits(tool_timeout_s=5.0), seed=1):
+    engine = ScriptedEngine(chat.tokenizer, script)
+    msgs = _messages(k)
+    prompts = [chat.render(m, generation_prompt=True) for m in msgs]
+    res = run_episodes(engine, prompts, SamplingSettings(n=n, max_new_tokens=budget, seed=seed), chat=chat,
+                       tools=TOOLSET, limits=limits, messages=msgs)
+    return res, engine, msgs
+
+
+def _two_turn_script(context: str, j: int) -> str:
+    """Turn 1 calls the tool (sample 1 twice), then an answer."""
+    if "<tool_response>" not in context:
+        task = context.split("task ")[-1].split(":")[0]
+        return f"let me run it {call(f'print({task} * 7)')}" + (call("print('second')") if j else "")
+    return "<answer> done </answer>"
+
+
+# -- (b) an episode's tokens equal a full re-render of its conversation ----------------------
+
+def _full_render(tok, messages, episode) -> list[int]:
+    """The test's own re-render (not ToolChat's): the conversation from the episode's turns."""
+    conv = list(messages)
+    for turn in episode.turns:
+        ids = episode.response_ids[turn.start:turn.end]
+        if turn.role == "assistant":
+            body = ids[:-1] if ids and ids[-1] == tok.eos_token_id else ids
+            conv.append({"role": "assistant", "content": tok.decode(body, skip_special_tokens=False)})
+        else:
+            text = tok.decode(ids, skip_special_tokens=False)
+            conv += [{"role": "tool", "content": c.split("\n</tool_response>")[0]}
+                     for c in text.split("<tool_response>\n")[1:]]
+    text = tok.apply_chat_template(conv, tools=list(SCHEMAS.values()), tokenize=False)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def test_episode_tokens_equal_a_full_rerender(tok, chat):
+    res, engine, msgs = _run(chat, _two_turn_script)
+    assert [len(e.tool_calls) for e in res.episodes] == [1, 2, 1, 2]
+    for e in res.episodes:
+        assert [t.role for t in e.turns] == ["assistant", "tool", "assistant"] and e.stop_reason == "stop"
+        full = _full_render(tok, msgs[e.prompt_index], e)
+        ids = e.prompt_ids + e.response_ids
+        assert full[:len(ids)] == ids          # the episode IS the re-rendered conversation
+        assert tok.decode(full[len(ids):]) == "\n"  # only the template's text after the last EOS
+        tool = e.turns[1]
+        text = tok.decode(e.response_ids[tool.start:tool.end], skip_special_tokens=False)
+        assert text.startswith("\n<|im_start|>user\n<tool_response>\n") and text.endswith("<|im_start|>assistant\n")
+        assert f"{e.prompt_index * 7}\n" in text
+    assert res.tokenization_mismatches == 0
+    assert engine.calls == [(2, 400), (4, max(400 - e.turns[1].end for e in res.episodes))]
+
+
+def test_a_wrong_incremental_render_is_counted(chat, monkeypatch):
+    right = chat.tool_turn_ids
+    monkeypatch.setattr(chat, "tool_turn_ids", lambda contents: right(contents)[1:])  # drops the "\n"
+    res, _, _ = _run(chat, _two_turn_script)
+    assert res.tokenization_mismatches == 4
+    assert episode_metrics(res.episodes, res.tokenization_mismatches)["episode/tokenization_mismatch"] == 4.0
+
+
+# -- (d) bad calls become error tool turns ---------------------------------------------------
+
+def test_bad_calls_become_error_tool_turns(tok, chat):
+    bad = [("<tool_call>{not json</tool_call>", "bad_call", "not valid JSON"),
+           (call("print(1)", name="browser"), "unknown_tool", "no tool named 'browser'"),
+           ('<tool_call>{"name": "code_interpreter", "arguments": {"source": "1"}}</tool_call>', "bad_call",
+            "missing argument(s): code"),
+           ('<tool_call>{"name": "code_interpreter", "arguments": {"code": 7}}</tool_call>', "bad_call",
+            "'code' must be a string"),
+           ('<tool_call>["code_interpreter"]</tool_call>', "bad_call", "must be a JSON object"),
+           ("<tool_call>{\"name\": \"code_interpreter\"", "bad_call", "not closed")]
+
+    def script(context, j):
+        return bad[int(context.split("task ")[-1].split(":")[0])][0] if "<tool_response>" not in context else "ok"
+
+    res, _, _ = _run(chat, script, k=len(bad), n=1)
+    for e, (_, status, words) in zip(res.episodes, bad):
+        assert [c.status for c in e.tool_calls] == [status] and e.stop_reason == "stop"
+        tool = e.turns[1]
+        assert words in tok.decode(e.response_ids[tool.start:tool.end]) and "[error: " in tok.decode(
+            e.response_ids[tool.start:tool.end])
+        assert e.tool_calls[0].seconds == 0.0  # nothing ran
+    m = episode_metrics(res.episodes, 0)
+    assert (m["tools/calls"], m["tools/errors"], m["tools/timeouts"]) == (6.0, 6.0, 0.0)
+
+
+def test_calls_past_the_limit_are_not_run(tok, chat):
+    def script(context, j):
+        return (call("print('a')") + call("print('b')") + call("print('c')")) if context.count("<tool_response>") < 4 else "end"
+
+    res, _, _ = _run(chat, script, k=1, n=1, budget=2000, limits=EpisodeLimits(max_tool_calls=4, max_turns=4))
+    e = res.episodes[0]
+    assert [c.status for c in e.tool_calls] == ["ok"] * 4 + ["over_limit"] * 2
+    assert [c.turn for c in e.tool_calls] == [0, 0, 0, 2, 2, 2]
+    second = e.turns[3]
+    text = tok.decode(e.response_ids[second.start:second.end])
+    assert text.count("rollout.max_tool_calls") == 2 and "a\n" in text
+
+
+def test_parse_keeps_calls_in_order_and_never_raises():
+    text = "x " + call("1") + " y <tool_call>{\"name\": 3}</tool_call>" + call("2", name="nope")
+    got = parse_tool_calls(text, SCHEMAS)
+    assert [(c.name, c.status, c.arguments) for c in got] == [
+        ("code_interpreter", "", {"code": "1"}), ("", "bad_call", {}), ("nope", "unknown_tool", {})]
+    assert parse_tool_calls("no calls here", SCHEMAS) == []
+    # double-encoded arguments (some models write a JSON string) are accepted
+    got = parse_tool_calls('<tool_call>{"name": "code_interpreter", "arguments": "{\\"code\\": \\"1\\"}"}</tool_call>',
+                           SCHEMAS)
+    assert got[0].status == "" and got[0].arguments == {"code": "1"}
+
+
+# -- limits: the budget, the turn limit, stop ------------------------------------------------
+
+def test_budget_bounds_the_whole_episode(tok, chat):
+    def script(context, j):  # calls forever; turn 1's length differs per sample, so budgets left differ
+        return "thinking " * (12 + 9 * j) + call("print('x' * 40)")
+
+    for budget in (60, 150, 260):
+        res, engine, _ = _run(chat, script, k=1, n=3, budget=budget, limits=EpisodeLimits(max_turns=50))
+        for e in res.episodes:
+            assert len(e.response_ids) <= budget and e.stop_reason == "length"
+            assert e.policy_mask.count(0) == sum(t.end - t.start for t in e.turns if t.role == "tool")
+        assert all(m <= budget for _, m in engine.calls)
+
+
+def test_turn_limit_stops_calling(chat):
+    res, engine, _ = _run(chat, lambda context, j: call("print(1)"), k=1, n=1,
+                          limits=EpisodeLimits(max_turns=3, max_tool_calls=10))
+    e = res.episodes[0]
+    assert e.stop_reason == "max_turns" and [t.role for t in e.turns] == ["assistant", "tool"] * 2 + ["assistant"]
+    assert len(e.tool_calls) == 2 and len(engine.calls) == 3  # the last turn's call was not run
+
+
+def test_tool_output_is_cut_to_its_token_limit(tok, chat):
+    def script(context, j):
+        return call("print('7 ' * 2000)") if "<tool_response>" not in context else "end"
+
+    res, _, _ = _run(chat, script, k=1, n=1, limits=EpisodeLimits(max_tool_response_tokens=40))
+    e = res.episodes[0]
+    text = tok.decode(e.response_ids[e.turns[1].start:e.turns[1].end], skip_special_tokens=False)
+    content = text.split("<tool_response>\n")[1].split("\n</tool_response>")[0]
+    assert content.endswith("[output cut to 40 tokens]")
+    assert len(tok(content, add_special_tokens=False)["input_ids"]) <= 40 + 1  # a decode/encode seam may merge
+
+
+def test_each_turn_gets_its_own_seed_from_the_rollouts(chat):
+    _, first, _ = _run(chat, _two_turn_script, seed=5)
+    _, again, _ = _run(chat, _two_turn_script, seed=5)
+    _, other, _ = _run(chat, _two_turn_script, seed=6)
+    assert first.seeds == again.seeds and first.seeds[0] == 5 and len(first.seeds) == 2
+    assert first.seeds[1] is not None and first.seeds[1] != 5 and other.seeds[1] != first.seeds[1]
+    _, unseeded, _ = _run(chat, _two_turn_script, seed=None)
+    assert unseeded.seeds == [None, None]
+
+
+def test_a_template_that_cannot_follow_the_models_turn_is_refused(tok):
+    from tinyrl.errors import TinyRLError
+
+    with pytest.raises(TinyRLError, match="does not end an assistant message"):
+        ToolChat(tok, list(SCHEMAS.values()), [tok.convert_tokens_to_ids("<|im_start|>") + 10_000])
+    wrong = AutoTokenizer.from_pretrained(tok.name_or_path)
+    wrong.chat_template = HERMES_TEMPLATE.replace("'<|endoftext|>\\n'", "'<|im_end|>\\n'")
+    with pytest.raises(TinyRLError, match="does not end an assistant message"):
+        ToolChat(wrong, list(SCHEMAS.values()), [tok.eos_token_id])
+
+
+def test_an_answer_on_the_budgets_last_token_is_a_stop(tok, chat):
+    answer = "<answer> 42 </answer>"
+    exact = len(tok(answer, add_special_tokens=False)["input_ids"]) + 1  # + EOS
+    res, _, _ = _run(chat, lambda context, j: answer, k=1, n=1, budget=exact)
+    assert res.episodes[0].stop_reason == "stop" and len(res.episodes[0].response_ids) == exact
+    res, _, _ = _run(chat, lambda context, j: answer, k=1, n=1, budget=exact - 1)
+    assert res.episodes[0].stop_reason == "length"

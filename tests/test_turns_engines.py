@@ -1,0 +1,125 @@
+"""Both engines run multi-turn episodes with the tiny model: a copy of it is taught (a few
+hundred Adam steps on one conversation, ~10 s) to call the code tool and then answer, so the
+tool call comes from the engine's own decoding, the sandbox runs it, the tool turn goes back
+into the context, and the engine writes the next turn from it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from helpers.hermes_template import HERMES_TEMPLATE
+from tinyrl.rollout.base import SamplingSettings
+from tinyrl.rollout.chat import ToolChat
+from tinyrl.rollout.turns import EpisodeLimits, run_episodes
+from tinyrl.tools import TOOLS, Tool
+
+# The real tool, with a short schema: the session's vLLM engine holds 512 tokens per sequence.
+CODE = Tool("code_interpreter", {"type": "function", "function": {
+    "name": "code_interpreter", "parameters": {"type": "object", "properties": {"code": {"type": "string"}},
+                                               "required": ["code"]}}}, TOOLS["code_interpreter"].run)
+QUESTIONS = [(6, 7), (8, 9)]
+
+
+def _call(a: int, b: int) -> str:
+    return "<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {"code": f"print({a} * {b})"}}) \
+        + "\n</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def taught(tiny_model_dir):
+    """(tokenizer, chat, a model that calls the tool for 'what is a * b?' and then answers)."""
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = HERMES_TEMPLATE
+    chat = ToolChat(tok, [CODE.schema], [tok.eos_token_id])
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    rows = []
+    for a, b in QUESTIONS:
+        prompt = chat.render(_messages(a, b), generation_prompt=True)
+        turn1 = tok(_call(a, b), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        tool = chat.tool_turn_ids([f"{a * b}"])
+        turn2 = tok(f"<answer> {a * b} </answer>", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        ids = prompt + turn1 + tool + turn2
+        labels = [-100] * len(prompt) + turn1 + [-100] * len(tool) + turn2  # the policy's turns only
+        rows.append((torch.tensor([ids]), torch.tensor([labels])))
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(150):
+        for ids, labels in rows:
+            opt.zero_grad()
+            model(input_ids=ids, labels=labels).loss.backward()
+            opt.step()
+    model.eval()
+    return tok, chat, model
+
+
+def _messages(a: int, b: int) -> list[dict]:
+    return [{"role": "user", "content": f"what is {a} * {b}?"}]
+
+
+def _episodes(engine, chat, sampling: SamplingSettings):
+    msgs = [_messages(a, b) for a, b in QUESTIONS]
+    return run_episodes(engine, [chat.render(m, True) for m in msgs], sampling, chat=chat,
+                        tools={"code_interpreter": CODE}, limits=EpisodeLimits(tool_timeout_s=10.0), messages=msgs)
+
+
+def _check_greedy(res, tok):
+    for e in res.episodes:
+        assert [t.role for t in e.turns] == ["assistant", "tool", "assistant"], tok.decode(e.response_ids)
+        assert [(c.name, c.status) for c in e.tool_calls] == [("code_interpreter", "ok")]
+        call, tool, answer = e.turns
+        # the code the engine wrote, run by the sandbox: its output is in the tool turn (the tiny
+        # model need not pick the right question's numbers; the mechanics are under test)
+        code = json.loads(tok.decode(e.response_ids[call.start:call.end], skip_special_tokens=True)
+                          .split("<tool_call>")[1].split("</tool_call>")[0])["arguments"]["code"]
+        a, b = (int(x) for x in code.removeprefix("print(").removesuffix(")").split(" * "))
+        assert f"<tool_response>\n{a * b}\n</tool_response>" in tok.decode(e.response_ids[tool.start:tool.end])
+        assert tok.decode(e.response_ids[answer.start:answer.end], skip_special_tokens=True).startswith("<answer> ")
+        assert e.stop_reason == "stop"
+        assert e.policy_mask == [0 if tool.start <= i < tool.end else 1 for i in range(len(e.response_ids))]
+        assert all(lp == 0.0 for lp in e.logprobs[tool.start:tool.end])
+        assert all(lp < 0.0 or lp == 0.0 for lp in e.logprobs)
+    assert res.tokenization_mismatches == 0
+
+
+def test_hf_engine_runs_multi_turn_episodes(taught):
+    from tinyrl.rollout.hf_engine import HFEngine
+
+    tok, chat, model = taught
+    engine = HFEngine(model, tok)
+    assert engine.multi_turn
+    _check_greedy(_episodes(engine, chat, SamplingSettings(n=1, greedy=True, max_new_tokens=200)), tok)
+    # sampled, seeded: the same seed gives the same episodes, turn by turn
+    sampled = SamplingSettings(n=4, temperature=1.0, max_new_tokens=120, seed=11)
+    first, again = _episodes(engine, chat, sampled), _episodes(engine, chat, sampled)
+    assert any(len(e.turns) > 2 for e in first.episodes)  # later turns sampled too
+    assert [e.response_ids for e in first.episodes] == [e.response_ids for e in again.episodes]
+    other = _episodes(engine, chat, SamplingSettings(n=4, temperature=1.0, max_new_tokens=120, seed=12))
+    assert [e.response_ids for e in other.episodes] != [e.response_ids for e in first.episodes]
+    assert [e.prompt_index for e in first.episodes] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert all(len(e.response_ids) <= 120 for e in first.episodes)
+
+
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+def test_vllm_engine_runs_multi_turn_episodes(taught, vllm_engine):
+    from tinyrl.rollout.hf_engine import HFEngine
+
+    tok, chat, model = taught
+    assert vllm_engine.multi_turn and vllm_engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
+    vllm_engine.sync_weights(model)  # the taught weights, in full (the fixture's LoRA is dropped)
+    greedy = SamplingSettings(n=1, greedy=True, max_new_tokens=200)
+    res = _episodes(vllm_engine, chat, greedy)
+    _check_greedy(res, tok)
+    hf = _episodes(HFEngine(model, tok), chat, greedy)  # fp32 both: the same greedy episodes
+    assert [e.response_ids for e in res.episodes] == [e.response_ids for e in hf.episodes]
+    # budgets per prompt (the turn loop's later turns): vLLM stops each request at its own
+    prompts = [chat.render(_messages(a, b), True) for a, b in QUESTIONS]
+    cut = vllm_engine.generate(prompts, SamplingSettings(n=1, greedy=True, max_new_tokens=50,
+                                                         max_new_tokens_per_prompt=[3, 7]))
+    assert [len(e.response_ids) for e in cut.episodes] == [3, 7]
+    assert [e.response_ids for e in cut.episodes] == [e.response_ids[:n] for e, n in zip(res.episodes, (3, 7))]
