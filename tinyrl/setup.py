@@ -153,8 +153,8 @@ def read_chat_template(setting: str) -> str:
     template itself (Jinja always holds '{'; a path never needs one). A relative path is looked
     up as data paths are (config.resolve_path): the working directory, then the repository, so
     the presets' shipped templates (presets/chat_templates/) are found from anywhere."""
-    path = resolve_path(setting)
-    if "{" not in setting and len(setting) < 4096:
+    if "{" not in setting and len(setting) < 4096:  # resolved only then: template text is no file name
+        path = resolve_path(setting)
         if not path.is_file():
             raise TinyRLError(f"model.custom_chat_template = {setting}: no such file, and not a Jinja template",
                               hint="give the template text ({% for m in messages %}...) or a path to a file holding it")
