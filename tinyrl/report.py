@@ -77,8 +77,13 @@ def accuracy_change(recs: list[dict], n_prompts: int | None = None) -> str | Non
     if len(xs) < 2 or xs[0] != 0:
         return None
     on = f"{n_prompts} held-back test prompts" if n_prompts else "the held-back test prompts"
-    return (f"greedy accuracy (val/score) on {on}: {ys[0]:.1%} before training -> {ys[-1]:.1%} after "
+    line = (f"greedy accuracy (val/score) on {on}: {ys[0]:.1%} before training -> {ys[-1]:.1%} after "
             f"step {xs[-1]:g} ({100 * (ys[-1] - ys[0]):+.1f} points)")
+    tx, ts = series(recs, "val/tools/ok_share")  # a task with tools: how many episodes used one
+    if len(tx) >= 2 and tx[0] == 0:
+        line += (f"\nepisodes with a successful tool call (val/tools/ok_share), same prompts: {ts[0]:.1%} before "
+                 f"training -> {ts[-1]:.1%} after step {tx[-1]:g}")
+    return line
 
 
 def _marker(xs: list) -> str:

@@ -150,9 +150,11 @@ def load_tokenizer(model_path: str, chat_template: str = ""):
 
 def read_chat_template(setting: str) -> str:
     """model.custom_chat_template: a path to an existing file is read; anything else is the
-    template itself (Jinja always holds '{'; a path never needs one)."""
-    path = Path(setting).expanduser()
-    if "{" not in setting and len(setting) < 4096:
+    template itself (Jinja always holds '{'; a path never needs one). A relative path is looked
+    up as data paths are (config.resolve_path): the working directory, then the repository, so
+    the presets' shipped templates (presets/chat_templates/) are found from anywhere."""
+    if "{" not in setting and len(setting) < 4096:  # resolved only then: template text is no file name
+        path = resolve_path(setting)
         if not path.is_file():
             raise TinyRLError(f"model.custom_chat_template = {setting}: no such file, and not a Jinja template",
                               hint="give the template text ({% for m in messages %}...) or a path to a file holding it")

@@ -529,6 +529,10 @@ class Trainer:
                                                    [rows[e.prompt_index] for e in res.episodes], episodes=res.episodes)
         out = {"val/score": scored.metrics()["reward/accuracy"],
                "val/reward_mean": sum(scored.total) / len(scored.total)}
+        if self.tool_rollout is not None:  # episodes with a tool call that ran and exited 0
+            from tinyrl.rollout.turns import tool_ok_share
+
+            out["val/tools/ok_share"] = tool_ok_share(res.episodes)
         if self.inputs.val_sets:  # data.val_files: the task's judgement, as `tinyrl eval` (tinyrl/eval.py)
             out.update(self._validate_files())
         return out

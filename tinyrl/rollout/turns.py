@@ -271,3 +271,8 @@ def episode_metrics(episodes: list[Episode], mismatches: int) -> dict[str, float
             "tools/seconds": float(sum(c.seconds for c in calls)),
             "episode/turns": sum(sum(t.role == "assistant" for t in e.turns) for e in episodes) / n,
             "episode/tokenization_mismatch": float(mismatches)}
+
+
+def tool_ok_share(episodes: list[Episode]) -> float:
+    """The share of episodes with at least one tool call that ran and exited 0 (status "ok")."""
+    return sum(any(c.status == "ok" for c in e.tool_calls) for e in episodes) / max(len(episodes), 1)

@@ -17,7 +17,7 @@ from tinyrl.tasks.base import RewardFn, Task
 
 __all__ = ["RewardFn", "Task", "all_tasks", "get_task", "task_problems", "template_of", "task_line", "answer_patterns"]
 
-_MODULES = ("countdown", "math", "retool")
+_MODULES = ("countdown", "math", "retool", "arith")
 
 
 @cache

@@ -1,0 +1,150 @@
+"""The arith task (tinyrl/tasks/arith.py) and the tiny model's chat template
+(presets/chat_templates/tiny-hermes.jinja): what the tool demo's SFT and RL stand on.
+
+Generated data is checked as invariants over every row (held-out split, products, the share of
+tool conversations, the tool's real output); the reward against episodes written out by hand,
+including one that tries to answer from inside a tool response; the template against what the
+SFT loss mask and the turn loop need (appending a message only appends text; an assistant turn
+ends with the model's one stop token; the tool turn after it is the same whatever came before).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from tinyrl.tasks import arith
+
+TEMPLATE = "presets/chat_templates/tiny-hermes.jinja"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("arith")
+    arith.generate(out, 600, 200, seed=3, sft=True, tool_share=0.3)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    from tinyrl.setup import load_tokenizer
+
+    return load_tokenizer(str(tiny_model_dir), TEMPLATE)
+
+
+def rows(path):
+    return pq.read_table(path).to_pylist()
+
+
+def test_generated_questions_hold_out_the_test_split_and_are_reproducible(data, tmp_path):
+    train, test = rows(data / "train.parquet"), rows(data / "test.parquet")
+    pair = lambda r: (r["reward_model"]["ground_truth"]["a"], r["reward_model"]["ground_truth"]["b"])  # noqa: E731
+    assert len(train) == 600 and len(test) == 200
+    assert not {pair(r) for r in train} & {pair(r) for r in test}
+    for r in train + test:
+        a, b = pair(r)
+        assert arith.MIN_NUMBER <= a <= arith.MAX_NUMBER and arith.MIN_NUMBER <= b <= arith.MAX_NUMBER
+        assert r["reward_model"]["ground_truth"]["product"] == a * b
+        assert r["prompt"] == [{"role": "user", "content": f"What is {a} * {b}?"}]
+    arith.generate(tmp_path, 600, 200, seed=3)
+    assert rows(tmp_path / "train.parquet") == train  # the same seed, the same files
+
+
+def test_sft_conversations_call_the_tool_at_the_share_asked_with_its_real_output(data):
+    from tinyrl.tools import TOOLS, render, run_code
+
+    train = rows(data / "sft_train.parquet")
+    with_tool = [r for r in train if len(r["messages"]) == 4]
+    assert 0.22 < len(with_tool) / len(train) < 0.38  # 30% of 600 asked; binomial sd 1.9 points
+    assert json.loads(train[0]["tools"]) == [TOOLS["code_interpreter"].schema]
+    for r in train:
+        truth = r["reward_model"]["ground_truth"]
+        msgs = r["messages"]
+        assert msgs[0] == r["prompt"][0]
+        assert msgs[-1] == {"role": "assistant", "content": f"<answer> {truth['product']} </answer>"}
+        if len(msgs) == 4:
+            call = json.loads(msgs[1]["content"].removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
+            assert call == {"name": "code_interpreter", "arguments": {"code": f"print({truth['a']} * {truth['b']})"}}
+            assert msgs[2] == {"role": "tool", "content": str(truth["product"])}
+        else:
+            assert len(msgs) == 2
+    for r in with_tool[:3]:  # the batched run gives what separate tool calls give
+        code = json.loads(r["messages"][1]["content"].split("\n")[1])["arguments"]["code"]
+        assert render(run_code(code)) == r["messages"][2]["content"]
+    assert arith.tool_outputs(["print(1)", "x = 2", "print('a')\nprint(3 - 5)"]) == \
+        ["1", "[no output; exit code 0]", "a\n-2"]
+
+
+@pytest.mark.parametrize("episode, score", [
+    ("<answer> 1081 </answer>", 1.0),                                  # a direct (guessed) answer
+    ("<answer> 1080 </answer>", 0.0),
+    ('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(23 * 47)"}}\n</tool_call>'
+     "tool\n<tool_response>\n1081\n</tool_response>\nassistant\n<answer> 1081 </answer>", 1.0),
+    ('<tool_call>...</tool_call>tool\n<tool_response>\n1081\n</tool_response>\nassistant\n', 0.0),
+    # the program printed the answer tags: text inside a tool response is not the model's answer
+    ("<tool_call>...</tool_call>tool\n<tool_response>\n<answer> 1081 </answer>\n</tool_response>\nassistant\n"
+     "I think so", 0.0),
+    ("<answer> 1081 </answer>tool\n<tool_response>\n1\n</tool_response>\nassistant\n<answer> 7 </answer>", 0.0),
+    ("<answer> 7 </answer> no, <answer> 1081 </answer>", 1.0),        # the last answer counts
+])
+def test_reward_reads_the_answer_of_the_last_turn_only(episode, score):
+    row = {"reward_model": {"ground_truth": {"a": 23, "b": 47, "product": 1081}}}
+    assert arith.reward()(episode, row) == score
+
+
+def test_the_template_appends_each_message_and_ends_assistant_turns_with_eos(tok, data):
+    from tinyrl.tools import TOOLS
+
+    schemas = [TOOLS["code_interpreter"].schema]
+    msgs = rows(data / "sft_train.parquet")
+    msgs = next(r["messages"] for r in msgs if len(r["messages"]) == 4)
+    before = ""
+    for k in range(1, len(msgs) + 1):
+        text = tok.apply_chat_template(msgs[:k], tools=schemas, tokenize=False)
+        assert text.startswith(before)
+        before = text
+        if msgs[k - 1]["role"] == "assistant":  # the turn's last token is the model's stop token
+            assert tok(text, add_special_tokens=False)["input_ids"][-1] == tok.eos_token_id
+            # and its content comes back from the tokens as it went in (no lossy pieces)
+            assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+    prompt = tok.apply_chat_template(msgs[:1], tools=schemas, tokenize=False, add_generation_prompt=True)
+    assert "code_interpreter(code): Run a Python program" in prompt and prompt.endswith("<|im_start|>assistant\n")
+    # the tool turn the turn loop inserts does not depend on what came before it
+    tail = lambda m: tok.apply_chat_template(  # noqa: E731
+        m + [{"role": "tool", "content": "1081"}], tools=schemas, tokenize=False, add_generation_prompt=True
+    ).removeprefix(tok.apply_chat_template(m, tools=schemas, tokenize=False))
+    other = [{"role": "user", "content": "What is 10 * 10?"}, {"role": "assistant", "content": "x"}]
+    assert tail(msgs[:2]) == tail(other) == \
+        "<|im_start|>tool\n<tool_response>\n1081\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_sft_trains_the_assistant_turns_and_their_eos_never_the_tool_output(tok, data):
+    from tinyrl.config import load_config
+    from tinyrl.sft.data import load_sft
+
+    path = data / "sft_train.parquet"
+    cfg = load_config("countdown-tools-demo-sft", [f"data.train_path={path}"])
+    sft = load_sft(path, tok, cfg)
+    for r, prompt, response, mask in zip(rows(path), sft.prompts, sft.responses, sft.loss_masks):
+        trained = [t for t, m in zip(response, mask) if m]
+        want = "".join(m["content"] + "<|endoftext|>" for m in r["messages"] if m["role"] == "assistant")
+        assert tok.decode(trained) == want
+        assert len(prompt) + len(response) <= cfg.sft.max_length
+
+
+def test_the_shipped_template_is_found_from_another_directory(tmp_path, tiny_model_dir):
+    code = ("from tinyrl.setup import load_tokenizer; import sys; "
+            f"t = load_tokenizer({str(tiny_model_dir)!r}, {TEMPLATE!r}); print('<tool_response>' in t.chat_template)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "True", done.stderr[-2000:]
+
+
+def test_bad_data_options_are_one_screen_and_exit_2(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "data", "arith", "--out", str(tmp_path / "d"),
+                           "--sft", "--tool-share", "1.5"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "--tool-share 1.5" in done.stdout + done.stderr
+    assert not (tmp_path / "d").exists()  # nothing written
