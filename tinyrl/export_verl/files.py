@@ -23,10 +23,11 @@ import pyarrow.parquet as pq
 from tinyrl.config import REPO_ROOT, Config, resolve_path
 from tinyrl.errors import TinyRLError
 from tinyrl.export_verl import tools
+from tinyrl.export_verl.mapping import CMDLINE_SAFE
 
 HERE = "$HERE/"  # values starting with this are paths relative to run_verl.sh
 _SIMPLE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
-_SAFE = re.compile(r"[^'\"$`\\\n]*")  # safe inside bash "..." and Hydra '...'
+_SAFE = CMDLINE_SAFE  # safe inside bash "..." and Hydra '...'
 
 
 def _plain(x: Any) -> Any:

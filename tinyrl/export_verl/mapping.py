@@ -8,6 +8,7 @@ module does not know (added to tinyrl after it) becomes a note too, so nothing i
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,8 @@ DTYPE = {"bf16": "bfloat16", "fp16": "float16", "auto": "bfloat16"}
 # tinyrl feeds the prompt text as it is (the template is already in the data); verl 0.9.1 always
 # renders `prompt` through the tokenizer's chat template, so give it one that adds nothing.
 RAW_CHAT_TEMPLATE = "{{ messages[0].content }}"
+# What run_verl.sh can pass inside bash "..." and Hydra '...' (tinyrl.export_verl.files quotes it)
+CMDLINE_SAFE = re.compile(r"[^'\"$`\\\n]*")
 _MISSING = object()
 
 
@@ -116,7 +119,13 @@ def _model(cfg, ctx, m, o):
     elif custom:
         from tinyrl.setup import read_chat_template
 
-        o[f"{AR}.model.custom_chat_template"] = read_chat_template(custom)
+        text = read_chat_template(custom)
+        if CMDLINE_SAFE.fullmatch(text):
+            o[f"{AR}.model.custom_chat_template"] = text
+        else:  # verl 0.9.1 takes the text itself (workers/config/model.py `custom_chat_template: Optional[str]`)
+            m.note(cfg, "model.custom_chat_template", "not passed: the template has quotes, backslashes or "
+                   "newlines that a command line cannot carry to verl safely; put its text in the model "
+                   "directory's tokenizer_config.json as `chat_template` (verl then uses the tokenizer's own)")
     o[f"{AR}.model.enable_gradient_checkpointing"] = g("model.gradient_checkpointing")
     o[f"{AR}.model.use_remove_padding"] = g("model.padding_free")  # verl's packed (unpadded) passes
     lora = g("model.finetune") == "lora"

@@ -84,3 +84,24 @@ def argument_problem(arguments: dict[str, Any], schema: dict) -> str:
         if want is not None and (not isinstance(value, want) or (want is not bool and isinstance(value, bool))):
             return f"argument {key!r} must be a {props[key]['type']}, got {type(value).__name__}"
     return ""
+
+
+# A decoded episode as Qwen2.5's template (and tinyrl's tiny-hermes.jinja) renders it: tool output
+# between these markers, a model's call between the call markers. The tasks with tools read their
+# answer from the model's last turn with `final_turn`, so that what a program prints is never
+# scored as the model's answer.
+_RESPONSE_OPEN, _RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+_CALL = re.compile(r"<tool_call>.*?(?:</tool_call>|\Z)", re.S)
+
+
+def final_turn(completion: str) -> str:
+    """The model's last turn of a decoded episode: after the last tool response, tool calls removed;
+    "" when the text ends inside a tool response (cut by the length limit: nothing of it is the
+    model's). A tool whose output fakes a closing marker cannot move the cut: the real marker after
+    its output is the last one (an episode cut inside a tool turn shows in its Episode.turns: the
+    last turn is not the assistant's)."""
+    close = completion.rfind(_RESPONSE_CLOSE)
+    if completion.rfind(_RESPONSE_OPEN) > close:
+        return ""
+    tail = completion[close + len(_RESPONSE_CLOSE):] if close >= 0 else completion
+    return _CALL.sub("", tail)

@@ -29,6 +29,7 @@ from typing import Any
 import typer
 
 from tinyrl.errors import TinyRLError
+from tinyrl.rollout.hermes import final_turn
 from tinyrl.tasks.base import RewardFn, Task
 
 TOOLS = ("code_interpreter",)
@@ -38,7 +39,6 @@ MAX_ROWS = 1_000_000
 _QUESTION = "What is {a} * {b}?"
 _QUESTION_RE = re.compile(r"What is (\d+) \* (\d+)\?")
 _ANSWER_RE = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
-_TOOL_END = "</tool_response>"       # the chat template's close of a tool turn (presets/tiny-hermes.jinja)
 
 
 def question(a: int, b: int) -> str:
@@ -60,14 +60,8 @@ def answer_text(value: int) -> str:
     return f"<answer> {int(value)} </answer>"
 
 
-def final_part(episode_text: str) -> str:
-    """What the model said after the last tool response (the whole text when it called none)."""
-    cut = episode_text.rfind(_TOOL_END)
-    return episode_text if cut < 0 else episode_text[cut + len(_TOOL_END):]
-
-
 def extract_answer(completion: str, task_cfg: Any = None) -> str | None:
-    found = _ANSWER_RE.findall(final_part(completion))
+    found = _ANSWER_RE.findall(final_turn(completion))
     return found[-1] if found else None
 
 

@@ -32,6 +32,7 @@ from typing import Any, Optional
 import typer
 
 from tinyrl.errors import TinyRLError
+from tinyrl.rollout.hermes import final_turn
 from tinyrl.tasks import math as maths
 from tinyrl.tasks.base import RewardFn, Task
 
@@ -44,25 +45,7 @@ SYSTEM_PROMPT = (
     "failed. When you are sure, end your last message with the final answer as \\boxed{answer}."
 )
 DATA_SOURCE = "retool"  # rows converted from tables without a data_source of their own
-# Qwen2.5's hermes tool format, as its chat template renders a conversation: tool output sits
-# between these markers, a model's call between the call markers.
-_RESPONSE_OPEN, _RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
-_CALL = re.compile(r"<tool_call>.*?(?:</tool_call>|\Z)", re.S)
-
-
 # ------------------------------------------------------------------------------- reward
-
-def final_turn(completion: str) -> str:
-    """The model's last turn of a decoded episode: after the last tool response, tool calls removed;
-    "" when the text ends inside a tool response (cut by the length limit: nothing of it is the
-    model's). A tool whose output fakes a closing marker cannot move the cut: the real marker after
-    its output is the last one (an episode cut inside a tool turn: see `score`)."""
-    close = completion.rfind(_RESPONSE_CLOSE)
-    if completion.rfind(_RESPONSE_OPEN) > close:
-        return ""
-    tail = completion[close + len(_RESPONSE_CLOSE):] if close >= 0 else completion
-    return _CALL.sub("", tail)
-
 
 def any_failed(tool_calls: Any) -> bool:
     """True when a tool call of the episode did not end "ok" (tinyrl.rollout.base.TOOL_CALL_STATUSES)."""
