@@ -75,6 +75,9 @@ def test_lora_sync_serves_the_updated_actor(vllm_engine, base_model, sequence):
     from peft import LoraConfig, get_peft_model
 
     prompt, response = sequence
+    # An adapter sync leaves the engine's base as it is: serve the base first, whatever an earlier
+    # test of this worker synced in full (test_turns_engines' taught model failed this test in CI).
+    vllm_engine.sync_weights(base_model)
     actor = get_peft_model(copy.deepcopy(base_model), LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS),
                            adapter_name="actor")
     # A second adapter on the same base (the critic's): only "actor" may reach the engine.
