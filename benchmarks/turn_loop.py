@@ -1,15 +1,20 @@
 """The turn loop's time split: episodes with the code tool on the HF engine (and vLLM with
 --vllm), 16 prompts x n = 1 and 4, <= 120 tokens per episode, on the tiny model taught to call
 the tool (the fixture of tests/test_turns_engines.py, ~10 s). Prints per run: episodes, turns,
-calls, the wall clock, the time inside engine.generate, the calls' summed seconds (they run
-rollout.tool_workers at a time) and the rest (the tool phases' wall clock, rendering, parsing).
+calls, the wall clock, the time inside the engine's generate, the calls' summed seconds (they
+run rollout.tool_workers at a time), the rest (the tool phases' wall clock, rendering, parsing)
+and the real tokens prefilled per episode (a prompt counts once for its n samples).
 
-    python benchmarks/turn_loop.py [--vllm]
+--cache picks the HF engine's path across turns: `kept` (its KV cache kept, only the added
+tokens prefilled; the default), `reprefill` (each turn re-prefills the whole context), `both`.
+
+    python benchmarks/turn_loop.py [--cache kept|reprefill|both] [--vllm]
 """
 from __future__ import annotations
 
 import sys
 import time
+import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -19,29 +24,45 @@ from tinyrl.rollout.base import SamplingSettings  # noqa: E402
 from tinyrl.tiny_model import build_tiny_model  # noqa: E402
 
 
-def timed(engine, chat, label: str) -> None:
-    inside = [0.0]
-    real = engine.generate
+class Timed:
+    """Wraps what the turn loop generates through (the engine, or its episode session): the
+    seconds inside generate, and the real tokens prefilled (a prompt once for its n samples)."""
 
-    def generate(prompts, sampling):
+    def __init__(self, inner) -> None:
+        self.inner, self.seconds, self.prefilled = inner, 0.0, 0
+
+    def generate(self, contexts, sampling, *keys):
         t = time.perf_counter()
+        prefilled = getattr(self.inner, "prefilled", None)
         try:
-            return real(prompts, sampling)
+            return self.inner.generate(contexts, sampling, *keys)
         finally:
-            inside[0] += time.perf_counter() - t
+            self.seconds += time.perf_counter() - t
+            self.prefilled += (self.inner.prefilled - prefilled if prefilled is not None
+                               else sum(map(len, contexts)))  # engine.generate: every context whole
 
-    engine.generate = generate
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def timed(engine, chat, label: str) -> None:
     for n in (1, 4):
-        inside[0] = 0.0
+        session = engine.episode_session() if hasattr(engine, "episode_session") else None
+        wrapped = Timed(session or engine)
+        runs = (lambda: wrapped) if session is not None else None
+        target = Timed(engine) if session is not None else wrapped
+        if runs is not None:
+            target.episode_session = runs
         t = time.perf_counter()
-        res = T._episodes(engine, chat, SamplingSettings(n=n, temperature=1.0, max_new_tokens=120, seed=3))
+        res = T._episodes(target, chat, SamplingSettings(n=n, temperature=1.0, max_new_tokens=120, seed=3))
         wall = time.perf_counter() - t
         calls = [c for e in res.episodes for c in e.tool_calls]
         print(f"{label} n={n}: {len(res.episodes)} episodes, {sum(len(e.turns) for e in res.episodes)} turns, "
               f"{len(calls)} calls ({sum(c.status == 'ok' for c in calls)} ok); wall {wall:.2f} s, generate "
-              f"{inside[0]:.2f} s, calls summed {sum(c.seconds for c in calls):.2f} s, rest {wall - inside[0]:.2f} s; "
-              f"re-render mismatches {res.tokenization_mismatches}", flush=True)
-    engine.generate = real
+              f"{wrapped.seconds:.2f} s, calls summed {sum(c.seconds for c in calls):.2f} s, rest "
+              f"{wall - wrapped.seconds:.2f} s; prefilled {wrapped.prefilled / len(res.episodes):.1f} tokens per "
+              f"episode; re-render mismatches {res.tokenization_mismatches}; episodes' digest "
+              f"{zlib.crc32(repr([e.response_ids for e in res.episodes]).encode()):08x}", flush=True)
 
 
 def main() -> None:
@@ -50,7 +71,10 @@ def main() -> None:
     path = build_tiny_model()
     tok, chat, model = T.taught.__wrapped__(path)
     T.QUESTIONS[:] = [(a, b) for a in range(2, 10) for b in (3, 7)]  # 16 prompts
-    timed(HFEngine(model, tok), chat, "hf")
+    cache = sys.argv[sys.argv.index("--cache") + 1] if "--cache" in sys.argv else "kept"
+    for keep in {"kept": [True], "reprefill": [False], "both": [True, False]}[cache]:
+        engine = HFEngine(model, tok, keep_context_cache=keep)
+        timed(engine, chat, "hf, kept cache" if engine.keeps_context_cache else "hf, re-prefill")
     if "--vllm" in sys.argv:
         from tinyrl.rollout.factory import make_engine
 

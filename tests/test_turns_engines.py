@@ -104,6 +104,34 @@ def test_hf_engine_runs_multi_turn_episodes(taught):
     assert all(len(e.response_ids) <= 120 for e in first.episodes)
 
 
+def test_hf_kept_cache_episodes_equal_reprefilled_episodes(taught):
+    """The HF engine keeps each episode's KV cache across turns (KeptCacheSession): the turn
+    loop's episodes are those of re-prefilling the whole context each turn, token for token, with
+    log-probs to 1e-5; seeded, n = 4, with tool turns of different lengths and episodes that
+    end at different turns (both checked to occur), and only the added tokens prefilled."""
+    from tinyrl.rollout.hf_engine import HFEngine
+
+    tok, chat, model = taught
+    kept, reprefill = HFEngine(model, tok), HFEngine(model, tok, keep_context_cache=False)
+    sessions = []
+    make = kept.episode_session
+    kept.episode_session = lambda: sessions.append(make()) or sessions[-1]
+    sampling = SamplingSettings(n=4, temperature=1.3, max_new_tokens=160, seed=5)
+    a, b = _episodes(kept, chat, sampling), _episodes(reprefill, chat, sampling)
+    assert len(sessions) == 1 and not sessions[0].kept  # the kept path ran, and freed its caches at the end
+    assert [e.response_ids for e in a.episodes] == [e.response_ids for e in b.episodes]
+    assert [e.policy_mask for e in a.episodes] == [e.policy_mask for e in b.episodes]
+    for x, y in zip(a.episodes, b.episodes):
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
+    tools = {t.end - t.start for e in a.episodes for t in e.turns if t.role == "tool"}
+    ends = {sum(t.role == "assistant" for t in e.turns) for e in a.episodes}
+    assert len(tools) > 1 and len(ends) > 1, (tools, ends)  # tool turns of different lengths; ends at turns 1 and 2+
+    # prefilled: each prompt once for its 4 samples, then per later turn the previous turn's stop
+    # token and the tool turn only (re-prefilling feeds each later turn's whole context)
+    assert sessions[0].prefilled == sum(len(e.prompt_ids) for e in a.episodes[::4]) + \
+        sum(1 + t.end - t.start for e in a.episodes for t in e.turns if t.role == "tool")
+
+
 @pytest.mark.vllm
 @pytest.mark.xdist_group("vllm")
 def test_vllm_engine_runs_multi_turn_episodes(taught, vllm_engine):

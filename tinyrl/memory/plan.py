@@ -94,7 +94,7 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
     `multi_turn` (a task with tools): an episode's tokens after the prompt, tool turns included,
     are bounded by `response_len` (rollout.max_response_length), so every phase is already priced
     at prompt_len + response_len per episode; what the turns add is the hf engine's prefill of a
-    tool turn into each episode's own, grown context (_hf_generate_parts)."""
+    tool turn on top of each episode's own kept cache (_hf_generate_parts)."""
     if quantize not in (None, "nf4") or (quantize == "nf4" and finetune != "lora"):
         raise TinyRLError(f"quantize={quantize!r} with finetune={finetune!r} cannot be planned",
                           hint="NF4 (QLoRA) quantises a frozen base: use it with finetune=lora")
@@ -143,7 +143,8 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
         prefill = rollout.parts.get("hf_turn_prefill_transient")
         notes.append(f"multi-turn: each episode (assistant and tool turns) is priced at its limit, "
                      f"{prompt_len} + {response_len} tokens"
-                     + (f"; a tool turn's prefill into every episode's context copies K/V for "
+                     + (f"; the HF engine keeps each episode's KV cache across turns, and a tool turn's "
+                        f"prefill on top of it copies K/V for "
                         f"{prefill / GiB:.2f} GiB (rollout activations)" if prefill else "")
                      + "; the tool's processes use host RAM, not the card")
     if quantize == "nf4":
@@ -233,10 +234,13 @@ def _hf_generate_parts(spec: dict, seqs: int, seq: int, prompts: int, prompt_len
     with a padding mask, one layer at a time), or a decode step's (its sampling temporaries,
     plus the same copy where the loop cannot avoid it: sliding-window layers keep transformers'
     own masks). With LoRA, merged_adapter's exact-restore fixes (the most it may keep).
-    Multi-turn: a tool turn is prefilled into each episode's own context, which is no longer
-    shared by a prompt's n samples: the same copy over every episode and up to the whole
-    sequence (whether the engine keeps its cache and prefills the new tokens only, or
-    re-prefills the conversation: the copy is of the keys, so as large either way)."""
+    Multi-turn: the engine keeps each episode's KV cache across turns (hf_engine.KeptCacheSession:
+    during the tool calls the card holds each going-on episode's own context, no padding, within
+    hf_kv_cache) and a later turn prefills only the added tokens (stop token + tool turn) on top
+    of it; that prefill attends to the whole kept context with a mask, so transformers' sdpa
+    copies K/V to every query head over every episode and up to the whole sequence: the same
+    copy as re-prefilling the conversation (the copy is of the keys), no longer shared by a
+    prompt's n samples. What keeping the cache saves is compute (prefill tokens), not this peak."""
     decode = fm.hf_decode_transient_bytes(spec, seqs, seq, expands_kv=bool(spec.get("use_sliding_window")))
     transients = {"hf_decode_transient": max(decode, fm.kv_expansion_bytes(spec, prompts, prompt_len))}
     if multi_turn:

@@ -52,6 +52,48 @@ def sample_tokens(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
     a row holds pad_id (log-prob 0 there: callers cut rows at the stop token). Log-probs are
     those of the distribution sampled from (after the warpers); greedy: log_softmax of the raw
     logits. Runs under the caller's no_grad / eval mode."""
+    tokens, logprobs, _ = _sample(model, ids, mask, n=n, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
+                                  pad_id=pad_id, warpers=warpers, greedy=greedy)
+    return tokens, logprobs
+
+
+def can_keep_cache(model: torch.nn.Module) -> bool:
+    """Whether `sample_tokens_kept` can run for this model: the decode loop's own boolean masks
+    and preallocated layers (sdpa, full attention only; a sliding-window layer drops keys)."""
+    config = _config(model)
+    return config._attn_implementation in _BOOL_MASK_ATTENTION and set(_layer_types(config)) == {"full_attention"}
+
+
+class RowCache:
+    """One sequence's kept KV cache: per layer (keys, values) [H, L, D] of its L real tokens
+    (positions 0..L-1, no padding), what a later turn's prefill goes on from."""
+
+    def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.layers = layers
+        self.length = layers[0][0].shape[-2]
+
+
+def sample_tokens_kept(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, *, n: int,
+                       max_new_tokens: int, stop_ids: list[int], pad_id: int, warpers: list, greedy: bool,
+                       past: list[RowCache] | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, list[RowCache | None]]:
+    """sample_tokens that keeps each row's cache for a next turn (the turn loop, issue 28.4).
+
+    past None: as sample_tokens. past [P] (n = 1): row r's context so far is past[r] and ids[r]
+    (mask [P, Q], left-padded) are the tokens added since (the previous turn's stop token, which
+    was sampled but never fed, then the tool turn): only those are prefilled, on top of past[r],
+    at positions past[r].length + 0, 1, ... (what re-prefilling the whole context gives them).
+
+    -> tokens, log-probs as sample_tokens, and per row [P * n] the cache of its context and its
+    tokens BEFORE its stop token (the stop token is fed by the next turn's prefill: a row's
+    cache is the same whether the loop ran on after it stopped or not); None for a row that did
+    not stop (its episode cannot continue). Needs can_keep_cache(model)."""
+    return _sample(model, ids, mask, n=n, max_new_tokens=max_new_tokens, stop_ids=stop_ids, pad_id=pad_id,
+                   warpers=warpers, greedy=greedy, past=past, keep=True)
+
+
+def _sample(model, ids, mask, *, n, max_new_tokens, stop_ids, pad_id, warpers, greedy, past=None, keep=False):
+    """The decode loop of sample_tokens / sample_tokens_kept (their docstrings)."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
@@ -59,9 +101,14 @@ def sample_tokens(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
     device = ids.device
     config = _config(model)
     cache = DynamicCache(config=config)
-    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)          # [B, W]
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                   use_cache=True, logits_to_keep=1).logits                      # prefill: transformers' masks
+    if past is None:
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)      # [B, W]
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                       use_cache=True, logits_to_keep=1).logits                  # prefill: transformers' masks
+    else:  # a later turn: the added tokens only, on top of each row's kept cache
+        assert n == 1 and len(past) == ids.shape[0], "a later turn samples once per kept row"
+        logits, mask, positions = _prefill_on(model, cache, past, ids, mask, max_new_tokens)
+        W = mask.shape[1]                                                        # kept + added slots
     if n > 1:
         cache.batch_repeat_interleave(n)
         logits, mask, positions = (t.repeat_interleave(n, dim=0) for t in (logits, mask, positions))
@@ -78,8 +125,12 @@ def sample_tokens(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
     steps = grouped_decode_attention(model) if bool_masks else contextlib.nullcontext()
     stops = torch.tensor(stop_ids, device=device)
     compactable = bool_masks and all(type(layer) is _Preallocated for layer in cache.layers)
+    if keep and not compactable:
+        raise ValueError("keeping the KV cache needs can_keep_cache(model)")
     rows = torch.arange(B, device=device)            # [L] the batch rows still computed (L <= B)
     unfinished = torch.ones(B, dtype=torch.bool, device=device)                  # [L]
+    stopped_at = torch.full((B,), -1, device=device)  # [B] the step each row sampled its stop token at
+    kept: list[RowCache | None] = [None] * B
     tokens, logprobs = [], []
     with decode_threads(device), steps:
         for step in range(max_new_tokens):
@@ -103,20 +154,78 @@ def sample_tokens(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
             del scores, logp  # the fp32 [L, V] temporaries are gone before the next forward (the plan counts so)
             tokens.append(_scatter(token, rows, B, pad_id))
             logprobs.append(_scatter(step_logp, rows, B, 0.0))
-            unfinished = unfinished & ~torch.isin(token, stops)
+            stopping = unfinished & torch.isin(token, stops)
+            unfinished = unfinished & ~stopping
+            if keep:
+                stopped_at[rows[stopping]] = step
             live = int(unfinished.sum())  # one host sync a step, as generate's own stop check
             if not live:
                 break
             if compactable and live <= len(rows) // 2:  # drop finished rows from the batch
-                keep = unfinished.nonzero()[:, 0]
-                rows, token, position, keys, unfinished = (t[keep] for t in (rows, token, position, keys, unfinished))
+                stay = unfinished.nonzero()[:, 0]
+                if keep:  # the rows leaving the batch take their caches along
+                    _keep_rows(cache, keys, W, rows, (~unfinished).nonzero()[:, 0], stopped_at, kept)
+                rows, token, position, keys, unfinished = (t[stay] for t in (rows, token, position, keys, unfinished))
                 for layer in cache.layers:
-                    layer.select(keep)
+                    layer.select(stay)
+    if keep:
+        _keep_rows(cache, keys, W, rows, (stopped_at[rows] >= 0).nonzero()[:, 0], stopped_at, kept, release=True)
     tokens, logprobs = torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
     if bool(torch.isnan(logprobs).any()):  # torch.multinomial's own check, once per rollout
         raise TinyRLError("the model's logits became NaN while sampling a rollout",
                           hint="the weights have diverged: lower actor.lr, or resume from an earlier checkpoint")
-    return tokens, logprobs
+    return tokens, logprobs, kept
+
+
+def _prefill_on(model, cache, past: list[RowCache], ids: torch.Tensor, added: torch.Tensor, max_new_tokens: int):
+    """Prefill ids [P, Q] (added [P, Q] marks the real ones, left-padded) on top of the rows'
+    kept caches. The caches are laid out left-padded in _Preallocated layers of C + Q + T slots
+    (C = the longest kept), so the decode loop goes on in them. -> (logits [P, 1, V], the slots'
+    mask [P, C + Q], positions [P, Q]: row r's added tokens at past[r].length + 0, 1, ...)."""
+    P, Q = ids.shape
+    device = ids.device
+    lengths = torch.tensor([r.length for r in past], device=device)             # [P]
+    C = int(lengths.max())
+    slots = C + Q
+    layers = []
+    for i in range(len(past[0].layers)):  # one layer at a time: a row's kept tensors go once copied
+        k0, v0 = past[0].layers[i]
+        k = k0.new_zeros(P, k0.shape[0], slots + max_new_tokens, k0.shape[-1])   # [P, H, C + Q + T, D]
+        v = v0.new_zeros(P, v0.shape[0], slots + max_new_tokens, v0.shape[-1])
+        for r, row in enumerate(past):
+            rk, rv = row.layers[i]
+            k[r, :, C - row.length:C] = rk
+            v[r, :, C - row.length:C] = rv
+            row.layers[i] = None
+        layers.append(_Preallocated.of(k, v, C))
+    cache.layers = layers
+    kept_mask = torch.arange(C, device=device)[None, :] >= (C - lengths)[:, None]  # [P, C]
+    mask = torch.cat([kept_mask, added.bool()], dim=1)                           # [P, C + Q]
+    positions = (lengths[:, None] + added.long().cumsum(-1) - 1).masked_fill(added == 0, 0)  # [P, Q]
+    causal = torch.arange(slots, device=device)[None, :] <= C + torch.arange(Q, device=device)[:, None]  # [Q, C + Q]
+    attend = mask[:, None, None, :] & causal[None, None]                        # [P, 1, Q, C + Q]
+    logits = model(input_ids=ids, attention_mask={"full_attention": attend}, position_ids=positions,
+                   past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    return logits, mask, positions
+
+
+def _keep_rows(cache, keys: torch.Tensor, W: int, rows: torch.Tensor, which: torch.Tensor,
+               stopped_at: torch.Tensor, kept: list, release: bool = False) -> None:
+    """Copy out the caches of batch positions `which` (rows that stopped): each row's context
+    slots (keys[:, :W]) and the slots of its tokens before its stop token (W .. W + stop - 1).
+    release: the batch is done, each layer's buffers go as soon as its rows are copied, so the
+    copies and the batch's cache never coexist beyond one layer (the plan's hf_kv_cache)."""
+    picked = [(i, int(rows[i])) for i in which.tolist()]
+    slots = {row: torch.cat([keys[i, :W].nonzero()[:, 0],
+                             torch.arange(W, W + int(stopped_at[row]), device=keys.device)]) for i, row in picked}
+    layers: dict[int, list] = {row: [] for _, row in picked}
+    for layer in cache.layers:
+        for i, row in picked:
+            layers[row].append((layer._k[i].index_select(-2, slots[row]), layer._v[i].index_select(-2, slots[row])))
+        if release:
+            layer._k = layer._v = None
+    for row, kv in layers.items():
+        kept[row] = RowCache(kv)
 
 
 GROUPED_DECODE_ATTENTION = "tinyrl_grouped_decode"
@@ -244,6 +353,13 @@ class _Preallocated:
         self._k[..., :self.length, :] = k
         self._v[..., :self.length, :] = v
         self.is_initialized = True
+
+    @classmethod
+    def of(cls, k: torch.Tensor, v: torch.Tensor, length: int) -> "_Preallocated":
+        """Buffers k, v [B, H, total, D] whose first `length` slots are filled."""
+        layer = cls.__new__(cls)
+        layer._k, layer._v, layer.length, layer.is_initialized = k, v, length, True
+        return layer
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         start, self.length = self.length, self.length + key_states.shape[-2]

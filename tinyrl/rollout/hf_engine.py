@@ -28,17 +28,17 @@ import torch
 
 from tinyrl.memory.formulas import MERGE_FIX_DENOMINATOR
 from tinyrl.rollout.base import Episode, RolloutResult, SamplingSettings
-from tinyrl.rollout.decode import sample_tokens
+from tinyrl.rollout.decode import RowCache, can_keep_cache, sample_tokens, sample_tokens_kept
 
 
 class HFEngine:
     name = "hf"
     sleep_supported = False
-    # Episodes with tools (rollout/turns.py): each turn after the first is a new generate() over
-    # the grown contexts, which re-prefills prompt + episode so far (the KV cache is not kept
-    # across turns: tool calls end some rows' turns while others decode, and the loop is generic).
+    # Episodes with tools (rollout/turns.py): `episode_session()` keeps each episode's KV cache
+    # across turns (decode.sample_tokens_kept), so a turn after the first prefills only the
+    # tokens added since (the stop token and the tool turn); without it (a model whose attention
+    # the kept cache does not support, or keep_context_cache=False) each turn re-prefills.
     multi_turn = True
-    keeps_context_cache = False
 
     def __init__(
         self,
@@ -49,6 +49,7 @@ class HFEngine:
         max_batch_sequences: int = 256,
         adapter_name: str = "actor",
         merge_adapter: bool = True,
+        keep_context_cache: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -58,6 +59,16 @@ class HFEngine:
         self.merge_adapter = merge_adapter  # off: sample through peft's LoRA layers (the slow path)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.stop_ids = _stop_ids(model, tokenizer)
+        self.keep_context_cache = keep_context_cache  # off: every later turn re-prefills (the reference path)
+
+    @property
+    def keeps_context_cache(self) -> bool:
+        """Whether episode_session() keeps the KV cache across turns for this model."""
+        return self.keep_context_cache and can_keep_cache(self.model)
+
+    def episode_session(self) -> "KeptCacheSession | None":
+        """What the turn loop generates through (KeptCacheSession); None: re-prefill each turn."""
+        return KeptCacheSession(self) if self.keeps_context_cache else None
 
     # -- the interface ------------------------------------------------------------------
 
@@ -93,26 +104,23 @@ class HFEngine:
     def _generate_chunk(
         self, prompts: list[list[int]], offset: int, n: int, sampling: SamplingSettings
     ) -> list[Episode]:
-        from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+        ids, mask = self._left_padded(prompts)
+        tokens, logprobs = sample_tokens(self.model, ids, mask, n=n, max_new_tokens=sampling.max_new_tokens,
+                                         stop_ids=self.stop_ids, pad_id=self.pad_id, warpers=_warpers(sampling),
+                                         greedy=sampling.greedy)
+        return self._episodes(prompts, offset, n, tokens, logprobs)
 
+    def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> ids, mask [P, W] on the engine's device, each prompt left-padded to the longest."""
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts])   # [P, W]
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])  # [P, W]
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        return ids.to(self.device), mask.to(self.device)
 
-        # Temperature, then top_p: transformers' warpers, so the semantics are generate's; the
-        # recorded log-probs are those of the distribution actually sampled from.
-        warpers: list = []
-        if not sampling.greedy:
-            if sampling.temperature != 1.0:
-                warpers.append(TemperatureLogitsWarper(sampling.temperature))
-            if sampling.top_p < 1.0:
-                warpers.append(TopPLogitsWarper(sampling.top_p))
-        tokens, logprobs = sample_tokens(self.model, ids, mask, n=n, max_new_tokens=sampling.max_new_tokens,
-                                         stop_ids=self.stop_ids, pad_id=self.pad_id, warpers=warpers,
-                                         greedy=sampling.greedy)
+    def _episodes(self, prompts: list[list[int]], offset: int, n: int, tokens: torch.Tensor,
+                  logprobs: torch.Tensor) -> list[Episode]:
+        """tokens, logprobs [P*n, steps] -> one episode per row, cut after its stop token."""
         generated, logprobs = tokens.cpu(), logprobs.cpu()  # [P*n, steps]
-
         episodes = []
         stops = set(self.stop_ids)
         for row in range(generated.shape[0]):
@@ -161,6 +169,89 @@ class HFEngine:
                     f"rollouts must sample from the {self.adapter_name!r} adapter, but "
                     f"{active!r} is active: call model.set_adapter({self.adapter_name!r}) first"
                 )
+
+
+def _warpers(sampling: SamplingSettings) -> list:
+    """Temperature, then top_p: transformers' warpers, so the semantics are generate's; the
+    recorded log-probs are those of the distribution actually sampled from."""
+    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+    warpers: list = []
+    if not sampling.greedy:
+        if sampling.temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(sampling.temperature))
+        if sampling.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(sampling.top_p))
+    return warpers
+
+
+class KeptCacheSession:
+    """The HF engine across the turns of a batch of episodes (rollout/turns.py), keeping each
+    episode's KV cache between turns: `generate(contexts, sampling, keys)` as engine.generate,
+    with the same chunks, seeds and RNG draws, so its episodes equal re-prefilling's
+    (tests/test_turns_kv.py). The first call (keys None) samples sampling.n episodes per prompt
+    and names them 0, 1, ... in result order; a later call continues episodes `keys` (n = 1):
+    contexts[i] is episode keys[i]'s whole context, which starts with what its cache holds, and
+    only the rest is prefilled. An episode not continued loses its cache (`retain` drops it
+    earlier, before the tool calls run). The caches live on the engine's device between turns:
+    at most one episode's context each (the memory plan's hf_kv_cache)."""
+
+    def __init__(self, engine: HFEngine) -> None:
+        self.engine = engine
+        self.kept: dict[int, tuple[list[int], RowCache]] = {}  # key -> (the ids its cache holds, the cache)
+        self.prefilled = 0  # real tokens fed to prefills (benchmarks/turn_loop.py prints it)
+
+    def generate(self, contexts: list[list[int]], sampling: SamplingSettings,
+                 keys: list[int] | None = None) -> RolloutResult:
+        engine = self.engine
+        engine._check_adapter()
+        first = keys is None
+        n = (1 if sampling.greedy else sampling.n) if first else 1
+        if first:
+            self.kept.clear()
+            keys = list(range(len(contexts) * n))
+        else:
+            self.retain(keys)
+        per_call = max(1, engine.max_batch_sequences // n)  # engine.generate's chunks: the same RNG draws
+        result = RolloutResult()
+        merged = merged_adapter(engine.model, engine.adapter_name) if engine.merge_adapter else contextlib.nullcontext()
+        with engine._generation_mode(), merged, engine._seeded(sampling.seed):
+            for start in range(0, len(contexts), per_call):
+                chunk = contexts[start:start + per_call]
+                chunk_keys = keys[start * n:(start + len(chunk)) * n]
+                past = None if first else [self._take(k, c) for k, c in zip(chunk_keys, chunk)]
+                added = chunk if first else [p.ids for p in past]
+                self.prefilled += sum(map(len, added))
+                ids, mask = engine._left_padded(added)
+                tokens, logprobs, caches = sample_tokens_kept(
+                    engine.model, ids, mask, n=n, max_new_tokens=sampling.max_new_tokens, stop_ids=engine.stop_ids,
+                    pad_id=engine.pad_id, warpers=_warpers(sampling), greedy=sampling.greedy,
+                    past=None if first else [p.cache for p in past])
+                episodes = engine._episodes(chunk, start, n, tokens, logprobs)
+                for key, e, cache in zip(chunk_keys, episodes, caches):
+                    if cache is not None and e.finished:  # holds its context + tokens before the stop token
+                        self.kept[key] = (e.prompt_ids + e.response_ids[:-1], cache)
+                result.episodes.extend(episodes)
+        return result
+
+    def retain(self, keys: list[int]) -> None:
+        """Free the caches of every episode not in `keys`."""
+        wanted = set(keys)
+        for key in [k for k in self.kept if k not in wanted]:
+            del self.kept[key]
+
+    def _take(self, key: int, context: list[int]) -> "_Past":
+        """Episode `key`'s cache, checked against its context (a cache of other tokens is a bug)."""
+        held, cache = self.kept.pop(key)
+        if context[:len(held)] != held or len(context) == len(held):
+            raise RuntimeError(f"episode {key}'s context does not extend the {len(held)} tokens its kept "
+                               f"KV cache holds")
+        return _Past(context[len(held):], cache)
+
+
+class _Past:
+    def __init__(self, ids: list[int], cache: RowCache) -> None:
+        self.ids, self.cache = ids, cache
 
 
 @contextlib.contextmanager

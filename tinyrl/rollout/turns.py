@@ -93,6 +93,7 @@ class _Live:
     tool_calls: list[ToolCall] = field(default_factory=list)
     finished_turn: bool = False       # the last assistant turn ended with a stop token
     stop_reason: str = ""
+    key: int = 0                      # its index in the turn-1 result: the engine session's name for it
 
     def add_assistant(self, tokens: list[int], logprobs: list[float] | None, finished: bool, text: str) -> None:
         start = len(self.ids)
@@ -134,9 +135,11 @@ def run_episodes(engine, prompt_ids: list[list[int]], sampling: SamplingSettings
     budget = sampling.max_new_tokens
     schemas = {name: tool.schema for name, tool in tools.items()}
     stops = set(getattr(engine, "stop_ids", [])) | chat.stop_ids
+    session = _session(engine)
     lives: list[_Live] = []
-    for e in engine.generate(prompt_ids, sampling).episodes:
-        live = _Live(e.prompt_index, list(e.prompt_ids), logprobs=[] if e.logprobs is not None else None)
+    for e in session.generate(prompt_ids, sampling).episodes:
+        live = _Live(e.prompt_index, list(e.prompt_ids), logprobs=[] if e.logprobs is not None else None,
+                     key=len(lives))
         live.add_assistant(e.response_ids, e.logprobs, e.finished, _assistant_text(chat, e.response_ids, stops))
         lives.append(live)
     active = list(lives)
@@ -144,6 +147,7 @@ def run_episodes(engine, prompt_ids: list[list[int]], sampling: SamplingSettings
     with ThreadPoolExecutor(max_workers=limits.workers(), thread_name_prefix="tinyrl-tool") as pool:
         while active:
             calling = _next_calls(active, schemas, limits, budget)
+            session.retain([live.key for live, _ in calling])  # the others' caches go before the calls run
             if not calling:
                 break
             outcomes = _run_calls(pool, calling, tools, limits, chat.tokenizer)
@@ -158,7 +162,8 @@ def run_episodes(engine, prompt_ids: list[list[int]], sampling: SamplingSettings
                 live.add_tool(tokens, [r.text for r in results])
                 grown.append(live)
             turn += 1
-            active = _continue(engine, grown, sampling, budget, turn, chat, stops)
+            active = _continue(session, grown, sampling, budget, turn, chat, stops)
+    session.retain([])
     for live in lives:
         live.stop_reason = live.stop_reason or ("stop" if live.finished_turn else "length")
     result = RolloutResult([live.episode() for live in lives])
@@ -241,7 +246,28 @@ def turn_seed(seed: int | None, turn: int) -> int | None:
     return None if seed is None else (seed * 1_000_003 + turn * 7_919) % (2**31 - 1)
 
 
-def _continue(engine, grown: list[_Live], sampling: SamplingSettings, budget: int, turn: int,
+class _Reprefill:
+    """A session for an engine without one: each turn is engine.generate over the whole grown
+    contexts (vLLM serves their prefixes from its prefix cache; HF without a kept cache
+    re-prefills them)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def generate(self, contexts: list[list[int]], sampling: SamplingSettings, keys: list[int] | None = None):
+        return self.engine.generate(contexts, sampling)
+
+    def retain(self, keys: list[int]) -> None:
+        pass
+
+
+def _session(engine):
+    """The engine's own episode session (the HF engine's kept KV cache), else _Reprefill."""
+    make = getattr(engine, "episode_session", None)
+    return (make() if make is not None else None) or _Reprefill(engine)
+
+
+def _continue(session, grown: list[_Live], sampling: SamplingSettings, budget: int, turn: int,
               chat: ToolChat, stops: set[int]) -> list[_Live]:
     """The next assistant turn of every grown episode, in one generate call. -> those still going"""
     if not grown:
@@ -249,7 +275,8 @@ def _continue(engine, grown: list[_Live], sampling: SamplingSettings, budget: in
     left = [budget - len(live.ids) for live in grown]
     settings = replace(sampling, n=1, max_new_tokens=max(left), max_new_tokens_per_prompt=left,
                        seed=turn_seed(sampling.seed, turn))
-    out = engine.generate([live.prompt_ids + live.ids for live in grown], settings).episodes
+    out = session.generate([live.prompt_ids + live.ids for live in grown], settings,
+                           [live.key for live in grown]).episodes
     for live, e, room in zip(grown, out, left):
         tokens = e.response_ids[:room]
         lp = None if e.logprobs is None else e.logprobs[:room]

@@ -1,0 +1,106 @@
+"""The HF engine's kept KV cache across turns (KeptCacheSession, decode.sample_tokens_kept):
+a later turn prefills only the tokens added since the last one, on top of each episode's kept
+cache, and must give exactly what re-prefilling the whole grown context gives (engine.generate
+with the same seed): the same tokens and the same log-probs to 1e-5. The turn loop's own
+episodes are compared the same way in tests/test_turns_engines.py (the taught model)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tinyrl.data.templates import countdown_prompt
+from tinyrl.rollout.base import SamplingSettings
+from tinyrl.rollout.hf_engine import HFEngine, KeptCacheSession
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    # different lengths: left padding in the first prefill
+    return [tok(countdown_prompt(nums, target, template))["input_ids"] for nums, target, template in
+            [([3, 17, 40], 60, "base"), ([19, 36, 55, 7], 98, "qwen-instruct"), ([8, 2, 91, 44], 5, "base")]]
+
+
+def _same(kept, ref) -> None:
+    assert [e.response_ids for e in kept.episodes] == [e.response_ids for e in ref.episodes]
+    for a, b in zip(kept.episodes, ref.episodes):
+        assert max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs)), default=0.0) < 1e-5, (a.logprobs, b.logprobs)
+
+
+@pytest.mark.parametrize("batch", [256, 4])  # 4: turn 1 one prompt (x 3) per chunk, later turns 4 rows per chunk
+def test_kept_cache_turns_equal_reprefilled_turns(tiny_fp32_model, tok, prompts, batch):
+    """Three turns over 3 prompts x n = 3: after each, the episodes that stopped (their stop
+    token sampled, not yet fed) get 1-9 inserted tokens (a tool turn's stand-in, a different
+    length per row) and every other one of them goes on, so rows differ in kept length, in
+    added length and in the turn they stop at, and rows leave the decode batch mid-turn."""
+    engine = HFEngine(tiny_fp32_model, tok, "cpu", max_batch_sequences=batch)
+    reference = HFEngine(tiny_fp32_model, tok, "cpu", max_batch_sequences=batch, keep_context_cache=False)
+    assert engine.keeps_context_cache and not reference.keeps_context_cache
+    session = engine.episode_session()
+    assert isinstance(session, KeptCacheSession) and reference.episode_session() is None
+    rng = random.Random(0)
+    sampling = SamplingSettings(n=3, temperature=1.0, max_new_tokens=40, seed=7)
+    first = session.generate(prompts, sampling)
+    _same(first, reference.generate(prompts, sampling))
+    contexts = {k: e.prompt_ids + e.response_ids for k, e in enumerate(first.episodes) if e.finished}
+    assert len({len(e.response_ids) for e in first.episodes}) > 3  # rows stop at different steps
+    continued = 0
+    for turn in (2, 3):
+        keys = sorted(contexts)[::2]  # some stopped episodes go on, the others end here
+        grown = [contexts[k] + [rng.randrange(10, 400) for _ in range(rng.randint(1, 9))] for k in keys]
+        later = SamplingSettings(n=1, temperature=1.0, max_new_tokens=30, seed=100 + turn)
+        kept = session.generate(grown, later, keys)
+        _same(kept, reference.generate(grown, later))
+        continued += len(keys)
+        contexts = {k: c + e.response_ids for k, c, e in zip(keys, grown, kept.episodes) if e.finished}
+        assert set(session.kept) == set(contexts)  # what stopped keeps its cache, the rest is freed
+    assert continued >= 4
+    # only the added tokens were prefilled after turn 1
+    session.retain([])
+    assert not session.kept
+
+
+def test_a_context_that_does_not_extend_the_kept_cache_is_refused(tiny_fp32_model, tok, prompts):
+    session = HFEngine(tiny_fp32_model, tok, "cpu").episode_session()
+    first = session.generate(prompts, SamplingSettings(n=3, max_new_tokens=40, seed=7))
+    key = next(k for k, e in enumerate(first.episodes) if e.finished)
+    e = first.episodes[key]
+    wrong = [e.prompt_ids[:-1] + [e.prompt_ids[-1] + 1] + e.response_ids + [5]]
+    with pytest.raises(RuntimeError, match="does not extend"):
+        session.generate(wrong, SamplingSettings(n=1, greedy=True, max_new_tokens=5), [key])
+
+
+def test_prefill_counts_only_the_added_tokens(tiny_fp32_model, tok, prompts):
+    session = HFEngine(tiny_fp32_model, tok, "cpu").episode_session()
+    first = session.generate(prompts, SamplingSettings(n=2, greedy=False, max_new_tokens=40, seed=1))
+    assert session.prefilled == sum(map(len, prompts))  # each prompt once for its n samples
+    keys = [k for k, e in enumerate(first.episodes) if e.finished][:2]
+    grown = [first.episodes[k].prompt_ids + first.episodes[k].response_ids + [11, 12, 13] for k in keys]
+    session.generate(grown, SamplingSettings(n=1, max_new_tokens=5, seed=2), keys)
+    assert session.prefilled == sum(map(len, prompts)) + 4 * len(keys)  # the stop token + 3 added each
+
+
+def test_kept_caches_are_each_episodes_own_context_as_the_plan_prices(tiny_fp32_model, tok, prompts, tiny_model_dir):
+    """Between turns (while the tools run) the card holds, per episode that goes on, the K/V of
+    its own context and nothing else: L tokens x formulas.kv_bytes_per_token, no padding, no
+    copy of the batch's buffers. So the rollout's hf_kv_cache part (every episode at its whole
+    length, memory/plan.py _hf_generate_parts) bounds it."""
+    from tinyrl.memory import formulas as fm
+    from tinyrl.memory.plan import _hf_generate_parts
+    from tinyrl.model_specs import load_spec
+
+    spec = load_spec(str(tiny_model_dir))
+    session = HFEngine(tiny_fp32_model, tok, "cpu").episode_session()
+    first = session.generate(prompts, SamplingSettings(n=3, max_new_tokens=40, seed=7))
+    assert session.kept
+    for key, (ids, cache) in session.kept.items():
+        e = first.episodes[key]
+        assert ids == e.prompt_ids + e.response_ids[:-1] and cache.length == len(ids)
+        held = sum(t.untyped_storage().nbytes() for kv in cache.layers for t in kv)
+        assert held == len(ids) * fm.kv_bytes_per_token(spec, "fp32")  # each tensor its own storage
+    longest = max(map(len, prompts)) + 40
+    parts = _hf_generate_parts(spec, len(first.episodes), longest, len(prompts), max(map(len, prompts)),
+                               {"finetune": "full"}, multi_turn=True)
+    kept = sum(len(ids) for ids, _ in session.kept.values()) * fm.kv_bytes_per_token(spec, "fp32")
+    assert kept <= parts["hf_kv_cache"] * fm.dtype_bytes("fp32") // fm.dtype_bytes("bf16")
