@@ -132,6 +132,66 @@ def test_hf_kept_cache_episodes_equal_reprefilled_episodes(taught):
         sum(1 + t.end - t.start for e in a.episodes for t in e.turns if t.role == "tool")
 
 
+def _delayed(delays):
+    """The code tool, each call first sleeping the next of `delays` seconds (calls run two at a
+    time: which call gets which delay, and so which episodes are ready first, varies)."""
+    import itertools
+    import threading
+    import time
+
+    lock, it = threading.Lock(), itertools.cycle(delays)
+
+    def run(arguments, **limits):
+        with lock:
+            pause = next(it)
+        time.sleep(pause)
+        return CODE.run(arguments, **limits)
+
+    return Tool(CODE.name, CODE.schema, run)
+
+
+def test_a_seeded_rollout_repeats_whatever_the_tool_timings(taught):
+    """A slow call holds back its own episode only: the loop continues the episodes whose calls
+    are back while the others run, so the batches of later turns depend on timing; each
+    episode's later turns sample with their own seed, so the episodes do not. Two runs with
+    different call delays: the same episodes (tokens, turns, tool statuses; log-probs to 1e-5,
+    the batches' padding differs), and their later turns came in different batches."""
+    from tinyrl.rollout.hf_engine import HFEngine
+
+    tok, chat, model = taught
+    msgs = [_messages(a, b) for a, b in QUESTIONS]
+    sampling = SamplingSettings(n=4, temperature=1.3, max_new_tokens=160, seed=6)  # later turns vary by seed
+    runs = []
+    for delays in ([0.0, 0.8, 0.0, 1.6, 0.4], [1.2, 0.0, 0.6, 0.0, 0.0, 0.3]):
+        engine = HFEngine(model, tok)
+        batches = []
+        make = engine.episode_session
+
+        def session(make=make, batches=batches):
+            inner = make()
+            real = inner.generate
+
+            def generate(contexts, settings, keys=None):
+                batches.append(None if keys is None else tuple(keys))
+                return real(contexts, settings, keys)
+            inner.generate = generate
+            return inner
+        engine.episode_session = session
+        res = run_episodes(engine, [chat.render(m, True) for m in msgs], sampling, chat=chat,
+                           tools={"code_interpreter": _delayed(delays)},
+                           limits=EpisodeLimits(tool_timeout_s=10.0, tool_workers=2), messages=msgs)
+        runs.append((res, batches))
+    (a, batches_a), (b, batches_b) = runs
+    assert [e.response_ids for e in a.episodes] == [e.response_ids for e in b.episodes]
+    assert [e.turns for e in a.episodes] == [e.turns for e in b.episodes]
+    assert [[c.status for c in e.tool_calls] for e in a.episodes] == [[c.status for c in e.tool_calls]
+                                                                      for e in b.episodes]
+    for x, y in zip(a.episodes, b.episodes):
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
+    assert sum(len(e.tool_calls) for e in a.episodes) >= 4
+    assert batches_a != batches_b and max(len(batches_a), len(batches_b)) > 3, (batches_a, batches_b)
+
+
 @pytest.mark.vllm
 @pytest.mark.xdist_group("vllm")
 def test_vllm_engine_runs_multi_turn_episodes(taught, vllm_engine):

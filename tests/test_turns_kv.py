@@ -50,6 +50,8 @@ def test_kept_cache_turns_equal_reprefilled_turns(tiny_fp32_model, tok, prompts,
         keys = sorted(contexts)[::2]  # some stopped episodes go on, the others end here
         grown = [contexts[k] + [rng.randrange(10, 400) for _ in range(rng.randint(1, 9))] for k in keys]
         later = SamplingSettings(n=1, temperature=1.0, max_new_tokens=30, seed=100 + turn)
+        session.retain(keys)  # as the turn loop does before the tool calls run
+        assert set(session.kept) == set(keys)
         kept = session.generate(grown, later, keys)
         _same(kept, reference.generate(grown, later))
         continued += len(keys)
@@ -104,3 +106,65 @@ def test_kept_caches_are_each_episodes_own_context_as_the_plan_prices(tiny_fp32_
                                {"finetune": "full"}, multi_turn=True)
     kept = sum(len(ids) for ids, _ in session.kept.values()) * fm.kv_bytes_per_token(spec, "fp32")
     assert kept <= parts["hf_kv_cache"] * fm.dtype_bytes("fp32") // fm.dtype_bytes("bf16")
+
+
+def test_a_row_with_its_own_seed_samples_the_same_in_any_batch(tiny_fp32_model, tok, prompts):
+    """seeds_per_prompt: a row's tokens depend on its context and its seed, not on which rows
+    share the call or where it sits (the turn loop's later turns come in timing-made batches)."""
+    engine = HFEngine(tiny_fp32_model, tok, "cpu")
+    seeds = [11, 22, 33]
+    together = engine.generate(prompts, SamplingSettings(n=1, max_new_tokens=30, seed=1, seeds_per_prompt=seeds))
+    backwards = engine.generate(prompts[::-1], SamplingSettings(n=1, max_new_tokens=30, seed=2,
+                                                                seeds_per_prompt=seeds[::-1]))
+    alone = [engine.generate([p], SamplingSettings(n=1, max_new_tokens=30, seed=3, seeds_per_prompt=[s]))
+             for p, s in zip(prompts, seeds)]
+    assert len({tuple(e.response_ids) for e in together.episodes}) == 3
+    for i, e in enumerate(together.episodes):
+        assert e.response_ids == backwards.episodes[2 - i].response_ids == alone[i].episodes[0].response_ids
+        assert max(abs(a - b) for a, b in zip(e.logprobs, alone[i].episodes[0].logprobs)) < 1e-5
+    # and the same holds on the kept-cache path (the turn loop's later turns)
+    session = engine.episode_session()
+    first = session.generate(prompts, SamplingSettings(n=2, max_new_tokens=40, seed=7))
+    keys = [k for k, e in enumerate(first.episodes) if e.finished][:3]
+    assert len(keys) >= 2
+    grown = [first.episodes[k].prompt_ids + first.episodes[k].response_ids + [11, 12] for k in keys]
+    seeds = [100 + k for k in keys]
+    batch = session.generate(grown, SamplingSettings(n=1, max_new_tokens=20, seeds_per_prompt=seeds), keys)
+    ref = HFEngine(tiny_fp32_model, tok, "cpu", keep_context_cache=False)
+    for k, c, s, e in zip(keys, grown, seeds, batch.episodes):
+        one = ref.generate([c], SamplingSettings(n=1, max_new_tokens=20, seeds_per_prompt=[s])).episodes[0]
+        assert one.response_ids == e.response_ids
+
+
+def test_later_turns_are_seeded_by_episode_not_by_batch():
+    """The turn loop's seed for an episode's next turn is episode_seed(seed, its key, turn),
+    the same whichever episodes share the generate call."""
+    from tinyrl.rollout.turns import _continue, _Live, episode_seed
+    from tinyrl.rollout.base import Episode
+
+    class Recording:
+        def __init__(self):
+            self.seen = {}
+
+        def generate(self, contexts, settings, keys):
+            self.seen.update(zip(keys, settings.seeds_per_prompt))
+            return type("R", (), {"episodes": [Episode.single_turn(0, c, [1], [0.0], True) for c in contexts]})()
+
+    class Chat:
+        tokenizer = type("T", (), {"decode": staticmethod(lambda ids, **kw: "x")})()
+
+    def lives():
+        out = []
+        for key in range(4):
+            live = _Live(0, [5, 6], key=key)
+            live.add_assistant([7, 1], [0.0, 0.0], True, "call")
+            live.add_tool([8, 9], ["out"])
+            out.append(live)
+        return out
+
+    all_at_once, one_by_one = Recording(), Recording()
+    _continue(all_at_once, lives(), SamplingSettings(seed=9, max_new_tokens=50), 50, Chat(), {1})
+    for live in lives()[::-1]:
+        _continue(one_by_one, [live], SamplingSettings(seed=9, max_new_tokens=50), 50, Chat(), {1})
+    assert all_at_once.seen == one_by_one.seen == {k: episode_seed(9, k, 2) for k in range(4)}
+    assert len(set(all_at_once.seen.values())) == 4

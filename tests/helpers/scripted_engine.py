@@ -22,11 +22,13 @@ class ScriptedEngine:
         self.stop_ids = [tokenizer.eos_token_id]
         self.calls: list[tuple[int, int]] = []   # (contexts, max_new_tokens) per generate call
         self.seeds: list[int | None] = []        # sampling.seed per generate call
+        self.row_seeds: list[list[int] | None] = []  # sampling.seeds_per_prompt per generate call
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> RolloutResult:
         n = 1 if sampling.greedy else sampling.n
         self.calls.append((len(prompt_ids), sampling.max_new_tokens))
         self.seeds.append(sampling.seed)
+        self.row_seeds.append(sampling.seeds_per_prompt)
         out = RolloutResult()
         for i, prompt in enumerate(prompt_ids):
             context = self.tokenizer.decode(prompt, skip_special_tokens=False)

@@ -24,6 +24,11 @@ class SamplingSettings:
     # Per prompt, a smaller limit than max_new_tokens (the turn loop: budgets left differ per
     # episode); an engine may honour it (vLLM) or decode to max_new_tokens (the caller cuts).
     max_new_tokens_per_prompt: list[int] | None = None
+    # Per prompt (n = 1), its own sampling seed, used instead of `seed`: its tokens then do not
+    # depend on the other prompts of the call (the turn loop continues episodes in batches that
+    # tool timings decide: rollout/turns.py episode_seed). HF: a generator per row; vLLM: the
+    # request's seed.
+    seeds_per_prompt: list[int] | None = None
 
 
 @dataclass(frozen=True)

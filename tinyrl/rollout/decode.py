@@ -40,7 +40,8 @@ _BOOL_MASK_ATTENTION = {"sdpa", "tinyrl_packed"}
 
 
 def sample_tokens(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, *, n: int, max_new_tokens: int,
-                  stop_ids: list[int], pad_id: int, warpers: list, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                  stop_ids: list[int], pad_id: int, warpers: list, greedy: bool,
+                  generators: list[torch.Generator] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """ids, mask [P, W] left-padded prompts -> (tokens [P * n, steps], log-probs [P * n, steps]
     fp32); row r samples prompt r // n (generate's `num_return_sequences` order).
 
@@ -51,9 +52,13 @@ def sample_tokens(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
     steps <= max_new_tokens: the loop ends when every row has hit a stop id. After its stop token
     a row holds pad_id (log-prob 0 there: callers cut rows at the stop token). Log-probs are
     those of the distribution sampled from (after the warpers); greedy: log_softmax of the raw
-    logits. Runs under the caller's no_grad / eval mode."""
+    logits. Runs under the caller's no_grad / eval mode.
+
+    generators [P * n] (None: the global RNG, drawn for the whole batch as generate does): row r
+    draws from its own generator only, so its tokens do not depend on which other rows share the
+    batch (the turn loop's episodes, continued in batches that tool timings decide)."""
     tokens, logprobs, _ = _sample(model, ids, mask, n=n, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
-                                  pad_id=pad_id, warpers=warpers, greedy=greedy)
+                                  pad_id=pad_id, warpers=warpers, greedy=greedy, generators=generators)
     return tokens, logprobs
 
 
@@ -75,7 +80,7 @@ class RowCache:
 
 def sample_tokens_kept(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, *, n: int,
                        max_new_tokens: int, stop_ids: list[int], pad_id: int, warpers: list, greedy: bool,
-                       past: list[RowCache] | None = None
+                       past: list[RowCache] | None = None, generators: list[torch.Generator] | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor, list[RowCache | None]]:
     """sample_tokens that keeps each row's cache for a next turn (the turn loop, issue 28.4).
 
@@ -89,10 +94,11 @@ def sample_tokens_kept(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Te
     cache is the same whether the loop ran on after it stopped or not); None for a row that did
     not stop (its episode cannot continue). Needs can_keep_cache(model)."""
     return _sample(model, ids, mask, n=n, max_new_tokens=max_new_tokens, stop_ids=stop_ids, pad_id=pad_id,
-                   warpers=warpers, greedy=greedy, past=past, keep=True)
+                   warpers=warpers, greedy=greedy, past=past, keep=True, generators=generators)
 
 
-def _sample(model, ids, mask, *, n, max_new_tokens, stop_ids, pad_id, warpers, greedy, past=None, keep=False):
+def _sample(model, ids, mask, *, n, max_new_tokens, stop_ids, pad_id, warpers, greedy, past=None, keep=False,
+            generators=None):
     """The decode loop of sample_tokens / sample_tokens_kept (their docstrings)."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
@@ -148,7 +154,7 @@ def _sample(model, ids, mask, *, n, max_new_tokens, stop_ids, pad_id, warpers, g
             if greedy:
                 token = torch.argmax(scores, dim=-1)
             else:
-                token = _multinomial(torch.softmax(scores, dim=-1), rows, B)
+                token = _multinomial(torch.softmax(scores, dim=-1), rows, B, generators)
             token = torch.where(unfinished, token, pad_id)
             step_logp = logp.gather(1, token[:, None])[:, 0].masked_fill(~unfinished, 0.0)
             del scores, logp  # the fp32 [L, V] temporaries are gone before the next forward (the plan counts so)
@@ -316,7 +322,8 @@ def torch_threads(count: int):
         torch.set_num_threads(before)
 
 
-def _multinomial(probs: torch.Tensor, rows: torch.Tensor, B: int) -> torch.Tensor:
+def _multinomial(probs: torch.Tensor, rows: torch.Tensor, B: int,
+                 generators: list[torch.Generator] | None = None) -> torch.Tensor:
     """probs [L, V] of batch rows `rows` [L] -> one token per row [L]: torch.multinomial's own
     one-sample algorithm with the draws of the whole [B, V] batch, so dropping finished rows
     leaves the RNG stream, and every token, as the full batch's.
@@ -324,7 +331,14 @@ def _multinomial(probs: torch.Tensor, rows: torch.Tensor, B: int) -> torch.Tenso
     torch 2.13 aten/src/ATen/native/Distributions.cpp `multinomial_out`, the fast path for one
     sample (CPU and CUDA alike): `q = empty_like(p).exponential_(); argmax(p / q)`. Its input
     checks (max, min and row sums read on the host: three syncs a step) are left out: a NaN
-    shows in the log-probs and is reported once per rollout."""
+    shows in the log-probs and is reported once per rollout.
+
+    generators [B]: each computed row draws its own [V] numbers from its own generator (a
+    dropped row draws no more; its later draws are never used)."""
+    if generators is not None:
+        q = torch.stack([torch.empty(probs.shape[1], dtype=probs.dtype, device=probs.device)
+                         .exponential_(generator=generators[r]) for r in rows.tolist()])
+        return (probs / q).argmax(dim=-1)
     q = torch.empty(B, probs.shape[1], dtype=probs.dtype, device=probs.device).exponential_()
     if len(rows) < B:
         q = q.index_select(0, rows)

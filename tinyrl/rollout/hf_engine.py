@@ -107,8 +107,17 @@ class HFEngine:
         ids, mask = self._left_padded(prompts)
         tokens, logprobs = sample_tokens(self.model, ids, mask, n=n, max_new_tokens=sampling.max_new_tokens,
                                          stop_ids=self.stop_ids, pad_id=self.pad_id, warpers=_warpers(sampling),
-                                         greedy=sampling.greedy)
+                                         greedy=sampling.greedy,
+                                         generators=self._generators(sampling, offset, len(prompts), n))
         return self._episodes(prompts, offset, n, tokens, logprobs)
+
+    def _generators(self, sampling: SamplingSettings, offset: int, count: int, n: int) -> list | None:
+        """A generator per row seeded from sampling.seeds_per_prompt (None when not given)."""
+        if sampling.seeds_per_prompt is None or sampling.greedy:
+            return None
+        if n != 1:
+            raise ValueError("seeds_per_prompt needs n = 1")
+        return [torch.Generator(self.device).manual_seed(s) for s in sampling.seeds_per_prompt[offset:offset + count]]
 
     def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """-> ids, mask [P, W] on the engine's device, each prompt left-padded to the longest."""
@@ -192,8 +201,8 @@ class KeptCacheSession:
     (tests/test_turns_kv.py). The first call (keys None) samples sampling.n episodes per prompt
     and names them 0, 1, ... in result order; a later call continues episodes `keys` (n = 1):
     contexts[i] is episode keys[i]'s whole context, which starts with what its cache holds, and
-    only the rest is prefilled. An episode not continued loses its cache (`retain` drops it
-    earlier, before the tool calls run). The caches live on the engine's device between turns:
+    only the rest is prefilled. Caches are freed by `retain` (the turn loop keeps those of the
+    episodes whose tool calls run) and when an episode is continued (its new cache replaces it). The caches live on the engine's device between turns:
     at most one episode's context each (the memory plan's hf_kv_cache)."""
 
     def __init__(self, engine: HFEngine) -> None:
@@ -210,8 +219,6 @@ class KeptCacheSession:
         if first:
             self.kept.clear()
             keys = list(range(len(contexts) * n))
-        else:
-            self.retain(keys)
         per_call = max(1, engine.max_batch_sequences // n)  # engine.generate's chunks: the same RNG draws
         result = RolloutResult()
         merged = merged_adapter(engine.model, engine.adapter_name) if engine.merge_adapter else contextlib.nullcontext()
@@ -226,7 +233,8 @@ class KeptCacheSession:
                 tokens, logprobs, caches = sample_tokens_kept(
                     engine.model, ids, mask, n=n, max_new_tokens=sampling.max_new_tokens, stop_ids=engine.stop_ids,
                     pad_id=engine.pad_id, warpers=_warpers(sampling), greedy=sampling.greedy,
-                    past=None if first else [p.cache for p in past])
+                    past=None if first else [p.cache for p in past],
+                    generators=engine._generators(sampling, start, len(chunk), n))
                 episodes = engine._episodes(chunk, start, n, tokens, logprobs)
                 for key, e, cache in zip(chunk_keys, episodes, caches):
                     if cache is not None and e.finished:  # holds its context + tokens before the stop token

@@ -1,14 +1,19 @@
 """The turn loop: episodes with tools over ANY engine (it only calls `engine.generate` on token
 contexts).
 
-    turn 1      engine.generate(prompts, sampling): sampling.n episodes per prompt
+    turn 1      engine.generate(prompts, sampling): sampling.n episodes per prompt (through the
+                engine's episode session when it has one: the HF engine keeps each episode's KV
+                cache across turns; otherwise whole contexts are re-submitted, which vLLM serves
+                from its prefix cache)
     then        for every episode whose last assistant turn ended by itself (its stop token) and
-                holds hermes tool calls (tinyrl.rollout.hermes): parse them; run all calls of
-                all episodes at once in a bounded thread pool (rollout.tool_workers), each in
-                the sandbox with rollout.tool_timeout_s / tool_memory_mb; render each result
-                (tinyrl.tools.render, cut to rollout.max_tool_response_tokens tokens); append
-                the tool turn the chat template writes (policy_mask 0, log-prob 0.0); then ONE
-                engine.generate over all grown contexts (prompt + episode so far), n = 1
+                holds hermes tool calls (tinyrl.rollout.hermes): parse them and start them at
+                once in a bounded thread pool (rollout.tool_workers), each in the sandbox with
+                rollout.tool_timeout_s / tool_memory_mb. As soon as some episodes have ALL their
+                calls back: render each result (tinyrl.tools.render, cut to
+                rollout.max_tool_response_tokens tokens), append the tool turn the chat template
+                writes (policy_mask 0, log-prob 0.0) and generate their next turns in one call
+                (n = 1), while the other episodes' calls go on running; the calls those turns
+                make start at once too. So a slow call holds back its own episode only.
     stop        "stop": an assistant turn without a tool call; "length": the episode's budget
                 (sampling.max_new_tokens = rollout.max_response_length bounds ALL its tokens
                 after the prompt, tool turns included, as verl's multi-turn response length);
@@ -19,15 +24,19 @@ A bad call (not JSON, an unknown tool, bad arguments, past rollout.max_tool_call
 tool turn that says so, never an exception. Per-row budgets differ after turn 1: they go to the
 engine as `max_new_tokens_per_prompt` (vLLM stops each request at its own), and every
 continuation is cut to its own budget here too (the HF engine decodes the batch to the largest;
-the sampled prefix of a row is the same whatever the limit, the surplus is wasted decoding). Seeds: turn t
-uses a seed derived from (sampling.seed, t), so a seeded rollout repeats exactly.
+the sampled prefix of a row is the same whatever the limit, the surplus is wasted decoding).
+Seeds: turn 1 is one call with sampling.seed; a later turn of an episode samples with its own
+seed from (sampling.seed, episode, turn) (`episode_seed`, `seeds_per_prompt`), never from the
+call's other rows, so a seeded rollout repeats exactly whatever order the tool calls return in.
+Not done: a step-level engine that adds a turn to a batch already decoding (vLLM's
+LLMEngine.add_request/step); a turn waits for the generate call it joined.
 
 Knows nothing of tasks, the trainer or a particular engine.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 
 from tinyrl.rollout.base import Episode, RolloutResult, SamplingSettings, ToolCall, Turn
@@ -143,16 +152,18 @@ def run_episodes(engine, prompt_ids: list[list[int]], sampling: SamplingSettings
         live.add_assistant(e.response_ids, e.logprobs, e.finished, _assistant_text(chat, e.response_ids, stops))
         lives.append(live)
     active = list(lives)
-    turn = 1
+    pending: dict[int, tuple[_Live, list]] = {}  # key -> (episode, its calls: (tool name, Future | _Outcome))
     with ThreadPoolExecutor(max_workers=limits.workers(), thread_name_prefix="tinyrl-tool") as pool:
-        while active:
-            calling = _next_calls(active, schemas, limits, budget)
-            session.retain([live.key for live, _ in calling])  # the others' caches go before the calls run
-            if not calling:
+        while True:
+            for live, calls in _next_calls(active, schemas, limits, budget):
+                pending[live.key] = (live, _submit_calls(pool, live, calls, tools, limits))
+            session.retain(list(pending))  # the others' caches go before the calls run
+            if not pending:
                 break
-            outcomes = _run_calls(pool, calling, tools, limits, chat.tokenizer)
             grown = []
-            for (live, calls), results in zip(calling, outcomes):
+            for live, row in _wait_ready(pending):  # as soon as ONE episode's calls have all returned
+                del pending[live.key]
+                results = _outcomes(row, chat.tokenizer, limits)
                 made = len(live.turns) - 1  # the assistant turn that made these calls
                 live.tool_calls += [ToolCall(r.name, r.status, r.seconds, made) for r in results]
                 tokens = chat.tool_turn_ids([r.text for r in results])
@@ -161,8 +172,7 @@ def run_episodes(engine, prompt_ids: list[list[int]], sampling: SamplingSettings
                     continue
                 live.add_tool(tokens, [r.text for r in results])
                 grown.append(live)
-            turn += 1
-            active = _continue(session, grown, sampling, budget, turn, chat, stops)
+            active = _continue(session, grown, sampling, budget, chat, stops)
     session.retain([])
     for live in lives:
         live.stop_reason = live.stop_reason or ("stop" if live.finished_turn else "length")
@@ -199,27 +209,39 @@ def _next_calls(active: list[_Live], schemas: dict, limits: EpisodeLimits,
     return calling
 
 
-def _run_calls(pool: ThreadPoolExecutor, calling, tools: dict, limits: EpisodeLimits,
-               tokenizer) -> list[list[_Outcome]]:
-    """Every call of every calling episode, run at once in `pool`; -> outcomes per episode, in order."""
-    rows: list[list[tuple[str, object]]] = []  # per episode: (tool name, a Future or an _Outcome)
-    for live, calls in calling:
-        used = len(live.tool_calls)
-        row = []
-        for call in calls:
-            if call.status:
-                row.append((call.name, _Outcome(call.status, f"[error: {call.problem}]")))
-            elif used >= limits.max_tool_calls:
-                row.append((call.name, _Outcome("over_limit", f"[error: this episode already made "
-                            f"{limits.max_tool_calls} tool calls (rollout.max_tool_calls); this call was not run]")))
-            else:
-                used += 1
-                row.append((call.name, pool.submit(tools[call.name].run, call.arguments,
-                                                   timeout_s=limits.tool_timeout_s, memory_mb=limits.tool_memory_mb)))
-        rows.append(row)
-    return [[replace(done, name=name) if isinstance(done, _Outcome)
-             else _result(done.result(), name, tokenizer, limits.max_tool_response_tokens)
-             for name, done in row] for row in rows]
+def _submit_calls(pool: ThreadPoolExecutor, live: _Live, calls: list[ParsedCall], tools: dict,
+                  limits: EpisodeLimits) -> list[tuple[str, object]]:
+    """Start an episode's calls in `pool` -> per call (tool name, a Future or an _Outcome)."""
+    used = len(live.tool_calls)
+    row: list[tuple[str, object]] = []
+    for call in calls:
+        if call.status:
+            row.append((call.name, _Outcome(call.status, f"[error: {call.problem}]")))
+        elif used >= limits.max_tool_calls:
+            row.append((call.name, _Outcome("over_limit", f"[error: this episode already made "
+                        f"{limits.max_tool_calls} tool calls (rollout.max_tool_calls); this call was not run]")))
+        else:
+            used += 1
+            row.append((call.name, pool.submit(tools[call.name].run, call.arguments,
+                                               timeout_s=limits.tool_timeout_s, memory_mb=limits.tool_memory_mb)))
+    return row
+
+
+def _wait_ready(pending: dict[int, tuple[_Live, list]]) -> list[tuple[_Live, list]]:
+    """Block until at least one pending episode has all its calls back -> every such episode,
+    in key order (the others' calls go on running while these decode)."""
+    while True:
+        ready = [pending[k] for k in sorted(pending)
+                 if all(not isinstance(done, Future) or done.done() for _, done in pending[k][1])]
+        if ready:
+            return ready
+        wait([done for _, row in pending.values() for _, done in row if isinstance(done, Future) and not done.done()],
+             return_when=FIRST_COMPLETED)
+
+
+def _outcomes(row: list[tuple[str, object]], tokenizer, limits: EpisodeLimits) -> list[_Outcome]:
+    return [replace(done, name=name) if isinstance(done, _Outcome)
+            else _result(done.result(), name, tokenizer, limits.max_tool_response_tokens) for name, done in row]
 
 
 def _result(result, name: str, tokenizer, max_tokens: int) -> _Outcome:
@@ -241,9 +263,11 @@ def cut_to_tokens(text: str, tokenizer, max_tokens: int) -> str:
     return tokenizer.decode(ids[:keep]) + note
 
 
-def turn_seed(seed: int | None, turn: int) -> int | None:
-    """Turn `turn`'s (>= 2) sampling seed: fixed by the rollout's seed, different per turn."""
-    return None if seed is None else (seed * 1_000_003 + turn * 7_919) % (2**31 - 1)
+def episode_seed(seed: int, key: int, turn: int) -> int:
+    """The sampling seed of episode `key`'s assistant turn `turn` (>= 2): fixed by the rollout's
+    seed, different per episode and turn, and not by which episodes share its generate call
+    (tool timings decide that), so a seeded rollout repeats exactly."""
+    return (seed * 1_000_003 + key * 7_919 + turn * 104_729) % (2**31 - 1)
 
 
 class _Reprefill:
@@ -267,14 +291,16 @@ def _session(engine):
     return (make() if make is not None else None) or _Reprefill(engine)
 
 
-def _continue(session, grown: list[_Live], sampling: SamplingSettings, budget: int, turn: int,
+def _continue(session, grown: list[_Live], sampling: SamplingSettings, budget: int,
               chat: ToolChat, stops: set[int]) -> list[_Live]:
-    """The next assistant turn of every grown episode, in one generate call. -> those still going"""
+    """The next assistant turn of every grown episode, in one generate call, each with its own
+    seed (episode_seed). -> those still going"""
     if not grown:
         return []
     left = [budget - len(live.ids) for live in grown]
-    settings = replace(sampling, n=1, max_new_tokens=max(left), max_new_tokens_per_prompt=left,
-                       seed=turn_seed(sampling.seed, turn))
+    seeds = None if sampling.seed is None else [
+        episode_seed(sampling.seed, live.key, 1 + sum(t.role == "assistant" for t in live.turns)) for live in grown]
+    settings = replace(sampling, n=1, max_new_tokens=max(left), max_new_tokens_per_prompt=left, seeds_per_prompt=seeds)
     out = session.generate([live.prompt_ids + live.ids for live in grown], settings,
                            [live.key for live in grown]).episodes
     for live, e, room in zip(grown, out, left):

@@ -161,7 +161,8 @@ class VLLMEngine:
                 else sampling.max_new_tokens_per_prompt[i],
                 logprobs=0,
                 stop_token_ids=self.stop_ids,
-                seed=None if sampling.seed is None else _prompt_seed(sampling.seed, i, n),
+                seed=sampling.seeds_per_prompt[i] if sampling.seeds_per_prompt is not None
+                else None if sampling.seed is None else _prompt_seed(sampling.seed, i, n),
                 detokenize=False,
             )
             for i in range(len(prompt_ids))
