@@ -8,7 +8,11 @@ and the real tokens prefilled per episode (a prompt counts once for its n sample
 --cache picks the HF engine's path across turns: `kept` (its KV cache kept, only the added
 tokens prefilled; the default), `reprefill` (each turn re-prefills the whole context), `both`.
 
-    python benchmarks/turn_loop.py [--cache kept|reprefill|both] [--vllm]
+--slow-tool S: every 5th tool call sleeps S seconds first (a slow call among fast ones).
+--sync: the turns wait for ALL pending calls before generating (the loop before the overlap,
+emulated by replacing turns._wait_ready), to compare wall clocks on the same episodes.
+
+    python benchmarks/turn_loop.py [--cache kept|reprefill|both] [--vllm] [--slow-tool S] [--sync]
 """
 from __future__ import annotations
 
@@ -71,6 +75,18 @@ def main() -> None:
     path = build_tiny_model()
     tok, chat, model = T.taught.__wrapped__(path)
     T.QUESTIONS[:] = [(a, b) for a in range(2, 10) for b in (3, 7)]  # 16 prompts
+    if "--slow-tool" in sys.argv:
+        T.CODE = T._delayed([0.0] * 4 + [float(sys.argv[sys.argv.index("--slow-tool") + 1])])
+    if "--sync" in sys.argv:
+        from concurrent.futures import wait
+
+        import tinyrl.rollout.turns as turns
+
+        def wait_all(pending):
+            wait([done for _, row in pending.values() for _, done in row if hasattr(done, "done")])
+            return [pending[k] for k in sorted(pending)]
+
+        turns._wait_ready = wait_all
     cache = sys.argv[sys.argv.index("--cache") + 1] if "--cache" in sys.argv else "kept"
     for keep in {"kept": [True], "reprefill": [False], "both": [True, False]}[cache]:
         engine = HFEngine(model, tok, keep_context_cache=keep)

@@ -139,13 +139,13 @@ def _delayed(delays):
     import threading
     import time
 
-    lock, it = threading.Lock(), itertools.cycle(delays)
+    lock, it, real = threading.Lock(), itertools.cycle(delays), CODE.run
 
     def run(arguments, **limits):
         with lock:
             pause = next(it)
         time.sleep(pause)
-        return CODE.run(arguments, **limits)
+        return real(arguments, **limits)
 
     return Tool(CODE.name, CODE.schema, run)
 
@@ -211,3 +211,49 @@ def test_vllm_engine_runs_multi_turn_episodes(taught, vllm_engine):
                                                          max_new_tokens_per_prompt=[3, 7]))
     assert [len(e.response_ids) for e in cut.episodes] == [3, 7]
     assert [e.response_ids for e in cut.episodes] == [e.response_ids[:n] for e, n in zip(res.episodes, (3, 7))]
+
+
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+def test_vllm_later_turns_join_the_running_batch_and_repeat_whatever_the_timings(taught, vllm_engine):
+    """On vLLM an episode's next turn is added to the engine's running batch (StepSession) as
+    soon as its calls are back; with a seed per episode and turn (a request's own seed), two
+    runs with different call delays give the same episodes, though the turns were submitted in
+    a different order."""
+    from tinyrl.rollout.vllm_engine import StepSession
+
+    tok, chat, model = taught
+    vllm_engine.sync_weights(model)
+    msgs = [_messages(a, b) for a, b in QUESTIONS]
+    sampling = SamplingSettings(n=4, temperature=1.0, max_new_tokens=160, seed=6)
+    runs = []
+    for delays in ([0.0, 0.8, 0.0, 1.6, 0.4], [1.2, 0.0, 0.6, 0.0, 0.0, 0.3]):
+        order = []
+        make = vllm_engine.episode_session
+
+        def session(make=make, order=order):
+            inner = make()
+            real = inner.submit
+
+            def submit(key, context, settings):
+                order.append(key)
+                return real(key, context, settings)
+            inner.submit = submit
+            return inner
+        vllm_engine.episode_session = session
+        try:
+            res = run_episodes(vllm_engine, [chat.render(m, True) for m in msgs], sampling, chat=chat,
+                               tools={"code_interpreter": _delayed(delays)},
+                               limits=EpisodeLimits(tool_timeout_s=10.0, tool_workers=2), messages=msgs)
+        finally:
+            del vllm_engine.episode_session
+        runs.append((res, order))
+    assert isinstance(vllm_engine.episode_session(), StepSession)
+    (a, order_a), (b, order_b) = runs
+    assert [e.response_ids for e in a.episodes] == [e.response_ids for e in b.episodes]
+    assert [[c.status for c in e.tool_calls] for e in a.episodes] == [[c.status for c in e.tool_calls]
+                                                                      for e in b.episodes]
+    for x, y in zip(a.episodes, b.episodes):
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-4
+    assert len(order_a) >= 4 and order_a != order_b, (order_a, order_b)
+    assert not vllm_engine.llm.llm_engine.has_unfinished_requests()

@@ -202,8 +202,9 @@ class KeptCacheSession:
     and names them 0, 1, ... in result order; a later call continues episodes `keys` (n = 1):
     contexts[i] is episode keys[i]'s whole context, which starts with what its cache holds, and
     only the rest is prefilled. Caches are freed by `retain` (the turn loop keeps those of the
-    episodes whose tool calls run) and when an episode is continued (its new cache replaces it). The caches live on the engine's device between turns:
-    at most one episode's context each (the memory plan's hf_kv_cache)."""
+    episodes whose tool calls run) and when an episode is continued (its new cache replaces
+    it). They live on the engine's device between turns: each episode's own context, no
+    padding (within the memory plan's hf_kv_cache)."""
 
     def __init__(self, engine: HFEngine) -> None:
         self.engine = engine

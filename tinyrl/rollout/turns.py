@@ -28,8 +28,10 @@ the sampled prefix of a row is the same whatever the limit, the surplus is waste
 Seeds: turn 1 is one call with sampling.seed; a later turn of an episode samples with its own
 seed from (sampling.seed, episode, turn) (`episode_seed`, `seeds_per_prompt`), never from the
 call's other rows, so a seeded rollout repeats exactly whatever order the tool calls return in.
-Not done: a step-level engine that adds a turn to a batch already decoding (vLLM's
-LLMEngine.add_request/step); a turn waits for the generate call it joined.
+An engine whose session `steps` (vLLM's StepSession: LLMEngine.add_request / step) takes each
+episode's next turn into its running batch as soon as that episode's calls are back, and the
+loop steps it while other calls run; with a blocking session (HF) the ready episodes' turns
+go in one generate call, and calls that return meanwhile wait for that call to end.
 
 Knows nothing of tasks, the trainer or a particular engine.
 """
@@ -152,26 +154,29 @@ def run_episodes(engine, prompt_ids: list[list[int]], sampling: SamplingSettings
         live.add_assistant(e.response_ids, e.logprobs, e.finished, _assistant_text(chat, e.response_ids, stops))
         lives.append(live)
     active = list(lives)
+    by_key = {live.key: live for live in lives}
     pending: dict[int, tuple[_Live, list]] = {}  # key -> (episode, its calls: (tool name, Future | _Outcome))
+    stepping = getattr(session, "steps", False)   # the engine takes a turn into a batch already decoding
     with ThreadPoolExecutor(max_workers=limits.workers(), thread_name_prefix="tinyrl-tool") as pool:
         while True:
             for live, calls in _next_calls(active, schemas, limits, budget):
                 pending[live.key] = (live, _submit_calls(pool, live, calls, tools, limits))
             session.retain(list(pending))  # the others' caches go before the calls run
+            if stepping:  # each episode's next turn joins the running batch as soon as its calls are back
+                for live in _grow(pending, _ready(pending), chat, budget, limits):
+                    session.submit(live.key, live.prompt_ids + live.ids, _settings(sampling, [live], budget))
+                if session.busy():
+                    active = [_add_turn(by_key[key], e, budget - len(by_key[key].ids), chat, stops)
+                              for key, e in session.step()]
+                elif pending:
+                    _wait_ready(pending)
+                    active = []
+                else:
+                    break
+                continue
             if not pending:
                 break
-            grown = []
-            for live, row in _wait_ready(pending):  # as soon as ONE episode's calls have all returned
-                del pending[live.key]
-                results = _outcomes(row, chat.tokenizer, limits)
-                made = len(live.turns) - 1  # the assistant turn that made these calls
-                live.tool_calls += [ToolCall(r.name, r.status, r.seconds, made) for r in results]
-                tokens = chat.tool_turn_ids([r.text for r in results])
-                if len(live.ids) + len(tokens) >= budget:  # no room left to answer: the budget ends it
-                    live.stop_reason = "length"
-                    continue
-                live.add_tool(tokens, [r.text for r in results])
-                grown.append(live)
+            grown = _grow(pending, _wait_ready(pending), chat, budget, limits)  # as soon as ONE episode's calls are back
             active = _continue(session, grown, sampling, budget, chat, stops)
     session.retain([])
     for live in lives:
@@ -231,12 +236,36 @@ def _wait_ready(pending: dict[int, tuple[_Live, list]]) -> list[tuple[_Live, lis
     """Block until at least one pending episode has all its calls back -> every such episode,
     in key order (the others' calls go on running while these decode)."""
     while True:
-        ready = [pending[k] for k in sorted(pending)
-                 if all(not isinstance(done, Future) or done.done() for _, done in pending[k][1])]
+        ready = _ready(pending)
         if ready:
             return ready
         wait([done for _, row in pending.values() for _, done in row if isinstance(done, Future) and not done.done()],
              return_when=FIRST_COMPLETED)
+
+
+def _ready(pending: dict[int, tuple[_Live, list]]) -> list[tuple[_Live, list]]:
+    """The pending episodes whose calls have all returned, in key order (does not block)."""
+    return [pending[k] for k in sorted(pending)
+            if all(not isinstance(done, Future) or done.done() for _, done in pending[k][1])]
+
+
+def _grow(pending: dict, ready: list[tuple[_Live, list]], chat: ToolChat, budget: int,
+          limits: EpisodeLimits) -> list[_Live]:
+    """Take the ready episodes out of `pending` and append each one's tool turn (its calls'
+    results) -> those with room to go on."""
+    grown = []
+    for live, row in ready:
+        del pending[live.key]
+        results = _outcomes(row, chat.tokenizer, limits)
+        made = len(live.turns) - 1  # the assistant turn that made these calls
+        live.tool_calls += [ToolCall(r.name, r.status, r.seconds, made) for r in results]
+        tokens = chat.tool_turn_ids([r.text for r in results])
+        if len(live.ids) + len(tokens) >= budget:  # no room left to answer: the budget ends it
+            live.stop_reason = "length"
+            continue
+        live.add_tool(tokens, [r.text for r in results])
+        grown.append(live)
+    return grown
 
 
 def _outcomes(row: list[tuple[str, object]], tokenizer, limits: EpisodeLimits) -> list[_Outcome]:
@@ -291,24 +320,32 @@ def _session(engine):
     return (make() if make is not None else None) or _Reprefill(engine)
 
 
+def _settings(sampling: SamplingSettings, grown: list[_Live], budget: int) -> SamplingSettings:
+    """A later turn's sampling for `grown`: n = 1, each its own budget left and seed (episode_seed)."""
+    left = [budget - len(live.ids) for live in grown]
+    seeds = None if sampling.seed is None else [
+        episode_seed(sampling.seed, live.key, 1 + sum(t.role == "assistant" for t in live.turns)) for live in grown]
+    return replace(sampling, n=1, max_new_tokens=max(left), max_new_tokens_per_prompt=left, seeds_per_prompt=seeds)
+
+
 def _continue(session, grown: list[_Live], sampling: SamplingSettings, budget: int,
               chat: ToolChat, stops: set[int]) -> list[_Live]:
     """The next assistant turn of every grown episode, in one generate call, each with its own
     seed (episode_seed). -> those still going"""
     if not grown:
         return []
-    left = [budget - len(live.ids) for live in grown]
-    seeds = None if sampling.seed is None else [
-        episode_seed(sampling.seed, live.key, 1 + sum(t.role == "assistant" for t in live.turns)) for live in grown]
-    settings = replace(sampling, n=1, max_new_tokens=max(left), max_new_tokens_per_prompt=left, seeds_per_prompt=seeds)
+    settings = _settings(sampling, grown, budget)
     out = session.generate([live.prompt_ids + live.ids for live in grown], settings,
                            [live.key for live in grown]).episodes
-    for live, e, room in zip(grown, out, left):
-        tokens = e.response_ids[:room]
-        lp = None if e.logprobs is None else e.logprobs[:room]
-        live.add_assistant(tokens, lp, e.finished and len(e.response_ids) <= room,
-                           _assistant_text(chat, tokens, stops))
-    return grown
+    return [_add_turn(live, e, room, chat, stops) for live, e, room in zip(grown, out, settings.max_new_tokens_per_prompt)]
+
+
+def _add_turn(live: _Live, e: Episode, room: int, chat: ToolChat, stops: set[int]) -> _Live:
+    """Append the engine's turn `e`, cut to the `room` the episode's budget leaves."""
+    tokens = e.response_ids[:room]
+    lp = None if e.logprobs is None else e.logprobs[:room]
+    live.add_assistant(tokens, lp, e.finished and len(e.response_ids) <= room, _assistant_text(chat, tokens, stops))
+    return live
 
 
 def episode_metrics(episodes: list[Episode], mismatches: int) -> dict[str, float]:

@@ -71,8 +71,9 @@ def import_vllm():
 
 class VLLMEngine:
     name = "vllm"
-    # Episodes with tools (rollout/turns.py): each turn re-submits prompt + episode so far, and
-    # prefix caching (on: see __init__) serves the already-computed blocks of that context.
+    # Episodes with tools (rollout/turns.py): each later turn submits prompt + episode so far into
+    # the running batch (StepSession), and prefix caching (on: see __init__) serves the
+    # already-computed blocks of that context.
     multi_turn = True
     keeps_context_cache = True
 
@@ -148,35 +149,38 @@ class VLLMEngine:
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> RolloutResult:
         """`sampling.n` single-turn episodes per prompt, grouped by prompt; greedy means n = 1."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         n = 1 if sampling.greedy else sampling.n
-        params = [
-            SamplingParams(
-                n=n,
-                temperature=0.0 if sampling.greedy else sampling.temperature,
-                top_p=1.0 if sampling.greedy else sampling.top_p,
-                max_tokens=sampling.max_new_tokens if sampling.max_new_tokens_per_prompt is None
-                else sampling.max_new_tokens_per_prompt[i],
-                logprobs=0,
-                stop_token_ids=self.stop_ids,
-                seed=sampling.seeds_per_prompt[i] if sampling.seeds_per_prompt is not None
-                else None if sampling.seed is None else _prompt_seed(sampling.seed, i, n),
-                detokenize=False,
-            )
-            for i in range(len(prompt_ids))
-        ]
+        params = [self._params(sampling, i, n) for i in range(len(prompt_ids))]
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora)
         result = RolloutResult()
         for index, (prompt, out) in enumerate(zip(prompt_ids, outputs)):
             for c in sorted(out.outputs, key=lambda c: c.index):
-                tokens = list(c.token_ids)
-                result.episodes.append(Episode.single_turn(
-                    index, prompt, tokens, [step[t].logprob for step, t in zip(c.logprobs, tokens)],
-                    finished=c.finish_reason == "stop"))
+                result.episodes.append(_episode(index, prompt, c))
         return result
+
+    def episode_session(self) -> "StepSession":
+        """What the turn loop generates through: later turns join the running batch (StepSession)."""
+        return StepSession(self)
+
+    def _params(self, sampling: SamplingSettings, i: int, n: int):
+        """Prompt i's SamplingParams."""
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=n,
+            temperature=0.0 if sampling.greedy else sampling.temperature,
+            top_p=1.0 if sampling.greedy else sampling.top_p,
+            max_tokens=sampling.max_new_tokens if sampling.max_new_tokens_per_prompt is None
+            else sampling.max_new_tokens_per_prompt[i],
+            logprobs=0,
+            stop_token_ids=self.stop_ids,
+            seed=sampling.seeds_per_prompt[i] if sampling.seeds_per_prompt is not None
+            else None if sampling.seed is None else _prompt_seed(sampling.seed, i, n),
+            detokenize=False,
+        )
 
     def logprobs_of(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
         """Log-prob of each response token after the prompt, under the served weights
@@ -313,6 +317,62 @@ def _lora_rank(rank: int) -> int:
             return allowed
     raise TinyRLError(f"LoRA rank {rank} is above vLLM's maximum of {_LORA_RANKS[-1]}",
                       hint="set model.lora_rank <= 512")
+
+
+def _episode(index: int, prompt: list[int], c) -> Episode:
+    """One CompletionOutput -> a single-turn episode (the sampled tokens' processed log-probs)."""
+    tokens = list(c.token_ids)
+    return Episode.single_turn(index, prompt, tokens, [step[t].logprob for step, t in zip(c.logprobs, tokens)],
+                               finished=c.finish_reason == "stop")
+
+
+class StepSession:
+    """The turn loop's later turns on vLLM's step API: an episode's next turn is added to the
+    engine's running batch as soon as its tool calls are back (`submit`), and the loop steps
+    the engine (`step`) while other episodes' calls still run; verl's agent loop is async per
+    episode for the same reason. vLLM 0.32 v1/engine/llm_engine.py: `LLMEngine.add_request(
+    request_id, prompt, params, lora_request=...)` queues a request, `step()` runs one
+    scheduler step and returns the RequestOutputs it produced; entrypoints/common/offline.py
+    `_add_request` / `_run_engine` are LLM.generate's own use of them (request ids from
+    `llm.request_counter`, FINAL_ONLY outputs, collected when `finished`). Prefix caching serves
+    each context's earlier blocks. Turn 1 (all prompts, n each) is engine.generate."""
+
+    steps = True
+
+    def __init__(self, engine: VLLMEngine) -> None:
+        self.engine = engine
+        self.running: dict[str, tuple[int, list[int]]] = {}  # request id -> (episode key, its context)
+
+    def generate(self, contexts: list[list[int]], sampling: SamplingSettings, keys: list[int] | None = None):
+        return self.engine.generate(contexts, sampling)
+
+    def retain(self, keys: list[int]) -> None:
+        pass  # vLLM's prefix cache holds what it holds
+
+    def submit(self, key: int, context: list[int], sampling: SamplingSettings) -> None:
+        """Queue episode `key`'s next turn (sampling: n = 1, its own budget and seed as prompt 0)."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        llm = self.engine.llm
+        params = self.engine._params(sampling, 0, 1)
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        request_id = str(next(llm.request_counter))
+        llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(context)), params,
+                                   lora_request=self.engine._lora)
+        self.running[request_id] = (key, list(context))
+
+    def busy(self) -> bool:
+        return bool(self.running)
+
+    def step(self) -> list[tuple[int, Episode]]:
+        """One engine step -> (episode key, its new turn) for each turn it finished, in key order."""
+        done = []
+        for out in self.engine.llm.llm_engine.step():
+            if out.finished and out.request_id in self.running:
+                key, context = self.running.pop(out.request_id)
+                done.append((key, _episode(0, context, out.outputs[0])))
+        return sorted(done, key=lambda d: d[0])
 
 
 def _prompt_seed(seed: int, index: int, n: int) -> int:
