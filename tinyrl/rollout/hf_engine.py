@@ -249,6 +249,10 @@ class KeptCacheSession:
         for key in [k for k in self.kept if k not in wanted]:
             del self.kept[key]
 
+    def close(self) -> None:
+        """Free every kept cache."""
+        self.kept.clear()
+
     def _take(self, key: int, context: list[int]) -> "_Past":
         """Episode `key`'s cache, checked against its context (a cache of other tokens is a bug)."""
         held, cache = self.kept.pop(key)

@@ -157,28 +157,30 @@ def run_episodes(engine, prompt_ids: list[list[int]], sampling: SamplingSettings
     by_key = {live.key: live for live in lives}
     pending: dict[int, tuple[_Live, list]] = {}  # key -> (episode, its calls: (tool name, Future | _Outcome))
     stepping = getattr(session, "steps", False)   # the engine takes a turn into a batch already decoding
-    with ThreadPoolExecutor(max_workers=limits.workers(), thread_name_prefix="tinyrl-tool") as pool:
-        while True:
-            for live, calls in _next_calls(active, schemas, limits, budget):
-                pending[live.key] = (live, _submit_calls(pool, live, calls, tools, limits))
-            session.retain(list(pending))  # the others' caches go before the calls run
-            if stepping:  # each episode's next turn joins the running batch as soon as its calls are back
-                for live in _grow(pending, _ready(pending), chat, budget, limits):
-                    session.submit(live.key, live.prompt_ids + live.ids, _settings(sampling, [live], budget))
-                if session.busy():
-                    active = [_add_turn(by_key[key], e, budget - len(by_key[key].ids), chat, stops)
-                              for key, e in session.step()]
-                elif pending:
-                    _wait_ready(pending)
-                    active = []
-                else:
+    try:
+        with ThreadPoolExecutor(max_workers=limits.workers(), thread_name_prefix="tinyrl-tool") as pool:
+            while True:
+                for live, calls in _next_calls(active, schemas, limits, budget):
+                    pending[live.key] = (live, _submit_calls(pool, live, calls, tools, limits))
+                session.retain(list(pending))  # the others' caches go before the calls run
+                if stepping:  # each episode's next turn joins the running batch as soon as its calls are back
+                    for live in _grow(pending, _ready(pending), chat, budget, limits):
+                        session.submit(live.key, live.prompt_ids + live.ids, _settings(sampling, [live], budget))
+                    if session.busy():
+                        active = [_add_turn(by_key[key], e, budget - len(by_key[key].ids), chat, stops)
+                                  for key, e in session.step()]
+                    elif pending:
+                        _wait_ready(pending)
+                        active = []
+                    else:
+                        break
+                    continue
+                if not pending:
                     break
-                continue
-            if not pending:
-                break
-            grown = _grow(pending, _wait_ready(pending), chat, budget, limits)  # as soon as ONE episode's calls are back
-            active = _continue(session, grown, sampling, budget, chat, stops)
-    session.retain([])
+                grown = _grow(pending, _wait_ready(pending), chat, budget, limits)  # as soon as ONE episode's calls are back
+                active = _continue(session, grown, sampling, budget, chat, stops)
+    finally:  # nothing of this rollout stays in the engine, on an error too
+        session.close()
     for live in lives:
         live.stop_reason = live.stop_reason or ("stop" if live.finished_turn else "length")
     result = RolloutResult([live.episode() for live in lives])
@@ -311,6 +313,9 @@ class _Reprefill:
         return self.engine.generate(contexts, sampling)
 
     def retain(self, keys: list[int]) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
 

@@ -365,6 +365,13 @@ class StepSession:
     def busy(self) -> bool:
         return bool(self.running)
 
+    def close(self) -> None:
+        """Abort what is still running (a rollout that ended on an error): a request left in
+        the engine would come back from the next LLM.generate among its outputs."""
+        if self.running:
+            self.engine.llm.llm_engine.abort_request(list(self.running))
+            self.running.clear()
+
     def step(self) -> list[tuple[int, Episode]]:
         """One engine step -> (episode key, its new turn) for each turn it finished, in key order."""
         done = []
