@@ -9,10 +9,14 @@ and the real tokens prefilled per episode (a prompt counts once for its n sample
 tokens prefilled; the default), `reprefill` (each turn re-prefills the whole context), `both`.
 
 --slow-tool S: every 5th tool call sleeps S seconds first (a slow call among fast ones).
---sync: the turns wait for ALL pending calls before generating (the loop before the overlap,
-emulated by replacing turns._wait_ready), to compare wall clocks on the same episodes.
+--tool-workers N: rollout.tool_workers (default 0: the usable cores); a slow call that only
+waits (a remote sandbox) should not hold a worker a fast call needs.
+--sync: no next turn starts before ALL pending calls are back (the loop before the overlap,
+emulated by replacing turns._wait_ready and turns._ready), to compare wall clocks on the same
+episodes.
 
-    python benchmarks/turn_loop.py [--cache kept|reprefill|both] [--vllm] [--slow-tool S] [--sync]
+    python benchmarks/turn_loop.py [--cache kept|reprefill|both] [--vllm] [--slow-tool S] [--tool-workers N]
+                                  [--sync]
 """
 from __future__ import annotations
 
@@ -77,6 +81,10 @@ def main() -> None:
     T.QUESTIONS[:] = [(a, b) for a in range(2, 10) for b in (3, 7)]  # 16 prompts
     if "--slow-tool" in sys.argv:
         T.CODE = T._delayed([0.0] * 4 + [float(sys.argv[sys.argv.index("--slow-tool") + 1])])
+    if "--tool-workers" in sys.argv:
+        import functools
+
+        T.EpisodeLimits = functools.partial(T.EpisodeLimits, tool_workers=int(sys.argv[sys.argv.index("--tool-workers") + 1]))
     if "--sync" in sys.argv:
         from concurrent.futures import wait
 
@@ -86,7 +94,9 @@ def main() -> None:
             wait([done for _, row in pending.values() for _, done in row if hasattr(done, "done")])
             return [pending[k] for k in sorted(pending)]
 
+        ready = turns._ready
         turns._wait_ready = wait_all
+        turns._ready = lambda pending: (lambda r: r if len(r) == len(pending) else [])(ready(pending))  # vLLM's steps
     cache = sys.argv[sys.argv.index("--cache") + 1] if "--cache" in sys.argv else "kept"
     for keep in {"kept": [True], "reprefill": [False], "both": [True, False]}[cache]:
         engine = HFEngine(model, tok, keep_context_cache=keep)
