@@ -49,6 +49,17 @@ class Timed:
             self.prefilled += (self.inner.prefilled - prefilled if prefilled is not None
                                else sum(map(len, contexts)))  # engine.generate: every context whole
 
+    def step(self):  # a stepping session (vLLM): its later turns run here, not in generate
+        t = time.perf_counter()
+        try:
+            return self.inner.step()
+        finally:
+            self.seconds += time.perf_counter() - t
+
+    def submit(self, key, context, sampling):  # its whole context goes in (vLLM's prefix cache serves its blocks)
+        self.prefilled += len(context)
+        return self.inner.submit(key, context, sampling)
+
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
@@ -68,7 +79,7 @@ def timed(engine, chat, label: str) -> None:
         print(f"{label} n={n}: {len(res.episodes)} episodes, {sum(len(e.turns) for e in res.episodes)} turns, "
               f"{len(calls)} calls ({sum(c.status == 'ok' for c in calls)} ok); wall {wall:.2f} s, generate "
               f"{wrapped.seconds:.2f} s, calls summed {sum(c.seconds for c in calls):.2f} s, rest "
-              f"{wall - wrapped.seconds:.2f} s; prefilled {wrapped.prefilled / len(res.episodes):.1f} tokens per "
+              f"{wall - wrapped.seconds:.2f} s; prefilled (vllm: submitted) {wrapped.prefilled / len(res.episodes):.1f} tokens per "
               f"episode; re-render mismatches {res.tokenization_mismatches}; episodes' digest "
               f"{zlib.crc32(repr([e.response_ids for e in res.episodes]).encode()):08x}", flush=True)
 
