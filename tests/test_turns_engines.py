@@ -150,12 +150,12 @@ def _delayed(delays):
     return Tool(CODE.name, CODE.schema, run)
 
 
-def test_a_seeded_rollout_repeats_whatever_the_tool_timings(taught):
-    """A slow call holds back its own episode only: the loop continues the episodes whose calls
-    are back while the others run, so the batches of later turns depend on timing; each
-    episode's later turns sample with their own seed, so the episodes do not. Two runs with
-    different call delays: the same episodes (tokens, turns, tool statuses; log-probs to 1e-5,
-    the batches' padding differs), and their later turns came in different batches."""
+def test_hf_turns_are_synchronous_and_a_seeded_rollout_repeats_whatever_the_tool_timings(taught):
+    """The HF decode loop takes no rows once it runs, so each later turn continues EVERY episode
+    whose calls ran, in one generate call, however the calls' times differ (a wave of the
+    episodes ready first would cost a whole decode loop: README); each episode's later turns
+    sample with their own seed. Two runs with different call delays: the same episodes (tokens,
+    turns, tool statuses; log-probs to 1e-5) and the same generate calls."""
     from tinyrl.rollout.hf_engine import HFEngine
 
     tok, chat, model = taught
@@ -189,7 +189,12 @@ def test_a_seeded_rollout_repeats_whatever_the_tool_timings(taught):
     for x, y in zip(a.episodes, b.episodes):
         assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
     assert sum(len(e.tool_calls) for e in a.episodes) >= 4
-    assert batches_a != batches_b and max(len(batches_a), len(batches_b)) > 3, (batches_a, batches_b)
+    assert batches_a == batches_b, (batches_a, batches_b)
+    # one call per turn: turn t continues exactly the episodes with a (t-1)-th tool turn
+    for t, keys in enumerate(batches_a[1:], start=1):
+        with_tool_turn = tuple(k for k, e in enumerate(a.episodes) if sum(x.role == "tool" for x in e.turns) >= t)
+        assert keys == with_tool_turn, (t, keys, with_tool_turn)
+    assert len(batches_a) == 1 + max(sum(x.role == "tool" for x in e.turns) for e in a.episodes)
 
 
 @pytest.mark.vllm
