@@ -49,7 +49,7 @@ def test_generated_questions_hold_out_the_test_split_and_are_reproducible(data, 
         a, b = pair(r)
         assert arith.MIN_NUMBER <= a <= arith.MAX_NUMBER and arith.MIN_NUMBER <= b <= arith.MAX_NUMBER
         assert r["reward_model"]["ground_truth"]["product"] == a * b
-        assert r["prompt"] == [{"role": "user", "content": f"What is {a} * {b}?"}]
+        assert r["prompt"] == [{"role": "user", "content": f"What is\n({a} * {b})?"}]
     arith.generate(tmp_path, 600, 200, seed=3)
     assert rows(tmp_path / "train.parquet") == train  # the same seed, the same files
 
@@ -65,7 +65,7 @@ def test_sft_conversations_call_the_tool_at_the_share_asked_with_its_real_output
         truth = r["reward_model"]["ground_truth"]
         msgs = r["messages"]
         assert msgs[0] == r["prompt"][0]
-        assert msgs[-1] == {"role": "assistant", "content": f"<answer> {truth['product']} </answer>"}
+        assert msgs[-1] == {"role": "assistant", "content": f"<answer>\n{truth['product']}\n</answer>"}
         if len(msgs) == 4:
             call = json.loads(msgs[1]["content"].removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
             assert call == {"name": "code_interpreter", "arguments": {"code": f"print({truth['a']} * {truth['b']})"}}
@@ -77,6 +77,27 @@ def test_sft_conversations_call_the_tool_at_the_share_asked_with_its_real_output
         assert render(run_code(code)) == r["messages"][2]["content"]
     assert arith.tool_outputs(["print(1)", "x = 2", "print('a')\nprint(3 - 5)"]) == \
         ["1", "[no output; exit code 0]", "a\n-2"]
+
+
+def test_what_the_model_copies_follows_the_same_tokens_where_it_is_copied_from(tok, data):
+    """The tiny 2-layer model copies by induction: to write the token after X it finds an earlier X
+    and copies its successor. So the code's factors must follow the same token in the question as
+    in `print(...)`, and the answer's digits the same tokens as in the tool response (README: the
+    tool demo; with "What is 23 * 47?" nothing anchored the first digit and the code never copied)."""
+    from tinyrl.tools import TOOLS
+
+    schemas = [TOOLS["code_interpreter"].schema]
+    convs = [r["messages"] for r in rows(data / "sft_train.parquet") if len(r["messages"]) == 4][:20]
+    for msgs in convs:
+        a, b = (int(x) for x in arith._QUESTION_RE.search(msgs[0]["content"]).groups())
+        ids = tok(tok.apply_chat_template(msgs, tools=schemas, tokenize=False), add_special_tokens=False)["input_ids"]
+        span = tok(f"{a} * {b})", add_special_tokens=False)["input_ids"]
+        starts = [i for i in range(len(ids)) if ids[i:i + len(span)] == span]
+        assert len(starts) == 2, starts  # the question's expression, then the code's
+        assert ids[starts[0] - 1] == ids[starts[1] - 1]  # "(" before both
+        digits = tok(f"{a * b}", add_special_tokens=False)["input_ids"]
+        starts = [i for i in range(len(ids)) if ids[i:i + len(digits)] == digits]
+        assert len(starts) >= 2 and ids[starts[-2] - 2:starts[-2]] == ids[starts[-1] - 2:starts[-1]]  # ">" "\n"
 
 
 @pytest.mark.parametrize("episode, score", [
