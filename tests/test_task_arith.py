@@ -49,7 +49,7 @@ def test_generated_questions_hold_out_the_test_split_and_are_reproducible(data, 
         a, b = pair(r)
         assert arith.MIN_NUMBER <= a <= arith.MAX_NUMBER and arith.MIN_NUMBER <= b <= arith.MAX_NUMBER
         assert r["reward_model"]["ground_truth"]["product"] == a * b
-        assert r["prompt"] == [{"role": "user", "content": f"What is\n({a} * {b})?"}]
+        assert r["prompt"] == [{"role": "user", "content": f"What is {a} * {b}?"}]
     arith.generate(tmp_path, 600, 200, seed=3)
     assert rows(tmp_path / "train.parquet") == train  # the same seed, the same files
 
@@ -79,25 +79,23 @@ def test_sft_conversations_call_the_tool_at_the_share_asked_with_its_real_output
         ["1", "[no output; exit code 0]", "a\n-2"]
 
 
-def test_what_the_model_copies_follows_the_same_tokens_where_it_is_copied_from(tok, data):
+def test_the_answer_copies_the_tool_output_after_the_same_tokens(tok, data):
     """The tiny 2-layer model copies by induction: to write the token after X it finds an earlier X
-    and copies its successor. So the code's factors must follow the same token in the question as
-    in `print(...)`, and the answer's digits the same tokens as in the tool response (README: the
-    tool demo; with "What is 23 * 47?" nothing anchored the first digit and the code never copied)."""
+    and copies its successor. So the answer's digits follow the same tokens (">" "\\n") as the tool
+    response's (README: the tool demo; with `<answer> 1081 </answer>` every answer was the same
+    number, whatever the tool printed)."""
     from tinyrl.tools import TOOLS
 
     schemas = [TOOLS["code_interpreter"].schema]
-    convs = [r["messages"] for r in rows(data / "sft_train.parquet") if len(r["messages"]) == 4][:20]
-    for msgs in convs:
-        a, b = (int(x) for x in arith._QUESTION_RE.search(msgs[0]["content"]).groups())
-        ids = tok(tok.apply_chat_template(msgs, tools=schemas, tokenize=False), add_special_tokens=False)["input_ids"]
-        span = tok(f"{a} * {b})", add_special_tokens=False)["input_ids"]
-        starts = [i for i in range(len(ids)) if ids[i:i + len(span)] == span]
-        assert len(starts) == 2, starts  # the question's expression, then the code's
-        assert ids[starts[0] - 1] == ids[starts[1] - 1]  # "(" before both
-        digits = tok(f"{a * b}", add_special_tokens=False)["input_ids"]
+    convs = [r for r in rows(data / "sft_train.parquet") if len(r["messages"]) == 4][:20]
+    for r in convs:
+        ids = tok(tok.apply_chat_template(r["messages"], tools=schemas, tokenize=False),
+                  add_special_tokens=False)["input_ids"]
+        digits = tok(str(r["reward_model"]["ground_truth"]["product"]), add_special_tokens=False)["input_ids"]
         starts = [i for i in range(len(ids)) if ids[i:i + len(digits)] == digits]
-        assert len(starts) >= 2 and ids[starts[-2] - 2:starts[-2]] == ids[starts[-1] - 2:starts[-1]]  # ">" "\n"
+        assert len(starts) >= 2  # the tool's output, then the answer
+        assert ids[starts[-2] - 2:starts[-2]] == ids[starts[-1] - 2:starts[-1]]
+        assert ids[starts[-2] + len(digits)] == ids[starts[-1] + len(digits)]  # "\n" after both
 
 
 @pytest.mark.parametrize("episode, score", [

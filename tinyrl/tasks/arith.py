@@ -1,12 +1,13 @@
-"""Arithmetic with the Python tool: "What is (23 * 47)?" -- the CPU demo where tool use is learned.
+"""Arithmetic with the Python tool: "What is 23 * 47?" -- the CPU demo where tool use is learned.
 
 The tiny model (tinyrl.tiny_model) cannot multiply two-digit numbers, but it can copy the
 question into `print(23 * 47)`, call the `code_interpreter` tool (tinyrl.tools) in Qwen2.5's
 hermes format, and copy the tool's output into its answer. So the reward is reachable only
 through the tool, and RL can raise accuracy by raising the share of episodes that use it well.
-Both copies are laid out for a 2-layer model, which copies by induction (what followed the
-same token earlier): the question's expression follows "(" as the code's does, and the answer
-holds the number on its own line as the tool response does.
+The answer holds the number on its own line as the tool response does, so a 2-layer model can
+copy it by induction (what followed the same tokens earlier). The same layout for the question
+("What is\n(23 * 47)?", the factors after "(" as in print(...)) did not make the code copy the
+first factor (README: the tool demo), so the question stays as it reads best.
 
 Data: generated (`tinyrl data arith`), verl's parquet schema: `prompt` = one user message,
 `reward_model.ground_truth` = {"a", "b", "product"}. With --sft also sft_train/sft_test.parquet
@@ -38,12 +39,8 @@ TOOLS = ("code_interpreter",)
 MIN_NUMBER, MAX_NUMBER = 10, 99      # two-digit factors: a product the tiny model cannot guess
 TOOL_SHARE = 0.6                     # SFT rows that call the tool (the rest answer at once)
 MAX_ROWS = 1_000_000
-# The expression sits on its own line in brackets: in the tiny tokenizer "(" is a token of its own
-# there, as in "print(23 * 47)", so the code's digits follow the same token in the question and
-# a 2-layer model can copy them by induction (find the earlier "(", copy what came after it).
-# "What is (23 * 47)?" would not do: " (" is another token. README: "The tool demo".
-_QUESTION = "What is\n({a} * {b})?"
-_QUESTION_RE = re.compile(r"What is\n\((\d+) \* (\d+)\)\?")
+_QUESTION = "What is {a} * {b}?"
+_QUESTION_RE = re.compile(r"What is (\d+) \* (\d+)\?")
 _ANSWER_RE = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
 
 
@@ -212,7 +209,7 @@ def data_command(
 
 def _task_line(prompt: str) -> str | None:
     match = _QUESTION_RE.search(prompt)
-    return match.group(0).replace("\n", " ") if match else None  # one line on the dashboard
+    return match.group(0) if match else None
 
 
 TASK = Task(
