@@ -65,7 +65,7 @@ def test_sft_conversations_call_the_tool_at_the_share_asked_with_its_real_output
         truth = r["reward_model"]["ground_truth"]
         msgs = r["messages"]
         assert msgs[0] == r["prompt"][0]
-        assert msgs[-1] == {"role": "assistant", "content": f"<answer> {truth['product']} </answer>"}
+        assert msgs[-1] == {"role": "assistant", "content": f"<answer>\n{truth['product']}\n</answer>"}
         if len(msgs) == 4:
             call = json.loads(msgs[1]["content"].removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
             assert call == {"name": "code_interpreter", "arguments": {"code": f"print({truth['a']} * {truth['b']})"}}
@@ -77,6 +77,25 @@ def test_sft_conversations_call_the_tool_at_the_share_asked_with_its_real_output
         assert render(run_code(code)) == r["messages"][2]["content"]
     assert arith.tool_outputs(["print(1)", "x = 2", "print('a')\nprint(3 - 5)"]) == \
         ["1", "[no output; exit code 0]", "a\n-2"]
+
+
+def test_the_answer_copies_the_tool_output_after_the_same_tokens(tok, data):
+    """The tiny 2-layer model copies by induction: to write the token after X it finds an earlier X
+    and copies its successor. So the answer's digits follow the same tokens (">" "\\n") as the tool
+    response's (README: the tool demo; with `<answer> 1081 </answer>` every answer was the same
+    number, whatever the tool printed)."""
+    from tinyrl.tools import TOOLS
+
+    schemas = [TOOLS["code_interpreter"].schema]
+    convs = [r for r in rows(data / "sft_train.parquet") if len(r["messages"]) == 4][:20]
+    for r in convs:
+        ids = tok(tok.apply_chat_template(r["messages"], tools=schemas, tokenize=False),
+                  add_special_tokens=False)["input_ids"]
+        digits = tok(str(r["reward_model"]["ground_truth"]["product"]), add_special_tokens=False)["input_ids"]
+        starts = [i for i in range(len(ids)) if ids[i:i + len(digits)] == digits]
+        assert len(starts) >= 2  # the tool's output, then the answer
+        assert ids[starts[-2] - 2:starts[-2]] == ids[starts[-1] - 2:starts[-1]]
+        assert ids[starts[-2] + len(digits)] == ids[starts[-1] + len(digits)]  # "\n" after both
 
 
 @pytest.mark.parametrize("episode, score", [
@@ -127,7 +146,7 @@ def test_sft_trains_the_assistant_turns_and_their_eos_never_the_tool_output(tok,
     from tinyrl.sft.data import load_sft
 
     path = data / "sft_train.parquet"
-    cfg = load_config("countdown-tools-demo-sft", [f"data.train_path={path}"])
+    cfg = load_config("countdown-tools-demo-sft", [f"data.train_path={path}", "model.init_from="])  # no SFT run here
     sft = load_sft(path, tok, cfg)
     for r, prompt, response, mask in zip(rows(path), sft.prompts, sft.responses, sft.loss_masks):
         trained = [t for t, m in zip(response, mask) if m]

@@ -2,16 +2,19 @@
 
 The tiny model (tinyrl.tiny_model) cannot multiply two-digit numbers, but it can copy the
 question into `print(23 * 47)`, call the `code_interpreter` tool (tinyrl.tools) in Qwen2.5's
-hermes format, and copy the tool's output into `<answer> 1081 </answer>`. So the reward is
-reachable only through the tool, and RL can raise accuracy by raising the share of episodes
-that use it.
+hermes format, and copy the tool's output into its answer. So the reward is reachable only
+through the tool, and RL can raise accuracy by raising the share of episodes that use it well.
+The answer holds the number on its own line as the tool response does, so a 2-layer model can
+copy it by induction (what followed the same tokens earlier). The same layout for the question
+("What is\n(23 * 47)?", the factors after "(" as in print(...)) did not make the code copy the
+first factor (README: the tool demo), so the question stays as it reads best.
 
 Data: generated (`tinyrl data arith`), verl's parquet schema: `prompt` = one user message,
 `reward_model.ground_truth` = {"a", "b", "product"}. With --sft also sft_train/sft_test.parquet
 with `messages` (+ `tools`, the schemas as JSON) for `tinyrl sft`: a share of the rows
 (--tool-share) are tool traces (assistant tool call, the tool's real output, the answer), the
-rest answer at once with the right number -- which the model cannot compute, so the SFT model
-calls the tool only part of the time and guesses otherwise (room for RL; README).
+rest answer at once with the right number -- which the model cannot compute, so they teach it
+to guess, and RL can find that the episodes that call the tool are the ones that score.
 Reward: 1 when the final answer (the `<answer>` after the last tool response) is the product,
 else 0. Solved: 1. The answer must come from the model's last turn: text a program prints into
 a tool response never counts.
@@ -34,7 +37,7 @@ from tinyrl.tasks.base import RewardFn, Task
 
 TOOLS = ("code_interpreter",)
 MIN_NUMBER, MAX_NUMBER = 10, 99      # two-digit factors: a product the tiny model cannot guess
-TOOL_SHARE = 0.3                     # SFT rows that call the tool (the rest answer at once)
+TOOL_SHARE = 0.6                     # SFT rows that call the tool (the rest answer at once)
 MAX_ROWS = 1_000_000
 _QUESTION = "What is {a} * {b}?"
 _QUESTION_RE = re.compile(r"What is (\d+) \* (\d+)\?")
@@ -57,7 +60,9 @@ def tool_call_text(code: str) -> str:
 
 
 def answer_text(value: int) -> str:
-    return f"<answer> {int(value)} </answer>"
+    """The number on its own line, as in the tool response: its digits follow ">" "\\n" in both, so
+    the answer can copy the tool's output by induction."""
+    return f"<answer>\n{int(value)}\n</answer>"
 
 
 def extract_answer(completion: str, task_cfg: Any = None) -> str | None:
