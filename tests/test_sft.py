@@ -398,6 +398,22 @@ def test_bad_sft_input_is_one_screen_and_exit_2(tmp_path, monkeypatch, capsys, c
     assert not (run / "metrics.jsonl").exists()
 
 
+def test_a_missing_start_that_a_preset_makes_names_the_command(tmp_path, monkeypatch):
+    """The demos chain presets (countdown-demo-sft -> countdown-tools-demo-sft -> ...): a skipped
+    step's error says which command writes the missing run directory; other paths (a preset's
+    name outside trainer.out_dir too) keep the generic advice."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TinyRLError) as err:
+        load_config("countdown-tools-demo-sft")
+    assert "`tinyrl sft --preset countdown-demo-sft` writes: run that first" in str(err.value)
+    with pytest.raises(TinyRLError) as err:
+        load_config("countdown-tiny", ["model.init_from=runs/countdown-tiny"])
+    assert "`tinyrl train --preset countdown-tiny` writes" in str(err.value)
+    with pytest.raises(TinyRLError) as err:
+        load_config("countdown-tiny", [f"model.init_from={tmp_path / 'elsewhere' / 'countdown-tiny'}"])
+    assert "give the --out directory" in str(err.value) and "run that first" not in str(err.value)
+
+
 def test_init_from_a_run_on_another_base_is_refused(tmp_path):
     (tmp_path / "src" / "checkpoints").mkdir(parents=True)
     (tmp_path / "src" / "config.json").write_text(json.dumps({"model": {"name": "Qwen/Qwen2.5-0.5B"}}))

@@ -34,8 +34,8 @@ def source_problems(cfg) -> list[str]:
     setting = cfg.model.init_from
     src = Path(setting).expanduser()
     if not (src / "config.json").is_file():
-        return [f"model.init_from = {setting} is not a run directory (no config.json); give the --out "
-                "directory of a `tinyrl sft` (or `tinyrl train`) run"]
+        return [f"model.init_from = {setting} is not a run directory (no config.json); "
+                + (_made_by(src, cfg.trainer.out_dir) or "give the --out directory of a `tinyrl sft` (or `tinyrl train`) run")]
     try:
         saved = json.loads((src / "config.json").read_text())
         base = saved["model"]["name"]
@@ -49,6 +49,20 @@ def source_problems(cfg) -> list[str]:
         out.append(f"model.init_from = {setting} has no checkpoint yet; let it run until its first save "
                    "(trainer.save_every, and always at its last step)")
     return out
+
+
+def _made_by(src: Path, out_dir: str) -> str | None:
+    """'runs/NAME' is where preset NAME's run goes by default (--out): the command that makes it,
+    so a user following a demo's chain of presets learns which step is missing."""
+    import tomllib
+
+    from tinyrl.config import list_presets
+
+    preset = list_presets().get(src.name)
+    if preset is None or src.parent != Path(out_dir):
+        return None
+    command = "sft" if "sft" in tomllib.loads(preset.read_text()) else "train"
+    return f"it is what `tinyrl {command} --preset {src.name}` writes: run that first"
 
 
 def model_path_of(cfg, run_dir: Path | None) -> str:
