@@ -97,16 +97,10 @@ def main() -> None:
 
         T.EpisodeLimits = functools.partial(T.EpisodeLimits, tool_workers=int(sys.argv[sys.argv.index("--tool-workers") + 1]))
     if "--sync" in sys.argv:
-        from concurrent.futures import wait
-
         import tinyrl.rollout.turns as turns
 
-        def wait_all(pending):
-            wait([done for _, row in pending.values() for _, done in row if hasattr(done, "done")])
-            return [pending[k] for k in sorted(pending)]
-
         ready = turns._ready
-        turns._wait_ready = wait_all
+        turns._wait_ready = turns._wait_all
         turns._ready = lambda pending: (lambda r: r if len(r) == len(pending) else [])(ready(pending))  # vLLM's steps
     cache = sys.argv[sys.argv.index("--cache") + 1] if "--cache" in sys.argv else "kept"
     for keep in {"kept": [True], "reprefill": [False], "both": [True, False]}[cache]:

@@ -5,15 +5,13 @@ The slow test's margins are in its docstring; the fast tests check what its figu
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from test_demo_learning import cli  # tinyrl ARGS in a subprocess, asserting exit 0
 from tinyrl import jsonl
 from tinyrl.rollout.base import Episode, ToolCall, Turn
-
 
 
 def _episode(*statuses: str) -> Episode:
@@ -40,12 +38,6 @@ def test_the_end_of_run_line_shows_tool_use_before_and_after():
     assert line.endswith("successful tool call (val/tools/ok_share), same prompts: 25.0% before training -> "
                          "87.5% after step 10")
     assert "tool call" not in accuracy_change([{k: v for k, v in r.items() if "tools" not in k} for r in recs])
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", *args], capture_output=True, text=True, timeout=3000)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return done
 
 
 @pytest.fixture(scope="module")

@@ -256,7 +256,7 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
     """Preset file (or a path to a .toml) + `key.sub=value` overrides, validated. Warnings that
     are not errors (role_rate_notes) are appended to `notes` when the caller passes a list."""
     path = _preset_path(preset)
-    raw = _read_preset(path)
+    raw = read_preset(path)
     cfg = Config(preset=path.stem)
     problems = _apply_dict(cfg, raw, prefix="")
     for item in overrides or []:
@@ -341,7 +341,8 @@ def _preset_path(preset: str) -> Path:
     )
 
 
-def _read_preset(path: Path) -> dict:
+def read_preset(path: Path) -> dict:
+    """A preset file's TOML as a dict (a one-screen error when it cannot be read or parsed)."""
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -54,14 +54,12 @@ def source_problems(cfg) -> list[str]:
 def _made_by(src: Path, out_dir: str) -> str | None:
     """'runs/NAME' is where preset NAME's run goes by default (--out): the command that makes it,
     so a user following a demo's chain of presets learns which step is missing."""
-    import tomllib
-
-    from tinyrl.config import list_presets
+    from tinyrl.config import list_presets, read_preset
 
     preset = list_presets().get(src.name)
     if preset is None or src.parent != Path(out_dir):
         return None
-    command = "sft" if "sft" in tomllib.loads(preset.read_text()) else "train"
+    command = "sft" if "sft" in read_preset(preset) else "train"
     return f"it is what `tinyrl {command} --preset {src.name}` writes: run that first"
 
 
