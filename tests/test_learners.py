@@ -268,3 +268,36 @@ def test_the_trainer_skips_the_old_log_prob_pass_only_for_one_step_over_the_whol
                                                          "algorithm.use_kl_loss": "false"}), "hf", "off")
     assert not one_pass_update(grpo, "hf", "token")   # rollout IS weights need old log-probs
     assert not one_pass_update(grpo, "vllm", "off")   # the parity guard needs them
+
+
+def test_by_prompt_puts_each_prompts_rows_together_in_their_shuffled_order():
+    from tinyrl.microbatch import by_prompt
+
+    group_ids = torch.tensor([0, 0, 1, 1, 2, 2, 7, 7])  # row -> prompt
+    rows = torch.tensor([5, 0, 7, 2, 4, 1, 3])          # a shuffled mini-batch (row 6 is in another)
+    assert by_prompt(rows, group_ids).tolist() == [0, 1, 2, 3, 5, 4, 7]
+
+
+def test_the_update_computes_each_prompt_once_when_its_rows_fit_one_micro_batch(tiny_model_dir):
+    # GRPO's shape: 3 prompts x 4 answers, one mini-batch of the 12 rows, micro-batches of at
+    # most 4 rows (budget 40 tokens / planned row width 10; every row has <= 9 real tokens).
+    # Hand-worked: with each prompt's 4 rows in one micro-batch, the padding-free passes compute
+    # every prompt once: 4 + 6 + 5 prompt tokens + 24 response tokens = 39 of the 84 real ones
+    # (the 12 rows' 15 x 4 prompt tokens + 24). Shuffled rows cut into 4-row micro-batches
+    # spread the prompts (the demo's update computed 0.54 tokens per real token, the forward 0.29).
+    cfg = _config("lora", False, **{"rollout.n": 4, "algorithm.adv_estimator": '"grpo"', "actor.ppo_epochs": 3})
+    models = _models(cfg, tiny_model_dir)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (4, 6, 5)]
+    lengths = [1, 2, 3, 2, 3, 3, 1, 2, 2, 1, 1, 3]
+    responses = [torch.randint(3, 200, (n,), generator=g).tolist() for n in lengths]
+    batch = make_batch([prompts[i // 4] for i in range(12)], responses, pad_id=0)
+    traj = Trajectory(batch=batch, group_ids=torch.arange(12) // 4,
+                      advantages=torch.randn(batch.response_mask.shape, generator=g))
+    learner = make_learners(cfg, models, BudgetKeeper({p: 40 for p in Phase}, row_width=10), False,
+                            lambda m: None)["actor"]
+    for seed in range(4):
+        before = list(models.token_counts)
+        learner.update(traj, samples_per_prompt=4, generator=torch.Generator().manual_seed(seed))
+        computed, real = (a - b for a, b in zip(models.token_counts, before))
+        assert (computed, real) == (3 * 39, 3 * 84), f"shuffle seed {seed}"

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from tinyrl.config import Config, LearnerConfig
-from tinyrl.microbatch import BudgetKeeper, loss_normaliser, loss_weight
+from tinyrl.microbatch import BudgetKeeper, by_prompt, loss_normaliser, loss_weight
 from tinyrl.models import PolicyModels
 from tinyrl.optim import AdamW
 from tinyrl.phases import Phase
@@ -69,7 +69,8 @@ class Learner:
 
     def update(self, traj: Trajectory, *, samples_per_prompt: int, generator: torch.Generator) -> dict[str, float]:
         """ppo_epochs passes over the trajectory in shuffled mini-batches, one optimizer step
-        each (skipped when the gradient norm is not finite); one scheduler step per call."""
+        each (skipped when the gradient norm is not finite); one scheduler step per call. A
+        mini-batch's rows of one prompt go into its micro-batches together (by_prompt)."""
         n_rows = len(traj)
         mini_rows = self.cfg.ppo_mini_batch_size * samples_per_prompt or n_rows
         stats_all: list[dict[str, float]] = []
@@ -77,7 +78,7 @@ class Learner:
             for _epoch in range(self.cfg.ppo_epochs):
                 order = torch.randperm(n_rows, generator=generator).to(traj.mask.device)
                 for start in range(0, n_rows, mini_rows):
-                    mini = traj.rows(order[start:start + mini_rows])
+                    mini = traj.rows(by_prompt(order[start:start + mini_rows], traj.group_ids))
 
                     def attempt(slices, mini=mini):
                         self.opt.zero_grad(set_to_none=True)

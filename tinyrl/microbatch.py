@@ -47,6 +47,19 @@ def micro_slices(n_rows: int, seq_len: int, budget_tokens: int, row_tokens: list
     return slices + [slice(start, n_rows)] if n_rows else slices
 
 
+def by_prompt(rows: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """rows [M] (a mini-batch's row indices, shuffled) -> the same rows, those answering one
+    prompt adjacent (groups in group-id order, each group's rows in their shuffled order).
+
+    Why: micro_slices cuts consecutive rows, and a padding-free pass computes a prompt once per
+    micro-batch that holds any of its rows (tinyrl.packing); shuffled rows spread each GRPO
+    group over every micro-batch, so the update computed each prompt up to once per micro-batch
+    (the demo: 0.54 tokens computed per real token against the forward's 0.29). Which rows
+    form the mini-batch is unchanged, and accumulation is exact (accumulate_gradients), so the
+    update is the same up to float summation order."""
+    return rows[torch.sort(group_ids[rows], stable=True).indices]
+
+
 def loss_weight(response_mask: torch.Tensor, agg_mode: str) -> float:
     """What a micro-batch's aggregated loss is a mean over: valid tokens (token-mean) or
     sequences (seq-mean-*); seq-mean-token-sum-norm is already a sum over sequences (divided by
