@@ -479,3 +479,70 @@ def test_the_exported_reward_scores_episodes_exactly_like_tinyrl(tmp_path):
         assert module.compute_score(row["data_source"], completion, truth, row["extra_info"]) == expected
         scores.append(expected)
     assert scores == [1.0, 1.0, -1.0, -1.0, -1.0]  # the third: the tool printed the right answer
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under root (hidden ones too): file bytes, None for a directory."""
+    return {str(p.relative_to(root)): None if p.is_dir() else p.read_bytes() for p in root.rglob("*")}
+
+
+def test_an_export_that_fails_after_writing_files_leaves_nothing_behind(tmp_path):
+    # The batch check fails after data/ is written (fewer rows than one batch): before, the
+    # two parquet files stayed in --out, and the re-run refused it as "not empty".
+    cmd = [sys.executable, "-m", "tinyrl.cli", "export-verl", "--preset", "countdown-tiny",
+           "--set", "data.generate_train_size=64", "--set", "trainer.train_batch_size=128"]
+    env = {**os.environ, "COLUMNS": "300"}
+    new = tmp_path / "new" / "out"
+    done = subprocess.run(cmd + ["--out", str(new)], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2 and "fewer rows than one batch" in done.stderr, done.stderr[-2000:]
+    assert _tree(tmp_path) == {}  # not even the directories --out needed
+    # --overwrite into a user's directory: their file and an older export stay byte for byte
+    out = tmp_path / "out"
+    generate_countdown(out / "data", 64, 16, progress=False)
+    (out / "run_verl.sh").write_text("an older export")
+    (out / "keep.txt").write_text("mine")
+    before = _tree(tmp_path)
+    done = subprocess.run(cmd + ["--out", str(out), "--overwrite"], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2 and "fewer rows than one batch" in done.stderr, done.stderr[-2000:]
+    assert _tree(tmp_path) == before
+
+
+def test_an_export_that_fails_while_moving_its_files_in_puts_out_back(tmp_path, monkeypatch):
+    # A disk or permission error on the last file moved into --out (tinyrl_config.json; sorted
+    # after data/, reward_fn.py and run_verl.sh, which were already in place and had replaced
+    # the older export's files): every replaced file comes back, every new one goes.
+    import errno
+
+    from tinyrl.export_verl import staging
+
+    out = tmp_path / "out"
+    generate_countdown(out / "data", 64, 16, progress=False)
+    (out / "run_verl.sh").write_text("an older export")
+    (out / "keep.txt").write_text("mine")
+    before = _tree(tmp_path)
+    replace = os.replace
+    placed = []
+
+    def failing(src, dst):
+        if Path(dst) == out.resolve() / "tinyrl_config.json":
+            raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+        replace(src, dst)
+        placed.append(Path(dst).name)
+
+    monkeypatch.setattr(staging.os, "replace", failing)
+    cfg = load_config("countdown-tiny", ["data.generate_train_size=64"])
+    with pytest.raises(TinyRLError, match="No space left on device.*nothing was changed"):
+        export_verl(cfg, out, overwrite=True)
+    assert {"test.parquet", "train.parquet", "reward_fn.py", "run_verl.sh"} <= set(placed)  # it got that far
+    assert _tree(tmp_path) == before
+    # a directory where the export puts a file is refused before anything moves
+    monkeypatch.setattr(staging.os, "replace", replace)
+    (out / "reward_fn.py").mkdir()
+    before = _tree(tmp_path)
+    with pytest.raises(TinyRLError, match="(?s)replace directories.*reward_fn.py"):
+        export_verl(cfg, out, overwrite=True)
+    assert _tree(tmp_path) == before
+    (out / "reward_fn.py").rmdir()
+    export_verl(cfg, out, overwrite=True)  # and with nothing in the way it is written
+    assert (out / "keep.txt").read_text() == "mine" and (out / "run_verl.sh").read_text() != "an older export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging directory left

@@ -4,6 +4,7 @@ Writes OUT/run_verl.sh (`python3 -m verl.trainer.main_ppo key=value ...`, the se
 take listed at its top), OUT/data/{train,test}.parquet (and val_<name>.parquet per data.val_files entry), OUT/reward_fn.py (tinyrl's reward behind
 verl's compute_score signature), OUT/tinyrl_config.json (the resolved tinyrl config) and, for a
 task with tools, OUT/tool_config.yaml + OUT/tinyrl_tool.py (tinyrl/export_verl/tools.py).
+All or nothing (tinyrl/export_verl/staging.py): OUT changes only once every file is written.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from tinyrl.config import Config
 from tinyrl.errors import TinyRLError
 from tinyrl.export_verl import files, tools
 from tinyrl.export_verl.mapping import VERL_VERSION, Context, map_config
+from tinyrl.export_verl.staging import staged
 
 
 def check_out_dir(out: Path, overwrite: bool) -> None:
@@ -53,41 +55,41 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
     check_out_dir(out, overwrite)
     files.check_inputs_kept(cfg, out)  # --overwrite never writes over the export's own inputs
     path, model_notes = model_path(cfg, actor)
-    out.mkdir(parents=True, exist_ok=True)
-    spec, whole_row = files.reward_spec(cfg, out)
-    train, _ = files.write_data(cfg, out / "data", with_row=whole_row)
-    extra_val = files.write_val_files(cfg, out / "data", with_row=whole_row)
-    steps = files.row_count(train) // cfg.trainer.train_batch_size
-    if steps < 1:
-        raise TinyRLError(f"{cfg.data.train_path} has fewer rows than one batch "
-                          f"(trainer.train_batch_size = {cfg.trainer.train_batch_size})",
-                          hint="lower trainer.train_batch_size or use more data")
-    files.write_reward_fn(cfg, out, spec, whole_row, VERL_VERSION)
-    tool_files = tools.write_tool_files(cfg, out, VERL_VERSION)
-    val_files = [files.HERE + "data/test.parquet"] + [files.HERE + f"data/{p.name}" for p in extra_val]
-    ctx = Context(model_path=path, train_files=files.HERE + "data/train.parquet",
-                  val_files=val_files if extra_val else val_files[0], reward_path=files.HERE + "reward_fn.py",
-                  steps_per_epoch=steps, gpus=gpus, nodes=nodes,
-                  critic_model_path=model_path(cfg, None)[0],  # the value head is not in an export
-                  tool_config_path=files.HERE + tools.TOOL_CONFIG if tool_files else "")
-    mapping = map_config(cfg, ctx)
-    header = [f"verl {VERL_VERSION} recipe exported by `tinyrl export-verl` from {source or cfg.preset}",
-              f"{gpus} GPU(s) per node x {nodes} node(s); keys are verl {VERL_VERSION}'s "
-              "(verl/trainer/config/_generated_ppo_trainer.yaml); other verl versions may rename some.",
-              f"Needs: pip install verl=={VERL_VERSION} (with its dependencies) and tinyrl (reward_fn.py imports it).",
-              "Extra arguments are passed to verl: ./run_verl.sh trainer.total_epochs=3",
-              f"Data: data/ ({steps} steps per epoch at this batch size); reward: reward_fn.py ({cfg.reward.fn})."]
-    if whole_row:
-        header.append("The reward reads whole rows: they ride along as JSON in extra_info.tinyrl_row.")
-    if tool_files:
-        header.append(f"Tools ({', '.join(tools.task_tools(cfg))}): multi-turn rollouts with {tools.TOOL_CONFIG}, "
-                      f"whose class ({tools.TOOL_MODULE}.py) runs tinyrl's Python sandbox.")
-    for one in spec:
-        if ":" in one and not one.startswith("user_reward/"):
-            header.append(f"reward.fn = {one}: that module must be importable where verl runs.")
-    files.write_script(out, mapping.overrides, header, model_notes + mapping.notes, cfg.trainer.wandb,
-                       pythonpath=bool(tool_files))
-    (out / "tinyrl_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    with staged(out) as stage:  # all or nothing: --out changes only once every file is written
+        spec, whole_row = files.reward_spec(cfg, stage)
+        train, _ = files.write_data(cfg, stage / "data", with_row=whole_row)
+        extra_val = files.write_val_files(cfg, stage / "data", with_row=whole_row)
+        steps = files.row_count(train) // cfg.trainer.train_batch_size
+        if steps < 1:
+            raise TinyRLError(f"{cfg.data.train_path} has fewer rows than one batch "
+                              f"(trainer.train_batch_size = {cfg.trainer.train_batch_size})",
+                              hint="lower trainer.train_batch_size or use more data")
+        files.write_reward_fn(cfg, stage, spec, whole_row, VERL_VERSION)
+        tool_files = tools.write_tool_files(cfg, stage, VERL_VERSION)
+        val_files = [files.HERE + "data/test.parquet"] + [files.HERE + f"data/{p.name}" for p in extra_val]
+        ctx = Context(model_path=path, train_files=files.HERE + "data/train.parquet",
+                      val_files=val_files if extra_val else val_files[0], reward_path=files.HERE + "reward_fn.py",
+                      steps_per_epoch=steps, gpus=gpus, nodes=nodes,
+                      critic_model_path=model_path(cfg, None)[0],  # the value head is not in an export
+                      tool_config_path=files.HERE + tools.TOOL_CONFIG if tool_files else "")
+        mapping = map_config(cfg, ctx)
+        header = [f"verl {VERL_VERSION} recipe exported by `tinyrl export-verl` from {source or cfg.preset}",
+                  f"{gpus} GPU(s) per node x {nodes} node(s); keys are verl {VERL_VERSION}'s "
+                  "(verl/trainer/config/_generated_ppo_trainer.yaml); other verl versions may rename some.",
+                  f"Needs: pip install verl=={VERL_VERSION} (with its dependencies) and tinyrl (reward_fn.py imports it).",
+                  "Extra arguments are passed to verl: ./run_verl.sh trainer.total_epochs=3",
+                  f"Data: data/ ({steps} steps per epoch at this batch size); reward: reward_fn.py ({cfg.reward.fn})."]
+        if whole_row:
+            header.append("The reward reads whole rows: they ride along as JSON in extra_info.tinyrl_row.")
+        if tool_files:
+            header.append(f"Tools ({', '.join(tools.task_tools(cfg))}): multi-turn rollouts with {tools.TOOL_CONFIG}, "
+                          f"whose class ({tools.TOOL_MODULE}.py) runs tinyrl's Python sandbox.")
+        for one in spec:
+            if ":" in one and not one.startswith("user_reward/"):
+                header.append(f"reward.fn = {one}: that module must be importable where verl runs.")
+        files.write_script(stage, mapping.overrides, header, model_notes + mapping.notes, cfg.trainer.wandb,
+                           pythonpath=bool(tool_files))
+        (stage / "tinyrl_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     return out
 
 
