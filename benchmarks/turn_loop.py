@@ -12,7 +12,7 @@ tokens prefilled; the default), `reprefill` (each turn re-prefills the whole con
 --tool-workers N: rollout.tool_workers (default 0: the usable cores); a slow call that only
 waits (a remote sandbox) should not hold a worker a fast call needs.
 --sync: no next turn starts before ALL pending calls are back (the loop before the overlap,
-emulated by replacing turns._wait_ready and turns._ready), to compare wall clocks on the same
+emulated by replacing turns._wait_until_one_ready and turns._ready), to compare wall clocks on the same
 episodes.
 
     python benchmarks/turn_loop.py [--cache kept|reprefill|both] [--vllm] [--slow-tool S] [--tool-workers N]
@@ -100,7 +100,7 @@ def main() -> None:
         import tinyrl.rollout.turns as turns
 
         ready = turns._ready
-        turns._wait_ready = turns._wait_all
+        turns._wait_until_one_ready = turns._wait_all
         turns._ready = lambda pending: (lambda r: r if len(r) == len(pending) else [])(ready(pending))  # vLLM's steps
     cache = sys.argv[sys.argv.index("--cache") + 1] if "--cache" in sys.argv else "kept"
     for keep in {"kept": [True], "reprefill": [False], "both": [True, False]}[cache]:

@@ -172,8 +172,8 @@ def run_episodes(engine, prompt_ids: list[list[int]], sampling: SamplingSettings
                     if session.busy():
                         active = [_add_turn(by_key[key], e, budget - len(by_key[key].ids), chat, stops)
                                   for key, e in session.step()]
-                    elif pending:
-                        _wait_ready(pending)
+                    elif pending:  # nothing decodes: wait for a call; the next pass takes its episode
+                        _wait_until_one_ready(pending)
                         active = []
                     else:
                         break
@@ -240,13 +240,11 @@ def _submit_calls(pool: ThreadPoolExecutor, live: _Live, calls: list[ParsedCall]
     return row
 
 
-def _wait_ready(pending: dict[int, tuple[_Live, list]]) -> list[tuple[_Live, list]]:
-    """Block until at least one pending episode has all its calls back -> every such episode,
-    in key order (the others' calls go on running while these decode)."""
-    while True:
-        ready = _ready(pending)
-        if ready:
-            return ready
+def _wait_until_one_ready(pending: dict[int, tuple[_Live, list]]) -> None:
+    """Block until at least one pending episode has all its calls back (the others' calls go on
+    running). Returns nothing: the caller's next pass takes every ready episode (_ready), also
+    those whose calls returned meanwhile."""
+    while not _ready(pending):
         wait([done for _, row in pending.values() for _, done in row if isinstance(done, Future) and not done.done()],
              return_when=FIRST_COMPLETED)
 
