@@ -280,11 +280,13 @@ def test_by_prompt_puts_each_prompts_rows_together_in_their_shuffled_order():
 
 def test_the_update_computes_each_prompt_once_when_its_rows_fit_one_micro_batch(tiny_model_dir):
     # GRPO's shape: 3 prompts x 4 answers, one mini-batch of the 12 rows, micro-batches of at
-    # most 4 rows (budget 40 tokens / planned row width 10; every row has <= 9 real tokens).
+    # most 5 rows (budget 50 tokens / planned row width 10; every row has <= 9 real tokens).
     # Hand-worked: with each prompt's 4 rows in one micro-batch, the padding-free passes compute
     # every prompt once: 4 + 6 + 5 prompt tokens + 24 response tokens = 39 of the 84 real ones
-    # (the 12 rows' 15 x 4 prompt tokens + 24). Shuffled rows cut into 4-row micro-batches
-    # spread the prompts (the demo's update computed 0.54 tokens per real token, the forward 0.29).
+    # (the 12 rows' 15 x 4 prompt tokens + 24). Shuffled rows spread the prompts over the
+    # micro-batches (the demo's update computed 0.54 tokens per real token, the forward 0.29);
+    # rows in prompt order cut at 5 rows ([0:5] [5:10] [10:12]) compute prompts 1 and 2 twice
+    # (50 tokens); cut between prompts ([0:4] [4:8] [8:12]: as many passes) once each.
     cfg = _config("lora", False, **{"rollout.n": 4, "algorithm.adv_estimator": '"grpo"', "actor.ppo_epochs": 3})
     models = _models(cfg, tiny_model_dir)
     g = torch.Generator().manual_seed(3)
@@ -294,7 +296,7 @@ def test_the_update_computes_each_prompt_once_when_its_rows_fit_one_micro_batch(
     batch = make_batch([prompts[i // 4] for i in range(12)], responses, pad_id=0)
     traj = Trajectory(batch=batch, group_ids=torch.arange(12) // 4,
                       advantages=torch.randn(batch.response_mask.shape, generator=g))
-    learner = make_learners(cfg, models, BudgetKeeper({p: 40 for p in Phase}, row_width=10), False,
+    learner = make_learners(cfg, models, BudgetKeeper({p: 50 for p in Phase}, row_width=10), False,
                             lambda m: None)["actor"]
     for seed in range(4):
         before = list(models.token_counts)

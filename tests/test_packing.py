@@ -119,6 +119,24 @@ def test_padding_free_micro_batches_count_real_tokens():
     assert micro_slices(6, 20, 16) == [slice(0, 1), slice(1, 2), slice(2, 3), slice(3, 4), slice(4, 5), slice(5, 6)]
 
 
+def test_micro_batches_are_cut_between_prompts_when_that_takes_no_more_passes():
+    from tinyrl.microbatch import micro_slices
+
+    def cuts(groups, cap, tokens=None, budget=1000):
+        tokens = tokens or [5] * len(groups)
+        return [(s.start, s.stop) for s in micro_slices(len(groups), 10, budget, tokens, budget // cap, groups)]
+
+    four = [0] * 4 + [1] * 4 + [2] * 4
+    assert cuts(four, 5) == [(0, 4), (4, 8), (8, 12)]             # not [0:5] [5:10] [10:12]: as many passes
+    assert cuts(four, 3) == [(0, 3), (3, 6), (6, 9), (9, 12)]     # 4-row prompts in 3-row passes: cut inside
+    assert cuts([0] * 3 + [1] * 3 + [2] * 3 + [3] * 3, 4) == [(0, 4), (4, 8), (8, 12)]  # cut between: 4 passes, not 3
+    assert cuts([0] * 7 + [1] * 2, 4) == [(0, 4), (4, 7), (7, 9)]  # a prompt longer than a pass is cut where it must
+    # the token budget cuts too (5 rows fit by count, 14 + 9 tokens do not)
+    assert cuts([0, 0, 1, 1, 1], 5, tokens=[7, 7, 3, 3, 3], budget=20) == [(0, 2), (2, 5)]
+    assert cuts([0, 0, 1, 1, 1], 5, tokens=[7, 7, 3, 3, 3], budget=20) != \
+        [(s.start, s.stop) for s in micro_slices(5, 10, 20, [7, 7, 3, 3, 3], 4)]  # no groups: [0:4] [4:5]
+
+
 def _accumulating_puts(fn) -> list[tuple[str, int]]:
     """Run fn; -> (op, repeated places) for every index_put with accumulate=True it ran (forward
     and backward: on the CPU autograd runs the backward on this thread, inside the mode)."""

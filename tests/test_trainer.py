@@ -139,6 +139,20 @@ def test_grpo_passes_compute_each_prompt_once_for_its_samples(tmp_path):
     assert all(v < 0.8 for v in ratios.values()), ratios
 
 
+def test_grpo_micro_batches_hold_whole_prompts_in_the_forward_and_the_update(tmp_path):
+    # 8 prompts x 4 samples in one mini-batch; the budgets cap a pass at 10 rows (forward) and
+    # 9 rows (update) of the planned width 256 + 24. Cut between prompts, each phase makes 4
+    # passes of 2 whole prompts (as many as cutting at 10 or 9 rows), so both compute every
+    # prompt once: the same tokens per real token. Before, the update's shuffled rows put most
+    # prompts in every pass (0.54 against the forward's 0.29 on the demo), and rows cut at 10
+    # or 9 computed 3 of the 8 prompts twice.
+    m = Trainer(tiny_config(tmp_path, "algorithm.adv_estimator=grpo", "rollout.n=4", "algorithm.kl_in_reward=false",
+                            "algorithm.use_kl_loss=true", "actor.ppo_mini_batch_size=8", "trainer.max_steps=1",
+                            "actor.micro_batch_tokens=2520", "actor.forward_micro_batch_tokens=2800"),
+                tmp_path / "run").train()[-1]
+    assert m["perf/padding_ratio/actor_update"] == m["perf/padding_ratio/forward"] < 0.8, m
+
+
 def test_val_before_train_logs_step_zero_and_the_last_step_always_validates(tmp_path):
     # test_every=5 with 2 steps: without the last-step rule there would be no "after" at all
     cfg = tiny_config(tmp_path, "trainer.test_every=5", "trainer.val_before_train=true", "data.max_test_prompts=4")

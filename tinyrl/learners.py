@@ -85,7 +85,8 @@ class Learner:
                         return self.accumulate_gradients(mini, slices)
 
                     acc = self.budgets.run_accumulating(self.phase, len(mini), mini.batch.input_ids.shape[1], attempt,
-                                                        self.models.row_tokens(mini.batch))
+                                                        self.models.row_tokens(mini.batch),
+                                                        self.models.row_groups(mini.batch))
                     acc["grad_norm"] = self._step()
                     stats_all.append(acc)
         self.sched.step()

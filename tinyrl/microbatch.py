@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def micro_slices(n_rows: int, seq_len: int, budget_tokens: int, row_tokens: list[int] | None = None,
-                 row_width: int | None = None) -> list[slice]:
+                 row_width: int | None = None, groups: list[int] | None = None) -> list[slice]:
     """Consecutive row slices of at most budget_tokens // seq_len rows (at least one row); with
     row_tokens (padding-free passes compute only each row's real tokens), slices whose real
     tokens fit the budget instead (at least one row), and of at most budget_tokens // row_width
@@ -33,18 +33,40 @@ def micro_slices(n_rows: int, seq_len: int, budget_tokens: int, row_tokens: list
     packed by tokens alone make more rows than the memory plan traced (traced, the 3B critic at
     the planned 24,320 tokens: 194 rows of 125 real tokens hold 1.02 GiB more than the plan's 19
     full rows). The plan traces rows = budget // the planned width, every token real
-    (memory/simulate.py), the most a packed micro-batch of that many rows can hold."""
+    (memory/simulate.py), the most a packed micro-batch of that many rows can hold.
+
+    groups (padding-free only): each row's shared prompt (models.row_groups). A packed pass
+    computes a prompt once per micro-batch holding any of its rows, so a cut inside a run of
+    rows sharing a prompt computes it twice: then each cut moves back to where that run
+    starts, when that still makes no more slices than cutting where the budget ends."""
     if row_tokens is None:
         rows = max(1, budget_tokens // max(1, seq_len))
         return [slice(i, min(i + rows, n_rows)) for i in range(0, n_rows, rows)]
     max_rows = max(1, budget_tokens // row_width) if row_width else n_rows
-    slices, start, used = [], 0, 0
-    for i, n in enumerate(row_tokens):
-        if i > start and (used + n > budget_tokens or i - start == max_rows):
-            slices.append(slice(start, i))
-            start, used = i, 0
+    plain = _cut(row_tokens, budget_tokens, max_rows, None)
+    aligned = _cut(row_tokens, budget_tokens, max_rows, groups) if groups is not None else plain
+    return aligned if len(aligned) <= len(plain) else plain
+
+
+def _cut(row_tokens: list[int], budget: int, max_rows: int, groups: list[int] | None) -> list[slice]:
+    """Greedy slices of at most `budget` real tokens and `max_rows` rows (at least one row); with
+    groups, a cut that would split a run of one group moves back to the run's first row, unless
+    that run started the slice (then it is longer than a slice and is cut where it must be)."""
+    slices, start, used, i = [], 0, 0, 0
+    while i < len(row_tokens):
+        n = row_tokens[i]
+        if i > start and (used + n > budget or i - start == max_rows):
+            cut = i
+            if groups is not None:
+                while cut > start + 1 and groups[cut] == groups[cut - 1]:
+                    cut -= 1
+                cut = cut if groups[cut] != groups[cut - 1] else i
+            slices.append(slice(start, cut))
+            start, used, i = cut, 0, cut
+            continue
         used += n
-    return slices + [slice(start, n_rows)] if n_rows else slices
+        i += 1
+    return slices + [slice(start, len(row_tokens))] if row_tokens else slices
 
 
 def by_prompt(rows: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
@@ -91,17 +113,20 @@ class BudgetKeeper:
         self.row_width = row_width
         self.oom_events: list[tuple[str, int, int]] = []  # (phase, old, new)
 
-    def slices(self, phase: str, n_rows: int, seq_len: int, row_tokens: list[int] | None = None) -> list[slice]:
+    def slices(self, phase: str, n_rows: int, seq_len: int, row_tokens: list[int] | None = None,
+               groups: list[int] | None = None) -> list[slice]:
         """The micro-batches the phase's budget makes of n_rows rows now."""
-        return micro_slices(n_rows, seq_len, self.budgets[phase], row_tokens, self.row_width)
+        return micro_slices(n_rows, seq_len, self.budgets[phase], row_tokens, self.row_width, groups)
 
     def run_accumulating(self, phase: str, n_rows: int, seq_len: int,
-                         attempt: Callable[[list[slice]], dict], row_tokens: list[int] | None = None) -> dict:
+                         attempt: Callable[[list[slice]], dict], row_tokens: list[int] | None = None,
+                         groups: list[int] | None = None) -> dict:
         """Call attempt(slices) (zero grads, forward/backward each slice, return stats);
         on OOM halve the budget and call it again with smaller slices. row_tokens: each row's
-        real token count when the passes are padding-free (the budget then counts those)."""
+        real token count when the passes are padding-free (the budget then counts those);
+        groups: each row's shared prompt then (micro_slices)."""
         while True:
-            slices = self.slices(phase, n_rows, seq_len, row_tokens)
+            slices = self.slices(phase, n_rows, seq_len, row_tokens, groups)
             try:
                 return attempt(slices)
             except (RuntimeError, MemoryError) as exc:

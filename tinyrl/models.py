@@ -26,7 +26,7 @@ from torch import nn
 from tinyrl.attention import guard_attention_kernels
 from tinyrl.config import ModelConfig
 from tinyrl.errors import TinyRLError
-from tinyrl.packing import host_index_work, pack, real_places, unpack, use_packed_attention
+from tinyrl.packing import host_index_work, pack, prompt_groups, real_places, unpack, use_packed_attention
 from tinyrl.rl.logprobs import chunked_token_logprobs
 from tinyrl.roles import Role
 
@@ -348,6 +348,13 @@ class PolicyModels:
         """Tokens each row costs in a pass when padding-free (its real ones); None when padded
         (every row costs the batch width)."""
         return batch.attention_mask.sum(-1).tolist() if self.cfg.padding_free else None
+
+    def row_groups(self, batch: Batch) -> list[int] | None:
+        """Each row's shared prompt when padding-free passes share prompts (tinyrl.packing), so
+        that micro-batches are cut between prompts (microbatch.micro_slices); None otherwise."""
+        if not self.cfg.padding_free or self.actor_only:
+            return None
+        return prompt_groups(batch.input_ids, batch.attention_mask, batch.input_ids.shape[1] - batch.response_len)
 
     def train(self, mode: bool = True) -> None:
         for m in (self.actor, self.critic_backbone, self.value_head):

@@ -178,7 +178,7 @@ def _pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: t
     mask, ids = attention_mask.bool().cpu(), input_ids.cpu()             # the index work on the host
     real_p = mask[:, :prompt_len]
     # Rows with the same padded prompt (ids and mask) share it; the first of them holds it.
-    _, which = torch.unique(torch.cat([ids[:, :prompt_len] * real_p, real_p.long()], 1), dim=0, return_inverse=True)
+    which = _prompt_ids(ids, real_p)
     first = torch.full((int(which.max()) + 1,), B).scatter_reduce(0, which, torch.arange(B), "amin")
     owner = first[which] if share_prompts else torch.arange(B)           # [B]
     keep = mask.clone()
@@ -221,6 +221,20 @@ def _pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: t
         layout = Layout(*(x.to(device) for x in (p_src, q_src, k_src, see[:, None], dest, by_row)), (G, Lp, B, Rq, Lk))
     return input_ids.reshape(-1)[take.to(device)][None], position_ids.reshape(-1)[take.to(device)][None], layout, \
         int(mask.sum())
+
+
+def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int) -> list[int]:
+    """[B, T] padded -> each row's prompt as a number: rows with the same number share their
+    prompt in a packed pass (pack computes it once for them)."""
+    with host_index_work():
+        mask = attention_mask[:, :prompt_len].bool().cpu()
+        return _prompt_ids(input_ids[:, :prompt_len].cpu(), mask).tolist()
+
+
+def _prompt_ids(ids: torch.Tensor, real_p: torch.Tensor) -> torch.Tensor:
+    """[B, >= P] ids, [B, P] real-prompt mask -> [B] one number per distinct padded prompt."""
+    P = real_p.shape[1]
+    return torch.unique(torch.cat([ids[:, :P] * real_p, real_p.long()], 1), dim=0, return_inverse=True)[1]
 
 
 def unpack(packed: torch.Tensor, layout: Layout) -> torch.Tensor:

@@ -466,7 +466,7 @@ class Trainer:
             return {}
 
         self.budgets.run_accumulating(Phase.FORWARD, batch.input_ids.shape[0], seq_len, attempt,
-                                      self.models.row_tokens(batch))
+                                      self.models.row_tokens(batch), self.models.row_groups(batch))
         return torch.cat(parts, dim=0).float()
 
     # ------------------------------------------------------------------ metrics, samples

@@ -77,12 +77,12 @@ class TensorPeaks:
             last["width"] = (batch.input_ids.shape[1], batch.response_len)
             return row_tokens(batch)
 
-        def recorded(phase, n_rows, seq_len, attempt, row_tokens=None):  # the micro-batches this call forms
+        def recorded(phase, n_rows, seq_len, attempt, row_tokens=None, groups=None):  # the micro-batches this call forms
             rows = last.get("rows") if row_tokens is not None else None
-            for s in keeper.slices(phase, n_rows, seq_len, row_tokens):
+            for s in keeper.slices(phase, n_rows, seq_len, row_tokens, groups):
                 if rows is not None and len(rows) == n_rows:
                     self.batches.setdefault(str(phase), set()).add((tuple(rows[s]), *last["width"]))
-            return real(phase, n_rows, seq_len, attempt, row_tokens)
+            return real(phase, n_rows, seq_len, attempt, row_tokens, groups)
 
         keeper.run_accumulating = recorded
         m.row_tokens = lengths
