@@ -12,7 +12,8 @@ import pytest
 
 from tinyrl.data.templates import countdown_prompt
 from tinyrl.rollout.base import SamplingSettings
-from tinyrl.rollout.hf_engine import HFEngine, KeptCacheSession
+from tinyrl.rollout.hf_engine import HFEngine
+from tinyrl.rollout.kept_cache import KeptCacheSession
 
 
 @pytest.fixture(scope="module")

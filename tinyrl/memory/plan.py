@@ -234,7 +234,7 @@ def _hf_generate_parts(spec: dict, seqs: int, seq: int, prompts: int, prompt_len
     with a padding mask, one layer at a time), or a decode step's (its sampling temporaries,
     plus the same copy where the loop cannot avoid it: sliding-window layers keep transformers'
     own masks). With LoRA, merged_adapter's exact-restore fixes (the most it may keep).
-    Multi-turn: the engine keeps each episode's KV cache across turns (hf_engine.KeptCacheSession:
+    Multi-turn: the engine keeps each episode's KV cache across turns (kept_cache.KeptCacheSession:
     during the tool calls the card holds each going-on episode's own context, no padding, within
     hf_kv_cache) and a later turn prefills only the added tokens (stop token + tool turn) on top
     of it; that prefill attends to the whole kept context with a mask, so transformers' sdpa

@@ -28,7 +28,8 @@ import torch
 
 from tinyrl.memory.formulas import MERGE_FIX_DENOMINATOR
 from tinyrl.rollout.base import Episode, RolloutResult, SamplingSettings
-from tinyrl.rollout.decode import RowCache, can_keep_cache, sample_tokens, sample_tokens_kept
+from tinyrl.rollout.decode import can_keep_cache, sample_tokens
+from tinyrl.rollout.kept_cache import KeptCacheSession
 
 
 class HFEngine:
@@ -66,7 +67,7 @@ class HFEngine:
         """Whether episode_session() keeps the KV cache across turns for this model."""
         return self.keep_context_cache and can_keep_cache(self.model)
 
-    def episode_session(self) -> "KeptCacheSession | None":
+    def episode_session(self) -> KeptCacheSession | None:
         """What the turn loop generates through (KeptCacheSession); None: re-prefill each turn."""
         return KeptCacheSession(self) if self.keeps_context_cache else None
 
@@ -78,8 +79,7 @@ class HFEngine:
         n = 1 if sampling.greedy else sampling.n
         per_call = max(1, self.max_batch_sequences // n)
         result = RolloutResult()
-        merged = merged_adapter(self.model, self.adapter_name) if self.merge_adapter else contextlib.nullcontext()
-        with self._generation_mode(), merged, self._seeded(sampling.seed):
+        with self._sampling_mode(sampling.seed):
             for start in range(0, len(prompt_ids), per_call):
                 chunk = prompt_ids[start : start + per_call]
                 result.episodes.extend(self._generate_chunk(chunk, start, n, sampling))
@@ -106,7 +106,7 @@ class HFEngine:
     ) -> list[Episode]:
         ids, mask = self._left_padded(prompts)
         tokens, logprobs = sample_tokens(self.model, ids, mask, n=n, max_new_tokens=sampling.max_new_tokens,
-                                         stop_ids=self.stop_ids, pad_id=self.pad_id, warpers=_warpers(sampling),
+                                         stop_ids=self.stop_ids, pad_id=self.pad_id, warpers=self._warpers(sampling),
                                          greedy=sampling.greedy,
                                          generators=self._generators(sampling, offset, len(prompts), n))
         return self._episodes(prompts, offset, n, tokens, logprobs)
@@ -141,6 +141,28 @@ class HFEngine:
             episodes.append(Episode.single_turn(prompt_index, prompts[row // n], tokens[:length],
                                                 logprobs[row, :length].tolist(), finished))
         return episodes
+
+    @contextlib.contextmanager
+    def _sampling_mode(self, seed: int | None) -> Iterator[None]:
+        """What every sampling call runs in (generate, KeptCacheSession): generation mode, the
+        actor adapter merged into the base (merge_adapter), the seeded RNG."""
+        merged = merged_adapter(self.model, self.adapter_name) if self.merge_adapter else contextlib.nullcontext()
+        with self._generation_mode(), merged, self._seeded(seed):
+            yield
+
+    @staticmethod
+    def _warpers(sampling: SamplingSettings) -> list:
+        """Temperature, then top_p: transformers' warpers, so the semantics are generate's; the
+        recorded log-probs are those of the distribution actually sampled from."""
+        from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+        warpers: list = []
+        if not sampling.greedy:
+            if sampling.temperature != 1.0:
+                warpers.append(TemperatureLogitsWarper(sampling.temperature))
+            if sampling.top_p < 1.0:
+                warpers.append(TopPLogitsWarper(sampling.top_p))
+        return warpers
 
     @contextlib.contextmanager
     def _generation_mode(self) -> Iterator[None]:
@@ -178,93 +200,6 @@ class HFEngine:
                     f"rollouts must sample from the {self.adapter_name!r} adapter, but "
                     f"{active!r} is active: call model.set_adapter({self.adapter_name!r}) first"
                 )
-
-
-def _warpers(sampling: SamplingSettings) -> list:
-    """Temperature, then top_p: transformers' warpers, so the semantics are generate's; the
-    recorded log-probs are those of the distribution actually sampled from."""
-    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
-
-    warpers: list = []
-    if not sampling.greedy:
-        if sampling.temperature != 1.0:
-            warpers.append(TemperatureLogitsWarper(sampling.temperature))
-        if sampling.top_p < 1.0:
-            warpers.append(TopPLogitsWarper(sampling.top_p))
-    return warpers
-
-
-class KeptCacheSession:
-    """The HF engine across the turns of a batch of episodes (rollout/turns.py), keeping each
-    episode's KV cache between turns: `generate(contexts, sampling, keys)` as engine.generate,
-    with the same chunks, seeds and RNG draws, so its episodes equal re-prefilling's
-    (tests/test_turns_kv.py). The first call (keys None) samples sampling.n episodes per prompt
-    and names them 0, 1, ... in result order; a later call continues episodes `keys` (n = 1):
-    contexts[i] is episode keys[i]'s whole context, which starts with what its cache holds, and
-    only the rest is prefilled. Caches are freed by `retain` (the turn loop keeps those of the
-    episodes whose tool calls run) and when an episode is continued (its new cache replaces
-    it). They live on the engine's device between turns: each episode's own context, no
-    padding (within the memory plan's hf_kv_cache)."""
-
-    def __init__(self, engine: HFEngine) -> None:
-        self.engine = engine
-        self.kept: dict[int, tuple[list[int], RowCache]] = {}  # key -> (the ids its cache holds, the cache)
-        self.prefilled = 0  # real tokens fed to prefills (benchmarks/turn_loop.py prints it)
-
-    def generate(self, contexts: list[list[int]], sampling: SamplingSettings,
-                 keys: list[int] | None = None) -> RolloutResult:
-        engine = self.engine
-        engine._check_adapter()
-        first = keys is None
-        n = (1 if sampling.greedy else sampling.n) if first else 1
-        if first:
-            self.kept.clear()
-            keys = list(range(len(contexts) * n))
-        per_call = max(1, engine.max_batch_sequences // n)  # engine.generate's chunks: the same RNG draws
-        result = RolloutResult()
-        merged = merged_adapter(engine.model, engine.adapter_name) if engine.merge_adapter else contextlib.nullcontext()
-        with engine._generation_mode(), merged, engine._seeded(sampling.seed):
-            for start in range(0, len(contexts), per_call):
-                chunk = contexts[start:start + per_call]
-                chunk_keys = keys[start * n:(start + len(chunk)) * n]
-                past = None if first else [self._take(k, c) for k, c in zip(chunk_keys, chunk)]
-                added = chunk if first else [p.ids for p in past]
-                self.prefilled += sum(map(len, added))
-                ids, mask = engine._left_padded(added)
-                tokens, logprobs, caches = sample_tokens_kept(
-                    engine.model, ids, mask, n=n, max_new_tokens=sampling.max_new_tokens, stop_ids=engine.stop_ids,
-                    pad_id=engine.pad_id, warpers=_warpers(sampling), greedy=sampling.greedy,
-                    past=None if first else [p.cache for p in past],
-                    generators=engine._generators(sampling, start, len(chunk), n))
-                episodes = engine._episodes(chunk, start, n, tokens, logprobs)
-                for key, e, cache in zip(chunk_keys, episodes, caches):
-                    if cache is not None and e.finished:  # holds its context + tokens before the stop token
-                        self.kept[key] = (e.prompt_ids + e.response_ids[:-1], cache)
-                result.episodes.extend(episodes)
-        return result
-
-    def retain(self, keys: list[int]) -> None:
-        """Free the caches of every episode not in `keys`."""
-        wanted = set(keys)
-        for key in [k for k in self.kept if k not in wanted]:
-            del self.kept[key]
-
-    def close(self) -> None:
-        """Free every kept cache."""
-        self.kept.clear()
-
-    def _take(self, key: int, context: list[int]) -> "_Past":
-        """Episode `key`'s cache, checked against its context (a cache of other tokens is a bug)."""
-        held, cache = self.kept.pop(key)
-        if context[:len(held)] != held or len(context) == len(held):
-            raise RuntimeError(f"episode {key}'s context does not extend the {len(held)} tokens its kept "
-                               f"KV cache holds")
-        return _Past(context[len(held):], cache)
-
-
-class _Past:
-    def __init__(self, ids: list[int], cache: RowCache) -> None:
-        self.ids, self.cache = ids, cache
 
 
 @contextlib.contextmanager
