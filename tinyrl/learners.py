@@ -78,7 +78,9 @@ class Learner:
             for _epoch in range(self.cfg.ppo_epochs):
                 order = torch.randperm(n_rows, generator=generator).to(traj.mask.device)
                 for start in range(0, n_rows, mini_rows):
-                    mini = traj.rows(by_prompt(order[start:start + mini_rows], traj.group_ids))
+                    rows = order[start:start + mini_rows]
+                    # SFT's and padded passes share no prompt (and SFT's batches have no groups)
+                    mini = traj.rows(by_prompt(rows, traj.group_ids) if self.models.shares_prompts else rows)
 
                     def attempt(slices, mini=mini):
                         self.opt.zero_grad(set_to_none=True)

@@ -349,10 +349,16 @@ class PolicyModels:
         (every row costs the batch width)."""
         return batch.attention_mask.sum(-1).tolist() if self.cfg.padding_free else None
 
+    @property
+    def shares_prompts(self) -> bool:
+        """Whether a pass computes a prompt shared by several rows once (padding-free RL; SFT's
+        passes keep one part, see _hidden)."""
+        return self.cfg.padding_free and not self.actor_only
+
     def row_groups(self, batch: Batch) -> list[int] | None:
-        """Each row's shared prompt when padding-free passes share prompts (tinyrl.packing), so
-        that micro-batches are cut between prompts (microbatch.micro_slices); None otherwise."""
-        if not self.cfg.padding_free or self.actor_only:
+        """Each row's shared prompt when passes share prompts (tinyrl.packing), so that
+        micro-batches are cut between prompts (microbatch.micro_slices); None otherwise."""
+        if not self.shares_prompts:
             return None
         return prompt_groups(batch.input_ids, batch.attention_mask, batch.input_ids.shape[1] - batch.response_len)
 
