@@ -49,7 +49,7 @@ def test_generated_questions_hold_out_the_test_split_and_are_reproducible(data, 
         a, b = pair(r)
         assert arith.MIN_NUMBER <= a <= arith.MAX_NUMBER and arith.MIN_NUMBER <= b <= arith.MAX_NUMBER
         assert r["reward_model"]["ground_truth"]["product"] == a * b
-        assert r["prompt"] == [{"role": "user", "content": f"What is {a} * {b}?"}]
+        assert r["prompt"] == [{"role": "user", "content": f"x={a}*{b}. What is x?"}]
     arith.generate(tmp_path, 600, 200, seed=3)
     assert rows(tmp_path / "train.parquet") == train  # the same seed, the same files
 
@@ -68,7 +68,7 @@ def test_sft_conversations_call_the_tool_at_the_share_asked_with_its_real_output
         assert msgs[-1] == {"role": "assistant", "content": f"<answer>\n{truth['product']}\n</answer>"}
         if len(msgs) == 4:
             call = json.loads(msgs[1]["content"].removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
-            assert call == {"name": "code_interpreter", "arguments": {"code": f"print({truth['a']} * {truth['b']})"}}
+            assert call == {"name": "code_interpreter", "arguments": {"code": f"x={truth['a']}*{truth['b']}\nprint(x)"}}
             assert msgs[2] == {"role": "tool", "content": str(truth["product"])}
         else:
             assert len(msgs) == 2
@@ -98,10 +98,46 @@ def test_the_answer_copies_the_tool_output_after_the_same_tokens(tok, data):
         assert ids[starts[-2] + len(digits)] == ids[starts[-1] + len(digits)]  # "\n" after both
 
 
+def test_the_code_copies_the_question_after_an_anchor_found_once_in_the_prompt(tok, data):
+    """What makes the demo learnable (README: the tool demo): the code `x=23*47\nprint(x)` starts
+    with a verbatim span of the question "x=23*47. What is x?", and the factors follow "=", a token
+    that occurs exactly once in the whole prompt (system prompt with the tool's schema included).
+    So the tiny model's induction head (to write the token after X, find the earlier X and copy
+    what followed it) copies the factors token by token. With "What is 23 * 47?" and
+    `print(23 * 47)` the first digit followed "(", which the question did not have: 9.4% of the
+    codes were right after 600 SFT steps."""
+    from tinyrl.tools import TOOLS
+
+    schemas = [TOOLS["code_interpreter"].schema]
+    convs = [r for r in rows(data / "sft_train.parquet") if len(r["messages"]) == 4][:40]
+    assert convs
+    for r in convs:
+        truth = r["reward_model"]["ground_truth"]
+        prompt = tok(tok.apply_chat_template(r["messages"][:1], tools=schemas, tokenize=False,
+                                             add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+        full = tok(tok.apply_chat_template(r["messages"][:2], tools=schemas, tokenize=False),
+                   add_special_tokens=False)["input_ids"]
+        assert full[:len(prompt)] == prompt  # the assistant turn is appended to the same tokens
+        turn = full[len(prompt):]
+        anchors = [i for i, t in enumerate(prompt) if tok.decode([t]) == "="]
+        assert len(anchors) == 1, tok.decode(prompt)  # "=" once in the prompt: the copy has one source
+        (at,) = anchors
+        stop = at + 1
+        while tok.decode(prompt[stop:stop + 1]) != ".":  # the span ends at the question's "."
+            stop += 1
+        span = prompt[at + 1:stop]
+        assert tok.decode(span) == f"{truth['a']}*{truth['b']}"
+        starts = [i for i, t in enumerate(turn) if t == prompt[at]]
+        assert len(starts) == 1  # the code's "=" is the same token as the question's
+        (k,) = starts
+        assert turn[k + 1:k + 1 + len(span)] == span  # the same token ids: copied one by one
+        assert turn[k - 1] == prompt[at - 1]  # "x" before "=" in both
+
+
 @pytest.mark.parametrize("episode, score", [
     ("<answer> 1081 </answer>", 1.0),                                  # a direct (guessed) answer
     ("<answer> 1080 </answer>", 0.0),
-    ('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(23 * 47)"}}\n</tool_call>'
+    ('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "x=23*47\\nprint(x)"}}\n</tool_call>'
      "tool\n<tool_response>\n1081\n</tool_response>\nassistant\n<answer> 1081 </answer>", 1.0),
     ('<tool_call>...</tool_call>tool\n<tool_response>\n1081\n</tool_response>\nassistant\n', 0.0),
     # the program printed the answer tags: text inside a tool response is not the model's answer

@@ -1,13 +1,16 @@
-"""Arithmetic with the Python tool: "What is 23 * 47?" -- the CPU demo where tool use is learned.
+"""Arithmetic with the Python tool: "x=23*47. What is x?" -- the CPU demo where tool use is learned.
 
 The tiny model (tinyrl.tiny_model) cannot multiply two-digit numbers, but it can copy the
-question into `print(23 * 47)`, call the `code_interpreter` tool (tinyrl.tools) in Qwen2.5's
-hermes format, and copy the tool's output into its answer. So the reward is reachable only
-through the tool, and RL can raise accuracy by raising the share of episodes that use it well.
-The answer holds the number on its own line as the tool response does, so a 2-layer model can
-copy it by induction (what followed the same tokens earlier). The same layout for the question
-("What is\n(23 * 47)?", the factors after "(" as in print(...)) did not make the code copy the
-first factor (README: the tool demo), so the question stays as it reads best.
+question into the program `x=23*47\nprint(x)`, call the `code_interpreter` tool (tinyrl.tools)
+in Qwen2.5's hermes format, and copy the tool's output into its answer. So the reward is
+reachable only through the tool, and RL can raise accuracy by raising the share of episodes that
+use it well. Both copies are laid out for a 2-layer model, which copies by induction (to write
+the token after X, find the earlier X and copy what followed it): the program starts with a
+verbatim span of the question whose factors follow "=", a token found once in the whole prompt
+(tests/test_task_arith.py checks it on the tokenized conversations); the answer holds the number
+on its own line as the tool response does. With "What is 23 * 47?" and `print(23 * 47)` the
+first factor followed "(", which the question did not have, and the code was right in 9.4% of
+the questions after 600 SFT steps; with this layout, in all of them (README: the tool demo).
 
 Data: generated (`tinyrl data arith`), verl's parquet schema: `prompt` = one user message,
 `reward_model.ground_truth` = {"a", "b", "product"}. With --sft also sft_train/sft_test.parquet
@@ -39,8 +42,8 @@ TOOLS = ("code_interpreter",)
 MIN_NUMBER, MAX_NUMBER = 10, 99      # two-digit factors: a product the tiny model cannot guess
 TOOL_SHARE = 0.6                     # SFT rows that call the tool (the rest answer at once)
 MAX_ROWS = 1_000_000
-_QUESTION = "What is {a} * {b}?"
-_QUESTION_RE = re.compile(r"What is (\d+) \* (\d+)\?")
+_QUESTION = "x={a}*{b}. What is x?"
+_QUESTION_RE = re.compile(r"x=(\d+)\*(\d+)\. What is x\?")
 _ANSWER_RE = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
 
 
@@ -49,8 +52,9 @@ def question(a: int, b: int) -> str:
 
 
 def tool_code(a: int, b: int) -> str:
-    """The program a tool trace runs: the question's own "a * b", so the model copies a span."""
-    return f"print({a} * {b})"
+    """The program a tool trace runs: it starts with the question's own span "x=23*47", so the
+    model copies it token by token after the one "=" of the prompt (tests/test_tool_demo.py)."""
+    return f"x={a}*{b}\nprint(x)"
 
 
 def tool_call_text(code: str) -> str:
@@ -197,7 +201,7 @@ def data_command(
     tool_share: float = typer.Option(TOOL_SHARE, help="With --sft: the share of conversations that call the "
                                      "Python tool; the others answer at once."),
 ) -> None:
-    """Write 'What is a * b?' questions (two-digit factors) for the Python-tool task."""
+    """Write 'x=a*b. What is x?' questions (two-digit factors) for the Python-tool task."""
     from rich.console import Console
 
     train, test = generate(out_dir, train_size, test_size, seed=seed, sft=sft, tool_share=tool_share)
@@ -214,7 +218,7 @@ def _task_line(prompt: str) -> str | None:
 
 TASK = Task(
     name="arith",
-    description="'What is a * b?' with the Python tool (code_interpreter); answer in <answer></answer>; 1 / 0",
+    description="'x=a*b. What is x?' with the Python tool (code_interpreter); answer in <answer></answer>; 1 / 0",
     templates=("chat",),
     make_reward=lambda t: reward(),
     solved_at=lambda t: 1.0,
