@@ -53,7 +53,7 @@ def question(a: int, b: int) -> str:
 
 def tool_code(a: int, b: int) -> str:
     """The program a tool trace runs: it starts with the question's own span "x=23*47", so the
-    model copies it token by token after the one "=" of the prompt (tests/test_tool_demo.py)."""
+    model copies it token by token after the one "=" of the prompt (tests/test_task_arith.py)."""
     return f"x={a}*{b}\nprint(x)"
 
 
