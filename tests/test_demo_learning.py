@@ -85,12 +85,12 @@ def test_rl_raises_greedy_accuracy_on_held_back_tasks(sft_run, tmp_path):
     assert sum(r >= MIN_RISE for r in rises) >= MIN_SEEDS_RISING, rises
 
 
-PPO_MIN_EXPLAINED_VAR = 0.10  # median of the last 10 steps; measured +0.17, +0.19 (docstring below)
+PPO_MIN_EXPLAINED_VAR = 0.10  # median of the last 10 steps; measured +0.17, +0.19, +0.41 (docstring below)
 
 
 @pytest.mark.slow
-# 32 tasks x 8 answers a step (4x countdown-demo's batch): a seed took 1,459-1,486 s with two runs
-# at once on the busy shared 2-core machine; 7,200 s for three seeds and the SFT only catches a hang.
+# 32 tasks x 8 answers a step (4x countdown-demo's batch): a seed took 584 s alone, 1,459-1,486 s with
+# two runs at once on the busy shared 2-core machine; 7,200 s for three seeds and the SFT only catches a hang.
 @pytest.mark.timeout(7200)
 def test_ppo_with_a_critic_raises_accuracy_and_its_critic_learns(sft_run, tmp_path):
     """countdown-demo-ppo (PPO/GAE, a LoRA critic) from the same SFT run: on two of seeds 1-3 the
@@ -100,9 +100,9 @@ def test_ppo_with_a_critic_raises_accuracy_and_its_critic_learns(sft_run, tmp_pa
 
     Margins (2026-11-24, the shared SFT run at 8.6%, 60 steps): seed 1 +28.9 points and
     explained variance median +0.17 over steps 51-60 (+0.13 over 41-50, -0.01 over 1-10); seed 2
-    +31.2 and +0.19 (+0.15, -0.02). The rise clears 10 points by ~19; the explained variance
-    is the tight bar (0.07-0.09 above it; single steps range -0.16 to +0.59), hence the median
-    and two seeds of three."""
+    +31.2 and +0.19 (+0.15, -0.02); seed 3 (the preset itself) +29.3 and +0.41. The rise clears
+    10 points by ~19; the explained variance is the tight bar (0.07-0.31 above it; single steps
+    range -0.16 to +0.59), hence the median and two seeds of three."""
     results = []
     for seed in SEEDS:
         records = rl_records(sft_run, tmp_path, seed, preset="countdown-demo-ppo")
