@@ -303,3 +303,54 @@ def test_the_update_computes_each_prompt_once_when_its_rows_fit_one_micro_batch(
         learner.update(traj, samples_per_prompt=4, generator=torch.Generator().manual_seed(seed))
         computed, real = (a - b for a, b in zip(models.token_counts, before))
         assert (computed, real) == (3 * 39, 3 * 84), f"shuffle seed {seed}"
+
+
+def test_the_critic_update_is_a_plain_value_regression(tiny_model_dir):
+    # The critic's update, as the trainer runs it (values read before the update, the packed
+    # pass, the clipped loss, the loss weights, grad clip, tinyrl's AdamW, the role context), must
+    # be ordinary regression: an independent plain-PyTorch critic (the HF body with a padded
+    # pass, the same head, 0.5 * token-mean MSE of V read BEFORE each response token,
+    # torch.optim.AdamW over the body and head, torch's grad-norm clip) fed the same returns
+    # must end at the same values. Issue 30 asked whether the demo critic's slow learning was
+    # the code; a defect here (values at the wrong positions, the input detached, the optimizer
+    # over the wrong tensors, the actor's rate or clip) breaks this. Each role gets a different
+    # lr / weight decay / clip, so reading the actor's section breaks it too.
+    from transformers import AutoModelForCausalLM
+
+    cfg = _config("full", False, **{"critic.lr": 3e-3, "critic.weight_decay": 0.1, "critic.grad_clip": 0.5,
+                                    "actor.lr": 1e-4, "actor.weight_decay": 0.0, "actor.grad_clip": 1.0})
+    models = _models(cfg, tiny_model_dir)
+    learner = make_learners(cfg, models, BudgetKeeper({p: 10**6 for p in Phase}), True, lambda m: None)["critic"]
+    ref_lm = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    ref_head = torch.nn.Linear(ref_lm.config.hidden_size, 1)
+    ref_head.load_state_dict(models.value_head.proj.state_dict())
+    ref_params = [p for p in ref_lm.parameters()] + list(ref_head.parameters())
+    ref_opt = torch.optim.AdamW(ref_params, lr=3e-3, weight_decay=0.1)
+    traj = _trajectory(models)
+    b, m, R = traj.batch, traj.mask, traj.mask.shape[1]
+
+    def ref_values():  # [B, R]: the state BEFORE response token t predicts its return
+        h = ref_lm.model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids,
+                         use_cache=False).last_hidden_state
+        return ref_head(h[:, -R - 1:-1, :]).squeeze(-1)
+
+    def own_values():
+        with torch.no_grad(), models.role("critic"):
+            return models.values(b).float()
+
+    with torch.no_grad():
+        torch.testing.assert_close(own_values() * m, ref_values() * m, rtol=1e-4, atol=1e-5)
+    start = own_values()
+    for _ in range(4):
+        models.train(False)
+        traj.values = own_values()  # the trainer's FORWARD phase: the values the clip is around
+        models.train(True)
+        learner.update(traj, samples_per_prompt=1, generator=torch.Generator().manual_seed(0))
+        loss = 0.5 * (((ref_values() - traj.returns) ** 2) * m).sum() / m.sum()
+        ref_opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(ref_params, 0.5)
+        ref_opt.step()
+    own, ref = own_values(), ref_values().detach()
+    assert float(((own - start).abs() * m).max()) > 0.05, "the critic's values moved"
+    torch.testing.assert_close(own * m, ref * m, rtol=1e-3, atol=2e-4)
