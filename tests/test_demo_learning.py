@@ -30,6 +30,7 @@ from __future__ import annotations
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ from tinyrl import jsonl
 
 RL_STEPS = 60
 SEEDS = (1, 2, 3)
-MIN_RISE = 0.10  # measured +0.148, +0.168, +0.172 (module docstring)
+MIN_RISE = 0.10  # measured +0.168, +0.219, +0.172 (module docstring)
 MIN_SEEDS_RISING = 2
 
 
@@ -73,6 +74,28 @@ def rl_records(sft_run: Path, tmp_path: Path, seed: int, preset: str = "countdow
     return records
 
 
+def seeds_until_decided(check: Callable[[int], tuple[bool, object]]) -> tuple[int, list]:
+    """Run check(seed) over SEEDS in order until "MIN_SEEDS_RISING of them pass" is decided:
+    when seeds 1 and 2 both pass (or both fail) seed 3 cannot change the verdict, so it is not
+    run (a PPO seed is minutes of CI). -> (seeds that passed, [(seed, passed, figures)])"""
+    passed, seen = 0, []
+    for i, seed in enumerate(SEEDS):
+        ok, figures = check(seed)
+        passed += bool(ok)
+        seen.append((seed, bool(ok), figures))
+        if passed >= MIN_SEEDS_RISING or passed + len(SEEDS) - i - 1 < MIN_SEEDS_RISING:
+            break
+    return passed, seen
+
+
+@pytest.mark.parametrize("outcomes, ran, passed", [
+    ((True, True, True), [1, 2], 2), ((False, False, True), [1, 2], 0),
+    ((True, False, True), [1, 2, 3], 2), ((False, True, False), [1, 2, 3], 1)])
+def test_seeds_run_until_two_of_three_is_decided(outcomes, ran, passed):
+    got = seeds_until_decided(lambda seed: (outcomes[seed - 1], seed * 10))
+    assert got == (passed, [(seed, outcomes[seed - 1], seed * 10) for seed in ran])
+
+
 def rise(records: list[dict]) -> float:
     """val/score after the last step minus at step 0 (the same 256 held-back tasks)."""
     return [r for r in records if "val/score" in r][-1]["val/score"] - records[0]["val/score"]
@@ -86,8 +109,12 @@ def rise(records: list[dict]) -> float:
 # stopped while healthy. 3,600 s is 5.5x that: it still only catches a hang.
 @pytest.mark.timeout(3600)
 def test_rl_raises_greedy_accuracy_on_held_back_tasks(sft_run, tmp_path):
-    rises = [rise(rl_records(sft_run, tmp_path, seed)) for seed in SEEDS]
-    assert sum(r >= MIN_RISE for r in rises) >= MIN_SEEDS_RISING, rises
+    def check(seed: int) -> tuple[bool, float]:
+        gain = rise(rl_records(sft_run, tmp_path, seed))
+        return gain >= MIN_RISE, round(gain, 3)
+
+    passed, seen = seeds_until_decided(check)
+    assert passed >= MIN_SEEDS_RISING, seen
 
 
 PPO_MIN_EXPLAINED_VAR = 0.10  # median of the last 10 steps; measured +0.17, +0.19, +0.41 (docstring below)
@@ -108,11 +135,12 @@ def test_ppo_with_a_critic_raises_accuracy_and_its_critic_learns(sft_run, tmp_pa
     +31.2 and +0.19 (+0.15, -0.02); seed 3 (the preset itself) +29.3 and +0.41. The rise clears
     10 points by ~19; the explained variance is the tight bar (0.07-0.31 above it; single steps
     range -0.16 to +0.59), hence the median and two seeds of three."""
-    results = []
-    for seed in SEEDS:
+    def check(seed: int) -> tuple[bool, tuple[float, float]]:
         records = rl_records(sft_run, tmp_path, seed, preset="countdown-demo-ppo")
         ev = [r["critic/explained_var"] for r in records if "critic/explained_var" in r]
         assert len(ev) == RL_STEPS
-        results.append((seed, round(rise(records), 3), round(statistics.median(ev[-10:]), 3)))
-    passing = [r for r in results if r[1] >= MIN_RISE and r[2] >= PPO_MIN_EXPLAINED_VAR]
-    assert len(passing) >= MIN_SEEDS_RISING, results
+        gain, ev_last = rise(records), statistics.median(ev[-10:])
+        return gain >= MIN_RISE and ev_last >= PPO_MIN_EXPLAINED_VAR, (round(gain, 3), round(ev_last, 3))
+
+    passed, seen = seeds_until_decided(check)
+    assert passed >= MIN_SEEDS_RISING, seen
