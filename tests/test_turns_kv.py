@@ -6,9 +6,11 @@ episodes are compared the same way in tests/test_turns_engines.py (the taught mo
 
 from __future__ import annotations
 
+import inspect
 import random
 
 import pytest
+import torch
 
 from tinyrl.data.templates import countdown_prompt
 from tinyrl.rollout.base import SamplingSettings
@@ -169,3 +171,21 @@ def test_later_turns_are_seeded_by_episode_not_by_batch():
         _continue(one_by_one, [live], SamplingSettings(seed=9, max_new_tokens=50), 50, Chat(), {1})
     assert all_at_once.seen == one_by_one.seen == {k: episode_seed(9, k, 2) for k in range(4)}
     assert len(set(all_at_once.seen.values())) == 4
+
+
+def test_the_kv_cache_goes_in_under_the_keyword_the_models_forward_takes(tiny_fp32_model):
+    # transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name warns,
+    # 5.40 removes it, and then the forward's **kwargs would swallow it: every decode step would
+    # see a fresh cache and attend only to itself). The decode loop reads the name off the class.
+    from tinyrl.rollout.decode import _cache_kwarg, _forward_cache_kwarg
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None, **kwargs): ...
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, **kwargs): ...
+
+    assert _forward_cache_kwarg(New) == "cache"
+    assert _forward_cache_kwarg(Old) == "past_key_values"
+    name = _cache_kwarg(tiny_fp32_model)        # the installed transformers' own model
+    assert name in inspect.signature(type(tiny_fp32_model).forward).parameters

@@ -27,6 +27,8 @@ What this file does not know: adapters, engines, seeds, completions.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 
 import torch
@@ -107,9 +109,10 @@ def _sample(model, ids, mask, *, n, max_new_tokens, stop_ids, pad_id, warpers, g
     device = ids.device
     config = _config(model)
     cache = DynamicCache(config=config)
+    cache_kw = _cache_kwarg(model)
     if past is None:
         positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)      # [B, W]
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, **{cache_kw: cache},
                        use_cache=True, logits_to_keep=1).logits                  # prefill: transformers' masks
     else:  # a later turn: the added tokens only, on top of each row's kept cache
         assert n == 1 and len(past) == ids.shape[0], "a later turn samples once per kept row"
@@ -146,7 +149,7 @@ def _sample(model, ids, mask, *, n, max_new_tokens, stop_ids, pad_id, warpers, g
                 step_mask = keys[:, None, None, :W + step] if bool_masks else keys[:, :W + step]
                 step_mask = {"full_attention": step_mask} if bool_masks else step_mask
                 logits = model(input_ids=token[:, None], attention_mask=step_mask, position_ids=position,
-                               past_key_values=cache, use_cache=True).logits
+                               **{cache_kw: cache}, use_cache=True).logits
             scores = logits[:, -1].float()                                           # [L, V]
             for warper in warpers:
                 scores = warper(None, scores)
@@ -211,7 +214,7 @@ def _prefill_on(model, cache, past: list[RowCache], ids: torch.Tensor, added: to
     causal = torch.arange(slots, device=device)[None, :] <= C + torch.arange(Q, device=device)[:, None]  # [Q, C + Q]
     attend = mask[:, None, None, :] & causal[None, None]                        # [P, 1, Q, C + Q]
     logits = model(input_ids=ids, attention_mask={"full_attention": attend}, position_ids=positions,
-                   past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+                   **{_cache_kwarg(model): cache}, use_cache=True, logits_to_keep=1).logits
     return logits, mask, positions
 
 
@@ -391,6 +394,22 @@ class _Preallocated:
 def _config(model: torch.nn.Module):
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return base.config
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """The forward's keyword for the KV cache: `cache` from transformers 5.24 on (which still takes
+    `past_key_values` but warns that 5.40 removes it: generic.py `_rename_kwargs_for_bc`,
+    `@deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")`), `past_key_values`
+    before. A removed keyword would not fail: the forward's **kwargs would swallow it, and every
+    decode step would attend only to itself (a fresh cache). So the name is read from the
+    model class's own signature, not assumed."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _forward_cache_kwarg(type(base))
+
+
+@functools.cache
+def _forward_cache_kwarg(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 def _layer_types(config) -> list[str]:
