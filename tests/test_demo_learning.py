@@ -117,7 +117,7 @@ def test_rl_raises_greedy_accuracy_on_held_back_tasks(sft_run, tmp_path):
     assert passed >= MIN_SEEDS_RISING, seen
 
 
-PPO_MIN_EXPLAINED_VAR = 0.10  # median of the last 10 steps; measured +0.17, +0.19, +0.41 (docstring below)
+PPO_MIN_EXPLAINED_VAR = 0.10  # median of the last 10 steps; measured -0.03 to +0.41 (docstring below)
 
 
 @pytest.mark.slow
@@ -132,9 +132,14 @@ def test_ppo_with_a_critic_raises_accuracy_and_its_critic_learns(sft_run, tmp_pa
 
     Margins (2026-11-24, the shared SFT run at 8.6%, 60 steps): seed 1 +28.9 points and
     explained variance median +0.17 over steps 51-60 (+0.13 over 41-50, -0.01 over 1-10); seed 2
-    +31.2 and +0.19 (+0.15, -0.02); seed 3 (the preset itself) +29.3 and +0.41. The rise clears
-    10 points by ~19; the explained variance is the tight bar (0.07-0.31 above it; single steps
-    range -0.16 to +0.59), hence the median and two seeds of three."""
+    +31.2 and +0.19 (+0.15, -0.02); seed 3 (the preset itself) +29.3 and +0.41. After the
+    update's micro-batches were formed by prompt (other float sums), with transformers 5.24 as a
+    fresh install resolves it (the SFT run a new user's README command made): seed 1 +26.6 and
+    -0.03 (it FAILS the explained-variance bar: single steps -0.21 to +0.21 over steps 31-60),
+    seed 2 +29.7 and +0.17, seed 3 +28.1 and +0.20, so here the test runs all three seeds and
+    passes on seeds 2 and 3. The rise clears 10 points by ~16; the explained variance is the
+    tight bar (1 run in 6 below it, the others 0.07-0.31 above it), hence the median and two
+    seeds of three."""
     def check(seed: int) -> tuple[bool, tuple[float, float]]:
         records = rl_records(sft_run, tmp_path, seed, preset="countdown-demo-ppo")
         ev = [r["critic/explained_var"] for r in records if "critic/explained_var" in r]
