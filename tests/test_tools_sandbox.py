@@ -465,7 +465,10 @@ def test_read_output_keeps_head_and_tail(tmp_path):
 
 # ---- not root: the user's machine --------------------------------------------------------
 
-NONROOT_UID = UID_BASE + UID_SLOTS + 900   # outside the slot range: only this test uses it
+# Outside the slot range, so only this test uses it; one per test process, because its last check
+# (no process of that uid is left) would see the processes of another CI run on the same machine
+# (scripts/ci-soak -j 2 runs two at once: it failed once that way).
+NONROOT_UID = UID_BASE + UID_SLOTS + 900 + os.getpid() % 1000
 
 NONROOT_SCRIPT = """
 import json, os, sys
