@@ -391,9 +391,13 @@ class _Preallocated:
         return self.length
 
 
+def _base(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under a peft wrapper (the model itself when there is none)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def _config(model: torch.nn.Module):
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.config
+    return _base(model).config
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
@@ -403,8 +407,7 @@ def _cache_kwarg(model: torch.nn.Module) -> str:
     before. A removed keyword would not fail: the forward's **kwargs would swallow it, and every
     decode step would attend only to itself (a fresh cache). So the name is read from the
     model class's own signature, not assumed."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _forward_cache_kwarg(type(base))
+    return _forward_cache_kwarg(type(_base(model)))
 
 
 @functools.cache
