@@ -187,5 +187,13 @@ def test_the_kv_cache_goes_in_under_the_keyword_the_models_forward_takes(tiny_fp
 
     assert _forward_cache_kwarg(New) == "cache"
     assert _forward_cache_kwarg(Old) == "past_key_values"
+
+    class Wrapped(torch.nn.Module):  # a LoRA actor: peft's forward takes **kwargs, its base names the keyword
+        def forward(self, *args, **kwargs): ...
+
+        def get_base_model(self):
+            return New()
+
+    assert _cache_kwarg(Wrapped()) == "cache"
     name = _cache_kwarg(tiny_fp32_model)        # the installed transformers' own model
     assert name in inspect.signature(type(tiny_fp32_model).forward).parameters
