@@ -248,11 +248,11 @@ def main() -> None:
         pass
     if as_root:
         uid = spec["uid"]
-        killed, alive = procs.kill_selected(lambda ps: {p.pid for p in ps if uid in p.uids}, reap=True)
+        ours = lambda ps: {p.pid for p in ps if uid in p.uids}  # noqa: E731
     else:
-        killed, alive = procs.kill_selected(
-            lambda ps: {p.pid for p in ps if p.pgid == reaper} | procs.descendants(me_pid, ps), reap=True)
-    procs.reap_children()
+        ours = lambda ps: {p.pid for p in ps if p.pgid == reaper} | procs.descendants(me_pid, ps)  # noqa: E731
+    killed, alive = procs.kill_selected(ours, reap=True)
+    procs.reap_until_gone(ours)      # zombies included: none may outlive this subreaper
     raw = b"" if timed_out else os.read(status_r, 4)
     result = {
         "status": int.from_bytes(raw, "little") if len(raw) == 4 else None,

@@ -81,6 +81,21 @@ def reap_children() -> None:
             return
 
 
+def reap_until_gone(select, timeout_s: float = 2.0) -> list[int]:
+    """Reap this process's exited children until `select(all processes, zombies included)` names
+    none, or the timeout. A killed process is a zombie for a moment, and one that becomes a zombie
+    after a single reap would outlive its subreaper (then pid 1 reaps it, whenever it gets to it,
+    while it still counts against its uid's process limit). -> pids still there at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    me = os.getpid()
+    while True:
+        reap_children()
+        left = sorted(select([p for p in processes() if p.pid != me]))
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.002)
+
+
 def kill_selected(select, timeout_s: float = 10.0, reap: bool = False) -> tuple[int, list[int]]:
     """SIGKILL every live process that `select(live_processes) -> set of pids` names, until a
     scan finds none.
