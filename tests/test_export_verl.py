@@ -439,8 +439,8 @@ def test_verls_tool_loader_builds_the_exported_tool_and_it_runs_tinyrls_sandbox(
     assert tool.tool_schema.model_dump(exclude_unset=True) == TOOLS["code_interpreter"].schema  # verl's pydantic
     assert (tool.timeout_s, tool.memory_mb, tool._pool._max_workers) == (2.0, 512, 2)
 
-    async def call(parameters):
-        instance, _ = await tool.create()
+    async def call(parameters, **create):
+        instance, _ = await tool.create(**create)
         try:
             return await tool.execute(instance, parameters)
         finally:
@@ -455,6 +455,14 @@ def test_verls_tool_loader_builds_the_exported_tool_and_it_runs_tinyrls_sandbox(
     assert metrics["status"] == "timeout" and "late" not in response.text  # rollout.tool_timeout_s = 2
     response, _, metrics = asyncio.run(call({"program": "print(1)"}))
     assert metrics["status"] == "bad_call" and "code" in response.text
+    # a row's extra_info.tools_kwargs: verl's agent loop calls create(create_kwargs=...) (verl 0.9.1
+    # experimental/agent_loop/tool_agent_loop.py), its older sglang rollout create(id, **entries)
+    response, _, _ = asyncio.run(call({"code": "print(n ** 2)"}, create_kwargs={"setup": "n = 12"}))
+    assert response.text == "144"
+    response, _, _ = asyncio.run(call({"code": "print(n ** 2)"}, instance_id="row-7", setup="n = 3"))
+    assert response.text == "9" and tool._create_kwargs == {}  # released with the instance
+    response, _, _ = asyncio.run(call({"code": "print(n ** 2)"}))
+    assert "NameError" in response.text  # another row's state never leaks into a call without one
 
 
 def test_the_exported_reward_scores_episodes_exactly_like_tinyrl(tmp_path):

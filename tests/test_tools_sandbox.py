@@ -92,6 +92,19 @@ def test_exception_gives_its_traceback_and_exit_code_1():
     assert r.message == "exit code 1: ZeroDivisionError: division by zero"
 
 
+def test_setup_runs_first_in_the_same_interpreter_and_keeps_its_own_lines():
+    """A task's per-episode setup (verl's create_kwargs: tinyrl.tools): the code sees what it
+    defines, the code's traceback counts the code's lines, the setup's own error names it."""
+    r = run_code("print(a * b)\nprint(c)", setup="a = 6\nb = 7\nprint('loaded')")
+    assert r.stdout == "loaded\n42\n" and r.exit_code == 1
+    assert 'File "<code>", line 2, in <module>' in r.stderr and "print(c)" in r.stderr
+    assert "<setup>" not in r.stderr and r.message == "exit code 1: NameError: name 'c' is not defined"
+    bad = run_code("print(1)", setup="x = 1\n1 / 0")
+    assert bad.stdout == "" and 'File "<setup>", line 2' in bad.stderr and "1 / 0" in bad.stderr
+    assert run_code("print(a)").message == "exit code 1: NameError: name 'a' is not defined"  # none: none
+    assert run_code("while True: pass", timeout_s=HOSTILE_TIMEOUT_S, setup="a = 1").timed_out  # same limits
+
+
 def test_syntax_error():
     r = run_code("print('never')\ndef f(:\n")
     assert r.exit_code == 1 and r.stdout == ""
@@ -436,6 +449,8 @@ def test_registry_schema_and_run():
     assert fn["parameters"]["required"] == ["code"] and fn["parameters"]["properties"]["code"]["type"] == "string"
     json.dumps(tool.schema)           # goes into a chat template / verl's tool YAML as it is
     assert tool.run({"code": "print(2 ** 10)"}).stdout == "1024\n"
+    assert tool.run({"code": "print(n ** 2)"}, {"setup": "n = 12"}).stdout == "144\n"  # an episode's create_kwargs
+    assert tool.run({"code": "print(2)"}, {}).stdout == "2\n"
 
 
 def _result(**kw) -> ToolResult:

@@ -225,3 +225,31 @@ def test_an_answer_on_the_budgets_last_token_is_a_stop(tok, chat):
     assert res.episodes[0].stop_reason == "stop" and len(res.episodes[0].response_ids) == exact
     res, _, _ = _run(chat, lambda context, j: answer, k=1, n=1, budget=exact - 1)
     assert res.episodes[0].stop_reason == "length"
+
+
+def test_each_episode_runs_its_tools_with_its_own_rows_create_kwargs(tok, chat):
+    """verl's extra_info.tools_kwargs: the Python tool runs each prompt row's `setup` before the
+    model's code, so the same program prints each episode's own value; a row without one gets
+    none (the name is undefined there), and another tool's entry does not reach this one."""
+    from tinyrl.config import RolloutConfig
+    from tinyrl.rollout.turns import ToolRollout
+
+    script = lambda context, j: (call("print(secret)") if "<tool_response>" not in context  # noqa: E731
+                                 else "<answer> done </answer>")
+    msgs = _messages(3)
+    rows = [{"prompt": msgs[0], "extra_info": {"tools_kwargs": {"code_interpreter": {
+                "create_kwargs": {"setup": "secret = 'zero'"}}}}},
+            {"prompt": msgs[1], "extra_info": {"tools_kwargs": {"code_interpreter": {
+                "create_kwargs": {"setup": "secret = 10 ** 3"}}, "other_tool": {"create_kwargs": {"setup": "x"}}}}},
+            {"prompt": msgs[2], "extra_info": {"split": "test"}}]
+    engine = ScriptedEngine(chat.tokenizer, script)
+    rollout = ToolRollout(("code_interpreter",), tok, engine, RolloutConfig(tool_timeout_s=5.0))  # the trainer's
+    res = rollout.run(engine, [chat.render(m, generation_prompt=True) for m in msgs],
+                      SamplingSettings(n=2, max_new_tokens=400, seed=1), rows)
+    outputs = {}
+    for e in res.episodes:
+        tool = next(t for t in e.turns if t.role == "tool")
+        outputs.setdefault(e.prompt_index, set()).add(tok.decode(e.response_ids[tool.start:tool.end]))
+    assert [len(v) for v in outputs.values()] == [1, 1, 1]  # both episodes of a prompt: the same
+    assert "\nzero\n" in outputs[0].pop() and "\n1000\n" in outputs[1].pop()
+    assert "NameError: name 'secret' is not defined" in outputs[2].pop()

@@ -141,11 +141,11 @@ def _delayed(delays):
 
     lock, it, real = threading.Lock(), itertools.cycle(delays), CODE.run
 
-    def run(arguments, **limits):
+    def run(arguments, create_kwargs, **limits):
         with lock:
             pause = next(it)
         time.sleep(pause)
-        return real(arguments, **limits)
+        return real(arguments, create_kwargs, **limits)
 
     return Tool(CODE.name, CODE.schema, run)
 

@@ -54,10 +54,7 @@ def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], 
             if tool_rollout is None:
                 episodes = engine.generate(chunk, settings).episodes
             else:
-                from tinyrl.data.io import prompt_messages
-
-                res = tool_rollout.run(engine, chunk, settings,
-                                       [prompt_messages(r) for r in rows[start:start + len(chunk)]])
+                res = tool_rollout.run(engine, chunk, settings, rows[start:start + len(chunk)])
                 episodes, mismatches = res.episodes, mismatches + res.tokenization_mismatches
                 all_episodes += episodes
             seconds += time.perf_counter() - t0

@@ -407,9 +407,7 @@ class Trainer:
         turns (tinyrl.rollout.turns; their re-render mismatches are added to self._mismatches)."""
         if self.tool_rollout is None:
             return self.engine.generate(prompts, sampling)
-        from tinyrl.data.io import prompt_messages
-
-        result = self.tool_rollout.run(self.engine, prompts, sampling, [prompt_messages(r) for r in rows])
+        result = self.tool_rollout.run(self.engine, prompts, sampling, rows)
         self._mismatches += result.tokenization_mismatches
         return result
 

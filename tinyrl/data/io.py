@@ -107,6 +107,20 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def tools_kwargs(row: Any) -> dict:
+    """A row's per-episode tool state, verl's `extra_info.tools_kwargs`: {tool name:
+    {"create_kwargs": {...}}} ({} when the row has none; a tool a parquet struct holds for other
+    rows only is None here and dropped)."""
+    extra = row.get("extra_info") if hasattr(row, "get") else None
+    found = extra.get("tools_kwargs") if hasattr(extra, "get") else None
+    if not found:
+        return {}
+    if not hasattr(found, "items"):
+        raise TinyRLError(f"extra_info.tools_kwargs is {type(found).__name__}, not a mapping: {found!r:.200}",
+                          hint="use extra_info.tools_kwargs = {tool name: {'create_kwargs': {...}}}, as verl's data")
+    return {str(name): _plain(kw) for name, kw in found.items() if kw is not None}
+
+
 def ground_truth(row: Any) -> Any:
     """`reward_model.ground_truth` in plain Python, e.g. {"target": 24, "numbers": [2, 3, 4]}."""
     try:

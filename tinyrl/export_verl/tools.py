@@ -82,10 +82,13 @@ def tool_config(cfg: Config) -> dict:
 TOOL_SOURCE = '''"""tinyrl's tools as verl {verl} tools: written by `tinyrl export-verl`; {config} names this class.
 
 verl/tools/base_tool.py: BaseTool.__init__(config: dict, tool_schema: OpenAIFunctionToolSchema),
-`async execute(instance_id, parameters, **kwargs) -> (ToolResponse, reward, metrics)`. A call runs
-tinyrl.tools.TOOLS[name] (the Python sandbox: tinyrl.tools.python.run_code) with the limits of
-config (timeout_s, memory_mb) in a pool of config["max_workers"] threads (0 = the usable
-cores), and its text is tinyrl.tools.render(result): the tool turn tinyrl trains with."""
+`async create(instance_id, create_kwargs=...)` (a row's extra_info.tools_kwargs[name]
+["create_kwargs"], which verl's tool agent loop passes before each call), `async
+execute(instance_id, parameters, **kwargs) -> (ToolResponse, reward, metrics)`, `async
+release(instance_id)`. A call runs tinyrl.tools.TOOLS[name] (the Python sandbox:
+tinyrl.tools.python.run_code) with its instance's create_kwargs (e.g. the Python tool's setup)
+and the limits of config (timeout_s, memory_mb) in a pool of config["max_workers"] threads
+(0 = the usable cores), and its text is tinyrl.tools.render(result): the tool turn tinyrl trains with."""
 
 import asyncio
 import os
@@ -101,7 +104,6 @@ try:
 except ImportError:
     sys.path.insert(0, TINYRL_SRC)
 from tinyrl.tools import TOOLS, render
-from tinyrl.tools.python import run_code
 
 
 class {cls}(BaseTool):
@@ -111,14 +113,25 @@ class {cls}(BaseTool):
         self.memory_mb = int(config.get("memory_mb", 1024))
         workers = int(config.get("max_workers", 0)) or len(os.sched_getaffinity(0))
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tinyrl-tool")
+        self._create_kwargs = {{}}
+
+    async def create(self, instance_id=None, create_kwargs=None, **kwargs):
+        # verl's agent loop passes create_kwargs=...; its older sglang rollout, the entries themselves
+        instance_id, response = await super().create(instance_id)
+        self._create_kwargs[instance_id] = dict(create_kwargs if create_kwargs is not None else kwargs)
+        return instance_id, response
+
+    async def release(self, instance_id: str, **kwargs):
+        self._create_kwargs.pop(instance_id, None)
 
     async def execute(self, instance_id: str, parameters: dict, **kwargs):
         if self.name not in TOOLS or not isinstance(parameters.get("code"), str):
             return ToolResponse(text=f"[bad call: {{self.name}} takes one string argument, code]"), 0.0, \
                 {{"status": "bad_call"}}
-        code = parameters["code"]
+        create = self._create_kwargs.get(instance_id, {{}})
         result = await asyncio.get_running_loop().run_in_executor(
-            self._pool, lambda: run_code(code, timeout_s=self.timeout_s, memory_mb=self.memory_mb))
+            self._pool, lambda: TOOLS[self.name].run(parameters, create, timeout_s=self.timeout_s,
+                                                     memory_mb=self.memory_mb))
         status = "ok" if result.ok else ("timeout" if result.timed_out else "error")
         return ToolResponse(text=render(result)), 0.0, {{"status": status, "seconds": result.seconds}}
 '''

@@ -8,7 +8,9 @@ contexts).
     then        for every episode whose last assistant turn ended by itself (its stop token) and
                 holds hermes tool calls (tinyrl.rollout.hermes): parse them and start them at
                 once in a bounded thread pool (rollout.tool_workers), each in the sandbox with
-                rollout.tool_timeout_s / tool_memory_mb. Render each result
+                rollout.tool_timeout_s / tool_memory_mb and the episode's create_kwargs for
+                that tool (its prompt row's extra_info.tools_kwargs, verl's field: e.g. the
+                Python tool's setup code; tinyrl.tools). Render each result
                 (tinyrl.tools.render, cut to rollout.max_tool_response_tokens tokens), append
                 the tool turn the chat template writes (policy_mask 0, log-prob 0.0) and
                 generate the next turn (n = 1). An engine whose session `steps` (vLLM: requests
@@ -74,7 +76,7 @@ class EpisodeLimits:
 
 class ToolRollout:
     """What a run with tools rolls out with: the chat template with the tools' schemas, the tools
-    and the limits. `run(engine, prompts, sampling, messages)` -> run_episodes(...)."""
+    and the limits. `run(engine, prompts, sampling, rows)` -> run_episodes(...)."""
 
     def __init__(self, names: tuple[str, ...], tokenizer, engine, rollout_cfg):
         from tinyrl.errors import TinyRLError
@@ -87,10 +89,13 @@ class ToolRollout:
         self.chat = ToolChat(tokenizer, [t.schema for t in self.tools.values()], engine.stop_ids)
         self.limits = EpisodeLimits.of(rollout_cfg)
 
-    def run(self, engine, prompt_ids: list[list[int]], sampling: SamplingSettings,
-            messages: list[list[dict]] | None) -> RolloutResult:
+    def run(self, engine, prompt_ids: list[list[int]], sampling: SamplingSettings, rows: list) -> RolloutResult:
+        """`rows`: each prompt's dataset row: its messages (the re-render check) and its tools'
+        create_kwargs (extra_info.tools_kwargs)."""
+        from tinyrl.data.io import prompt_messages, tools_kwargs
+
         return run_episodes(engine, prompt_ids, sampling, chat=self.chat, tools=self.tools, limits=self.limits,
-                            messages=messages)
+                            messages=[prompt_messages(r) for r in rows], tools_kwargs=[tools_kwargs(r) for r in rows])
 
 
 @dataclass
@@ -141,10 +146,12 @@ class _Outcome:
 
 
 def run_episodes(engine, prompt_ids: list[list[int]], sampling: SamplingSettings, *, chat: ToolChat,
-                 tools: dict, limits: EpisodeLimits, messages: list[list[dict]] | None = None) -> RolloutResult:
+                 tools: dict, limits: EpisodeLimits, messages: list[list[dict]] | None = None,
+                 tools_kwargs: list[dict] | None = None) -> RolloutResult:
     """Episodes with tools, grouped by prompt (sampling.n each, as engine.generate).
     `tools`: name -> tinyrl.tools.Tool offered to the model; `messages`: each prompt's chat
-    messages, for the re-render check (None: no check). Returns the episodes and, in
+    messages, for the re-render check (None: no check); `tools_kwargs`: each prompt's
+    {tool name: {"create_kwargs": {...}}} (verl's tools_kwargs; None: none). Returns the episodes and, in
     `tokenization_mismatches`, how many differ from a full re-render of their conversation."""
     budget = sampling.max_new_tokens
     schemas = {name: tool.schema for name, tool in tools.items()}
@@ -164,7 +171,8 @@ def run_episodes(engine, prompt_ids: list[list[int]], sampling: SamplingSettings
         with ThreadPoolExecutor(max_workers=limits.workers(), thread_name_prefix="tinyrl-tool") as pool:
             while True:
                 for live, calls in _next_calls(active, schemas, limits, budget):
-                    pending[live.key] = (live, _submit_calls(pool, live, calls, tools, limits))
+                    own = tools_kwargs[live.prompt_index] if tools_kwargs else {}
+                    pending[live.key] = (live, _submit_calls(pool, live, calls, tools, limits, own))
                 session.retain(list(pending))  # the others' caches go before the calls run
                 if stepping:  # each episode's next turn joins the running batch as soon as its calls are back
                     for live in _grow(pending, _ready(pending), chat, budget, limits):
@@ -223,8 +231,9 @@ def _next_calls(active: list[_Live], schemas: dict, limits: EpisodeLimits,
 
 
 def _submit_calls(pool: ThreadPoolExecutor, live: _Live, calls: list[ParsedCall], tools: dict,
-                  limits: EpisodeLimits) -> list[tuple[str, object]]:
-    """Start an episode's calls in `pool` -> per call (tool name, a Future or an _Outcome)."""
+                  limits: EpisodeLimits, tools_kwargs: dict) -> list[tuple[str, object]]:
+    """Start an episode's calls in `pool` -> per call (tool name, a Future or an _Outcome).
+    `tools_kwargs`: the episode's {tool name: {"create_kwargs": ...}}."""
     used = len(live.tool_calls)
     row: list[tuple[str, object]] = []
     for call in calls:
@@ -235,7 +244,8 @@ def _submit_calls(pool: ThreadPoolExecutor, live: _Live, calls: list[ParsedCall]
                         f"{limits.max_tool_calls} tool calls (rollout.max_tool_calls); this call was not run]")))
         else:
             used += 1
-            row.append((call.name, pool.submit(tools[call.name].run, call.arguments,
+            create = (tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
+            row.append((call.name, pool.submit(tools[call.name].run, call.arguments, create,
                                                timeout_s=limits.tool_timeout_s, memory_mb=limits.tool_memory_mb)))
     return row
 

@@ -2,8 +2,14 @@
 result reads as the text of a tool turn.
 
 `TOOLS` is the one registry: name -> `Tool`. A task lists the names it offers; the turn loop
-(another layer) parses a call, looks the tool up here, runs `tool.run(arguments)` and puts
-`render(result)` into the conversation. Knows nothing of tasks, chat templates or tokens.
+(another layer) parses a call, looks the tool up here, runs `tool.run(arguments, create_kwargs)`
+and puts `render(result)` into the conversation. Knows nothing of tasks, chat templates or tokens.
+
+`create_kwargs` is an episode's own state for a tool, verl's name and place for it: a dataset
+row's `extra_info.tools_kwargs[tool]["create_kwargs"]` (verl 0.9.1: utils/dataset/rl_dataset.py
+reads `extra_info.tools_kwargs`; experimental/agent_loop/tool_agent_loop.py passes
+`create_kwargs` to `BaseTool.create` before each call). The Python tool takes `setup`: code run
+before every call's code, in the same fresh interpreter (a task's data, loaded for the model).
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ __all__ = ["TOOLS", "Tool", "ToolResult", "render", "run_code", "run_many"]
 class Tool:
     name: str
     schema: dict[str, Any]                        # {"type": "function", "function": {...}}
-    # (the call's parsed JSON arguments, timeout_s=..., memory_mb=...) -> result; never raises
+    # (the call's parsed JSON arguments, the episode's create_kwargs, timeout_s=..., memory_mb=...)
+    # -> result; never raises
     run: Callable[..., ToolResult]
 
 
@@ -40,8 +47,8 @@ CODE_INTERPRETER_SCHEMA = {
 }
 
 
-def _run_code_tool(arguments: dict[str, Any], **limits) -> ToolResult:
-    return run_code(str(arguments["code"]), **limits)
+def _run_code_tool(arguments: dict[str, Any], create_kwargs: dict[str, Any] | None = None, **limits) -> ToolResult:
+    return run_code(str(arguments["code"]), setup=str((create_kwargs or {}).get("setup") or ""), **limits)
 
 
 TOOLS: dict[str, Tool] = {

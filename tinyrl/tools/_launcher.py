@@ -133,7 +133,7 @@ def _run_reaper(spec: dict, status_w: int) -> None:
         except BaseException as e:  # noqa: BLE001  (the sandbox's own failure: say it, exit 125)
             print(f"sandbox setup failed: {type(e).__name__}: {e}", file=sys.stderr)
             os._exit(125)
-        _run_code(spec["code"])
+        _run_code(spec["code"], spec.get("setup", ""))
     while True:                      # reap: orphans of a pid namespace come to its init
         try:
             pid, status = os.wait()
@@ -172,14 +172,19 @@ def _confine(spec: dict) -> None:
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def _run_code(code: str) -> None:
-    """Run the snippet as `python main.py` would; exit with its status. Never returns."""
+def _run_code(code: str, setup: str = "") -> None:
+    """Run the snippet as `python main.py` would, after the task's `setup` (a file of its own,
+    "<setup>", in the same __main__: the snippet sees what it defines and its tracebacks count
+    its own lines); exit with its status. Never returns."""
     linecache.cache["<code>"] = (len(code), None, code.splitlines(True), "<code>")
+    linecache.cache["<setup>"] = (len(setup), None, setup.splitlines(True), "<setup>")
     main = types.ModuleType("__main__")      # the code's own __main__, not the launcher's
     sys.modules["__main__"] = main
     sys.modules.pop("procs", None)           # nor the launcher's helper module
     status = 0
     try:
+        if setup:
+            exec(compile(setup, "<setup>", "exec"), main.__dict__)
         exec(compile(code, "<code>", "exec"), main.__dict__)
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):

@@ -168,8 +168,10 @@ def _describe(exit_code: int, killed_by: str | None, timed_out: bool, truncated:
 
 def run_code(code: str, timeout_s: float = 10.0, memory_mb: int = 1024, *,
              max_output_bytes: int = 16384, max_processes: int = 16, max_open_files: int = 64,
-             file_size_mb: int = 16, isolate: bool = True) -> ToolResult:
+             file_size_mb: int = 16, isolate: bool = True, setup: str = "") -> ToolResult:
     """Run `code` as a fresh `python` program; never raises for anything the code does.
+    `setup`: code run first in the same interpreter, under the same limits (a task's data for the
+    model's code: what it defines, the code sees; its own output comes first).
 
     Limits: wall clock `timeout_s` (then SIGKILL of the whole process group and of every
     process the call left), CPU time ceil(timeout_s) + 1 s per process, address space
@@ -185,7 +187,7 @@ def run_code(code: str, timeout_s: float = 10.0, memory_mb: int = 1024, *,
     base = tempfile.mkdtemp(prefix="tinyrl-sandbox-")
     try:
         return _run(code, timeout_s, memory_mb, max_output_bytes, max_processes, max_open_files,
-                    file_size_mb, isolate, slot, Path(base), start)
+                    file_size_mb, isolate, slot, Path(base), start, setup)
     except OSError as e:             # the sandbox's own machinery, not the code: say so, go on
         return ToolResult("", "", -1, False, None, False, time.monotonic() - start,
                           f"sandbox failed to run the code: {e}", "unknown", False)
@@ -196,14 +198,14 @@ def run_code(code: str, timeout_s: float = 10.0, memory_mb: int = 1024, *,
 
 
 def _run(code, timeout_s, memory_mb, max_output_bytes, max_processes, max_open_files,
-         file_size_mb, isolate, slot, base: Path, start) -> ToolResult:
+         file_size_mb, isolate, slot, base: Path, start, setup: str = "") -> ToolResult:
     os.chmod(base, 0o711)             # the sandbox uid may pass through, not list
     work = base / "work"
     work.mkdir(mode=0o700)
     if slot is not None:
         os.chown(work, slot.uid, slot.gid)
     spec = {
-        "code": code, "timeout_s": timeout_s, "memory_mb": memory_mb,
+        "code": code, "setup": setup, "timeout_s": timeout_s, "memory_mb": memory_mb,
         "file_size_bytes": file_size_mb * 1024 * 1024,
         "cpu_s": math.ceil(timeout_s) + 1,   # a backstop: the wall clock comes first
         "max_files": max_open_files, "max_procs": max_processes, "nice": 10,
