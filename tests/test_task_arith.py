@@ -1,8 +1,8 @@
 """The arith task (tinyrl/tasks/arith.py) and the tiny model's chat template
 (presets/chat_templates/tiny-hermes.jinja): what the tool demo's SFT and RL stand on.
 
-Generated data is checked as invariants over every row (held-out split, products, the share of
-tool conversations, the tool's real output); the reward against episodes written out by hand,
+Generated data is checked as invariants over every row (held-out split, answers, the tool's
+setup, the share of tool conversations, the tool's real output); the reward against episodes written out by hand,
 including one that tries to answer from inside a tool response; the template against what the
 SFT loss mask and the turn loop need (appending a message only appends text; an assistant turn
 ends with the model's one stop token; the tool turn after it is the same whatever came before).
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import Counter
 import sys
 
 import pyarrow.parquet as pq
@@ -48,14 +49,35 @@ def test_generated_questions_hold_out_the_test_split_and_are_reproducible(data, 
     for r in train + test:
         a, b = pair(r)
         assert arith.MIN_NUMBER <= a <= arith.MAX_NUMBER and arith.MIN_NUMBER <= b <= arith.MAX_NUMBER
-        assert r["reward_model"]["ground_truth"]["product"] == a * b
-        assert r["prompt"] == [{"role": "user", "content": f"x={a}*{b}. What is x?"}]
+        assert a % 7 and b % 7  # so the answer is 1-6, never 0
+        assert r["reward_model"]["ground_truth"]["answer"] == a * b % 7
+        assert r["prompt"] == [{"role": "user", "content": f"a={a}, b={b}. What is a*b%7?"}]
+        assert r["extra_info"]["tools_kwargs"] == {"code_interpreter": {"create_kwargs": {"setup": f"a={a}\nb={b}"}}}
+    assert sorted({r["reward_model"]["ground_truth"]["answer"] for r in train}) == [1, 2, 3, 4, 5, 6]
+    # over every pair the generator may draw, each answer equally often: a guess is right 1 time in 6
+    span = [n for n in range(arith.MIN_NUMBER, arith.MAX_NUMBER + 1) if n % 7]
+    counts = Counter(arith.solution(a, b) for a in span for b in span)
+    assert sorted(counts) == [1, 2, 3, 4, 5, 6] and max(counts.values()) - min(counts.values()) <= 1
     arith.generate(tmp_path, 600, 200, seed=3)
     assert rows(tmp_path / "train.parquet") == train  # the same seed, the same files
 
 
+def test_the_tool_answers_each_question_only_with_its_rows_setup(data):
+    """The question's values reach the program only through the row's setup (verl's
+    extra_info.tools_kwargs, which the turn loop passes to the tool: tests/test_turns.py)."""
+    from tinyrl.data.io import tools_kwargs
+    from tinyrl.tools import TOOLS
+
+    tool = TOOLS["code_interpreter"]
+    for r in rows(data / "test.parquet")[:4]:
+        create = tools_kwargs(r)["code_interpreter"]["create_kwargs"]
+        assert tool.run({"code": arith.TOOL_CODE}, create).stdout == f"{r['reward_model']['ground_truth']['answer']}\n"
+        assert "NameError" in tool.run({"code": arith.TOOL_CODE}, {}).stderr
+
+
 def test_sft_conversations_call_the_tool_at_the_share_asked_with_its_real_output(data):
-    from tinyrl.tools import TOOLS, render, run_code
+    from tinyrl.data.io import tools_kwargs
+    from tinyrl.tools import TOOLS, render
 
     train = rows(data / "sft_train.parquet")
     with_tool = [r for r in train if len(r["messages"]) == 4]
@@ -65,23 +87,24 @@ def test_sft_conversations_call_the_tool_at_the_share_asked_with_its_real_output
         truth = r["reward_model"]["ground_truth"]
         msgs = r["messages"]
         assert msgs[0] == r["prompt"][0]
-        assert msgs[-1] == {"role": "assistant", "content": f"<answer>\n{truth['product']}\n</answer>"}
+        assert msgs[-1] == {"role": "assistant", "content": f"<answer>\n{truth['answer']}\n</answer>"}
         if len(msgs) == 4:
             call = json.loads(msgs[1]["content"].removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
-            assert call == {"name": "code_interpreter", "arguments": {"code": f"x={truth['a']}*{truth['b']}\nprint(x)"}}
-            assert msgs[2] == {"role": "tool", "content": str(truth["product"])}
+            assert call == {"name": "code_interpreter", "arguments": {"code": "print(a*b%7)"}}
+            assert msgs[2] == {"role": "tool", "content": str(truth["answer"])}
         else:
             assert len(msgs) == 2
-    for r in with_tool[:3]:  # the batched run gives what separate tool calls give
+    for r in with_tool[:3]:  # the batched run gives what separate tool calls with the row's setup give
         code = json.loads(r["messages"][1]["content"].split("\n")[1])["arguments"]["code"]
-        assert render(run_code(code)) == r["messages"][2]["content"]
-    assert arith.tool_outputs(["print(1)", "x = 2", "print('a')\nprint(3 - 5)"]) == \
+        create = tools_kwargs(r)["code_interpreter"]["create_kwargs"]
+        assert render(TOOLS["code_interpreter"].run({"code": code}, create)) == r["messages"][2]["content"]
+    assert arith.tool_outputs([("", "print(1)"), ("", "x = 2"), ("n = 5", "print('a')\nprint(3 - n)")]) == \
         ["1", "[no output; exit code 0]", "a\n-2"]
 
 
 def test_the_answer_copies_the_tool_output_after_the_same_tokens(tok, data):
     """The tiny 2-layer model copies by induction: to write the token after X it finds an earlier X
-    and copies its successor. So the answer's digits follow the same tokens (">" "\\n") as the tool
+    and copies its successor. So the answer's digit follows the same tokens (">" "\\n") as the tool
     response's (README: the tool demo; with `<answer> 1081 </answer>` every answer was the same
     number, whatever the tool printed)."""
     from tinyrl.tools import TOOLS
@@ -91,63 +114,28 @@ def test_the_answer_copies_the_tool_output_after_the_same_tokens(tok, data):
     for r in convs:
         ids = tok(tok.apply_chat_template(r["messages"], tools=schemas, tokenize=False),
                   add_special_tokens=False)["input_ids"]
-        digits = tok(str(r["reward_model"]["ground_truth"]["product"]), add_special_tokens=False)["input_ids"]
+        digits = tok(str(r["reward_model"]["ground_truth"]["answer"]), add_special_tokens=False)["input_ids"]
         starts = [i for i in range(len(ids)) if ids[i:i + len(digits)] == digits]
         assert len(starts) >= 2  # the tool's output, then the answer
         assert ids[starts[-2] - 2:starts[-2]] == ids[starts[-1] - 2:starts[-1]]
         assert ids[starts[-2] + len(digits)] == ids[starts[-1] + len(digits)]  # "\n" after both
 
 
-def test_the_code_copies_the_question_after_an_anchor_found_once_in_the_prompt(tok, data):
-    """What makes the demo learnable (README: the tool demo): the code `x=23*47\nprint(x)` starts
-    with a verbatim span of the question "x=23*47. What is x?", and the factors follow "=", a token
-    that occurs exactly once in the whole prompt (system prompt with the tool's schema included).
-    So the tiny model's induction head (to write the token after X, find the earlier X and copy
-    what followed it) copies the factors token by token. With "What is 23 * 47?" and
-    `print(23 * 47)` the first digit followed "(", which the question did not have: 9.4% of the
-    codes were right after 600 SFT steps."""
-    from tinyrl.tools import TOOLS
-
-    schemas = [TOOLS["code_interpreter"].schema]
-    convs = [r for r in rows(data / "sft_train.parquet") if len(r["messages"]) == 4][:40]
-    assert convs
-    for r in convs:
-        truth = r["reward_model"]["ground_truth"]
-        prompt = tok(tok.apply_chat_template(r["messages"][:1], tools=schemas, tokenize=False,
-                                             add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-        full = tok(tok.apply_chat_template(r["messages"][:2], tools=schemas, tokenize=False),
-                   add_special_tokens=False)["input_ids"]
-        assert full[:len(prompt)] == prompt  # the assistant turn is appended to the same tokens
-        turn = full[len(prompt):]
-        anchors = [i for i, t in enumerate(prompt) if tok.decode([t]) == "="]
-        assert len(anchors) == 1, tok.decode(prompt)  # "=" once in the prompt: the copy has one source
-        (at,) = anchors
-        stop = at + 1
-        while tok.decode(prompt[stop:stop + 1]) != ".":  # the span ends at the question's "."
-            stop += 1
-        span = prompt[at + 1:stop]
-        assert tok.decode(span) == f"{truth['a']}*{truth['b']}"
-        starts = [i for i, t in enumerate(turn) if t == prompt[at]]
-        assert len(starts) == 1  # the code's "=" is the same token as the question's
-        (k,) = starts
-        assert turn[k + 1:k + 1 + len(span)] == span  # the same token ids: copied one by one
-        assert turn[k - 1] == prompt[at - 1]  # "x" before "=" in both
-
-
 @pytest.mark.parametrize("episode, score", [
-    ("<answer> 1081 </answer>", 1.0),                                  # a direct (guessed) answer
-    ("<answer> 1080 </answer>", 0.0),
-    ('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "x=23*47\\nprint(x)"}}\n</tool_call>'
-     "tool\n<tool_response>\n1081\n</tool_response>\nassistant\n<answer> 1081 </answer>", 1.0),
-    ('<tool_call>...</tool_call>tool\n<tool_response>\n1081\n</tool_response>\nassistant\n', 0.0),
+    ("<answer> 1 </answer>", 1.0),                                     # a direct (guessed) answer
+    ("<answer> 2 </answer>", 0.0),
+    ("<answer> 1058 </answer>", 0.0),                                  # the product is not the question
+    ('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(a*b%7)"}}\n</tool_call>'
+     "tool\n<tool_response>\n1\n</tool_response>\nassistant\n<answer>\n1\n</answer>", 1.0),
+    ('<tool_call>...</tool_call>tool\n<tool_response>\n1\n</tool_response>\nassistant\n', 0.0),
     # the program printed the answer tags: text inside a tool response is not the model's answer
-    ("<tool_call>...</tool_call>tool\n<tool_response>\n<answer> 1081 </answer>\n</tool_response>\nassistant\n"
+    ("<tool_call>...</tool_call>tool\n<tool_response>\n<answer> 1 </answer>\n</tool_response>\nassistant\n"
      "I think so", 0.0),
-    ("<answer> 1081 </answer>tool\n<tool_response>\n1\n</tool_response>\nassistant\n<answer> 7 </answer>", 0.0),
-    ("<answer> 7 </answer> no, <answer> 1081 </answer>", 1.0),        # the last answer counts
+    ("<answer> 1 </answer>tool\n<tool_response>\n1\n</tool_response>\nassistant\n<answer> 5 </answer>", 0.0),
+    ("<answer> 5 </answer> no, <answer> 1 </answer>", 1.0),           # the last answer counts
 ])
 def test_reward_reads_the_answer_of_the_last_turn_only(episode, score):
-    row = {"reward_model": {"ground_truth": {"a": 23, "b": 47, "product": 1081}}}
+    row = {"reward_model": {"ground_truth": {"a": 23, "b": 46, "answer": 1}}}
     assert arith.reward()(episode, row) == score
 
 

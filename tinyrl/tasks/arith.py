@@ -1,26 +1,28 @@
-"""Arithmetic with the Python tool: "x=23*47. What is x?" -- the CPU demo where tool use is learned.
+"""Arithmetic with the Python tool: "a=23, b=46. What is a*b%7?" -- the CPU demo where tool use is learned.
 
-The tiny model (tinyrl.tiny_model) cannot multiply two-digit numbers, but it can copy the
-question into the program `x=23*47\nprint(x)`, call the `code_interpreter` tool (tinyrl.tools)
-in Qwen2.5's hermes format, and copy the tool's output into its answer. So the reward is
-reachable only through the tool, and RL can raise accuracy by raising the share of episodes that
-use it well. Both copies are laid out for a 2-layer model, which copies by induction (to write
-the token after X, find the earlier X and copy what followed it): the program starts with a
-verbatim span of the question whose factors follow "=", a token found once in the whole prompt
-(tests/test_task_arith.py checks it on the tokenized conversations); the answer holds the number
-on its own line as the tool response does. With "What is 23 * 47?" and `print(23 * 47)` the
-first factor followed "(", which the question did not have, and the code was right in 9.4% of
-the questions after 600 SFT steps; with this layout, in all of them (README: the tool demo).
+The tiny model (tinyrl.tiny_model) cannot compute the remainder of a product of two-digit
+numbers, but the question's values are loaded in the Python tool's interpreter (the episode's
+`setup`, verl's per-row tools_kwargs: tinyrl.tools), so the program `print(a*b%7)` answers it:
+the model calls the `code_interpreter` tool (tinyrl.tools) in Qwen2.5's hermes format and copies
+its one-digit output into its answer. No factor is a multiple of 7, so the answer is one of 1-6,
+each equally often: a guess is right 1 time in 6, the tool every time. RL can raise the accuracy
+by raising the share of episodes that use the tool.
+
+Why this layout (README: the tool demo, measured): the 2-layer tiny model copies one digit that
+follows a fixed anchor reliably, and neither a program that copies the question's numbers nor a
+multi-digit answer copied from the tool's output was learned next to the other in 600 SFT steps
+(with the values in the program, "x=23*47", the program copy came only after a restart, and then
+the answer's digits after the first stayed at chance).
 
 Data: generated (`tinyrl data arith`), verl's parquet schema: `prompt` = one user message,
-`reward_model.ground_truth` = {"a", "b", "product"}. With --sft also sft_train/sft_test.parquet
-with `messages` (+ `tools`, the schemas as JSON) for `tinyrl sft`: a share of the rows
-(--tool-share) are tool traces (assistant tool call, the tool's real output, the answer), the
-rest answer at once with the right number -- which the model cannot compute, so they teach it
-to guess, and RL can find that the episodes that call the tool are the ones that score.
-Reward: 1 when the final answer (the `<answer>` after the last tool response) is the product,
-else 0. Solved: 1. The answer must come from the model's last turn: text a program prints into
-a tool response never counts.
+`reward_model.ground_truth` = {"a", "b", "answer"}, `extra_info.tools_kwargs` = the Python tool's
+setup ("a=23\nb=46"). With --sft also sft_train/sft_test.parquet with `messages` (+ `tools`, the
+schemas as JSON) for `tinyrl sft`: a share of the rows (--tool-share) are tool traces (assistant
+tool call, the tool's real output, the answer), the rest answer at once with the right number --
+which the model cannot compute, so they teach it to guess, and RL can find that the episodes
+that call the tool are the ones that score. Reward: 1 when the final answer (the `<answer>`
+after the last tool response) is right, else 0. Solved: 1. The answer must come from the model's
+last turn: text a program prints into a tool response never counts.
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ from tinyrl.rollout.hermes import final_turn
 from tinyrl.tasks.base import RewardFn, Task
 
 TOOLS = ("code_interpreter",)
-MIN_NUMBER, MAX_NUMBER = 10, 99      # two-digit factors: a product the tiny model cannot guess
-TOOL_SHARE = 0.6                     # SFT rows that call the tool (the rest answer at once)
+MIN_NUMBER, MAX_NUMBER = 10, 99      # two-digit factors: a remainder the tiny model cannot compute
+MODULUS = 7                          # factors are never multiples of it: answers 1-6, uniform
+TOOL_SHARE = 0.4                     # SFT rows that call the tool (the rest answer at once)
 MAX_ROWS = 1_000_000
-_QUESTION = "x={a}*{b}. What is x?"
-_QUESTION_RE = re.compile(r"x=(\d+)\*(\d+)\. What is x\?")
+TOOL_CODE = f"print(a*b%{MODULUS})"  # every tool trace's program: the values are in the setup
+_QUESTION = "a={a}, b={b}. What is a*b%" + str(MODULUS) + "?"
+_QUESTION_RE = re.compile(r"a=(\d+), b=(\d+)\. What is a\*b%" + str(MODULUS) + r"\?")
 _ANSWER_RE = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
 
 
@@ -51,10 +55,18 @@ def question(a: int, b: int) -> str:
     return _QUESTION.format(a=a, b=b)
 
 
-def tool_code(a: int, b: int) -> str:
-    """The program a tool trace runs: it starts with the question's own span "x=23*47", so the
-    model copies it token by token after the one "=" of the prompt (tests/test_task_arith.py)."""
-    return f"x={a}*{b}\nprint(x)"
+def solution(a: int, b: int) -> int:
+    return a * b % MODULUS
+
+
+def setup_code(a: int, b: int) -> str:
+    """The Python tool's setup for this question (run before each of its calls in the episode)."""
+    return f"a={a}\nb={b}"
+
+
+def tools_kwargs(a: int, b: int) -> dict:
+    """verl's extra_info.tools_kwargs for a row: the Python tool's create_kwargs."""
+    return {"code_interpreter": {"create_kwargs": {"setup": setup_code(a, b)}}}
 
 
 def tool_call_text(code: str) -> str:
@@ -64,8 +76,7 @@ def tool_call_text(code: str) -> str:
 
 
 def answer_text(value: int) -> str:
-    """The number on its own line, as in the tool response: its digits follow ">" "\\n" in both, so
-    the answer can copy the tool's output by induction."""
+    """The number on its own line, as in the tool response: its digit follows ">" "\\n" in both."""
     return f"<answer>\n{int(value)}\n</answer>"
 
 
@@ -78,7 +89,7 @@ def reward() -> RewardFn:
     def score(completion: str, example: Any) -> float:
         answer = extract_answer(completion)
         truth = example["reward_model"]["ground_truth"]
-        return 1.0 if answer is not None and int(answer) == int(truth["product"]) else 0.0
+        return 1.0 if answer is not None and int(answer) == int(truth["answer"]) else 0.0
     return score
 
 
@@ -88,28 +99,29 @@ def _pairs(rng: random.Random, size: int, exclude: set) -> list[tuple[int, int]]
     out = []
     while len(out) < size:
         pair = (rng.randint(MIN_NUMBER, MAX_NUMBER), rng.randint(MIN_NUMBER, MAX_NUMBER))
-        if pair not in exclude:
+        if pair not in exclude and pair[0] % MODULUS and pair[1] % MODULUS:
             out.append(pair)
     return out
 
 
-def tool_outputs(codes: list[str]) -> list[str]:
-    """Each program's tool turn text (tinyrl.tools.render of its run), from ONE sandboxed run
-    that executes every program on its own stdout: thousands of rows in a second instead of
-    one sandbox start (~0.15 s) each. The same interpreter and sandbox as the tool; a test
-    checks rows against separate run_code calls."""
+def tool_outputs(runs: list[tuple[str, str]]) -> list[str]:
+    """Each (setup, program)'s tool turn text (tinyrl.tools.render of its run), from ONE sandboxed
+    run that executes every setup and program in a namespace of its own, on its own stdout:
+    thousands of rows in a second instead of one sandbox start (~0.15 s) each. The same
+    interpreter and sandbox as the tool; a test checks rows against separate tool calls."""
     from tinyrl.tools import render, run_code
 
-    if not codes:
+    if not runs:
         return []
     driver = ("import contextlib, io, json\nout = []\n"
-              f"for code in json.loads({json.dumps(json.dumps(codes))}):\n"
-              "    buf = io.StringIO()\n"
+              f"for setup, code in json.loads({json.dumps(json.dumps(runs))}):\n"
+              "    buf, space = io.StringIO(), {}\n"
               "    with contextlib.redirect_stdout(buf):\n"
-              "        exec(code, {})\n"
+              "        exec(setup, space)\n"
+              "        exec(code, space)\n"
               "    out.append(buf.getvalue())\n"
               "print(json.dumps(out))\n")
-    result = run_code(driver, timeout_s=120.0, memory_mb=1024, max_output_bytes=64 * len(codes) + 1024)
+    result = run_code(driver, timeout_s=120.0, memory_mb=1024, max_output_bytes=64 * len(runs) + 1024)
     if not result.ok:
         raise TinyRLError(f"the Python sandbox could not run the SFT traces' programs: {result.message}",
                           hint=f"check that `tinyrl.tools.run_code('print(1)')` works here; stderr: {result.stderr[-300:]}")
@@ -123,8 +135,9 @@ def _prompt_table(pairs: list[tuple[int, int]], split: str):
 
     rows = [{"data_source": "arith", "prompt": [{"role": "user", "content": question(a, b)}],
              "ability": "math",
-             "reward_model": {"style": "rule", "ground_truth": {"a": a, "b": b, "product": a * b}},
-             "extra_info": {"split": split, "index": i}} for i, (a, b) in enumerate(pairs)]
+             "reward_model": {"style": "rule", "ground_truth": {"a": a, "b": b, "answer": solution(a, b)}},
+             "extra_info": {"split": split, "index": i, "tools_kwargs": tools_kwargs(a, b)}}
+            for i, (a, b) in enumerate(pairs)]
     return pa.Table.from_pylist(rows)
 
 
@@ -132,8 +145,8 @@ def sft_messages(a: int, b: int, use_tool: bool, output: str = "") -> list[dict]
     """One SFT conversation: a tool trace (call, the tool's output, the answer) or a direct answer."""
     user = {"role": "user", "content": question(a, b)}
     if not use_tool:
-        return [user, {"role": "assistant", "content": answer_text(a * b)}]
-    return [user, {"role": "assistant", "content": tool_call_text(tool_code(a, b))},
+        return [user, {"role": "assistant", "content": answer_text(solution(a, b))}]
+    return [user, {"role": "assistant", "content": tool_call_text(TOOL_CODE)},
             {"role": "tool", "content": output},
             {"role": "assistant", "content": answer_text(int(output))}]
 
@@ -144,7 +157,7 @@ def _sft_table(table, pairs: list[tuple[int, int]], rng: random.Random, tool_sha
     from tinyrl.tools import TOOLS as REGISTRY
 
     use = [rng.random() < tool_share for _ in pairs]
-    outputs = iter(tool_outputs([tool_code(a, b) for (a, b), u in zip(pairs, use) if u]))
+    outputs = iter(tool_outputs([(setup_code(a, b), TOOL_CODE) for (a, b), u in zip(pairs, use) if u]))
     messages = [sft_messages(a, b, u, next(outputs) if u else "") for (a, b), u in zip(pairs, use)]
     schemas = json.dumps([REGISTRY[name].schema for name in TOOLS])
     return (table.append_column("messages", pa.array(messages))
@@ -201,7 +214,7 @@ def data_command(
     tool_share: float = typer.Option(TOOL_SHARE, help="With --sft: the share of conversations that call the "
                                      "Python tool; the others answer at once."),
 ) -> None:
-    """Write 'x=a*b. What is x?' questions (two-digit factors) for the Python-tool task."""
+    """Write 'a=23, b=46. What is a*b%7?' questions (two-digit factors) for the Python-tool task."""
     from rich.console import Console
 
     train, test = generate(out_dir, train_size, test_size, seed=seed, sft=sft, tool_share=tool_share)
@@ -218,7 +231,8 @@ def _task_line(prompt: str) -> str | None:
 
 TASK = Task(
     name="arith",
-    description="'x=a*b. What is x?' with the Python tool (code_interpreter); answer in <answer></answer>; 1 / 0",
+    description="'a=23, b=46. What is a*b%7?' with the values in the Python tool (code_interpreter); "
+                "answer in <answer></answer>; 1 / 0",
     templates=("chat",),
     make_reward=lambda t: reward(),
     solved_at=lambda t: 1.0,
