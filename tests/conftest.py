@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,35 @@ def tiny_model_dir() -> Path:
     """The warmed-up tiny Qwen2 model (tokenizer + fp32 safetensors), built once per machine
     into the tinyrl cache ($TINYRL_CACHE or ~/.cache/tinyrl) and reused afterwards."""
     return build_tiny_model()
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """`tinyrl ARGS` in a subprocess, as a user runs it; asserts exit 0 (the output if not)."""
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", *args], capture_output=True, text=True, timeout=3000)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done
+
+
+@pytest.fixture(scope="session")
+def countdown_demo_sft(tmp_path_factory, tiny_model_dir) -> Path:
+    """README's first command, `tinyrl sft --preset countdown-demo-sft`, on the data its first use
+    generates (same seed and options) -> the run directory (its data in ../data). Made ONCE per
+    test run and shared by the pytest-xdist workers (a file lock in the run's common temp root):
+    the countdown, PPO and tool demos all start from it, and each worker making its own cost
+    ~3-4 minutes of a 2-core CI machine."""
+    shared = os.environ.get("PYTEST_XDIST_WORKER") is not None
+    root = tmp_path_factory.getbasetemp().parent if shared else tmp_path_factory.getbasetemp()
+    home = root / "countdown-demo-sft"
+    with open(root / "countdown-demo-sft.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # the other workers wait here for the one making it
+        if not (home / "DONE").exists():
+            shutil.rmtree(home, ignore_errors=True)   # what a worker that failed half-way left
+            run_cli("data", "countdown", "--out", str(home / "data"), "--train-size", "8192", "--test-size", "1024",
+                    "--operands", "2", "--max-number", "50", "--sft")
+            run_cli("sft", "--preset", "countdown-demo-sft", "--out", str(home / "sft"), "--no-dashboard",
+                    "--set", f"data.train_path={home / 'data' / 'sft_train.parquet'}")
+            (home / "DONE").touch()
+    return home / "sft"
 
 
 @pytest.fixture(scope="session")

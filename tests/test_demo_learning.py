@@ -28,13 +28,12 @@ the real CLI rather than hand-picked numbers.
 from __future__ import annotations
 
 import statistics
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from conftest import run_cli
 from tinyrl import jsonl
 
 RL_STEPS = 60
@@ -43,22 +42,13 @@ MIN_RISE = 0.10  # measured +0.168, +0.219, +0.172 (module docstring)
 MIN_SEEDS_RISING = 2
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", *args], capture_output=True, text=True, timeout=3000)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return done
+cli = run_cli  # tinyrl ARGS in a subprocess, asserting exit 0 (tests/conftest.py)
 
 
-@pytest.fixture(scope="module")
-def sft_run(tmp_path_factory, tiny_model_dir) -> Path:
-    """The preset's SFT run, on the data its first use generates (same seed and options)."""
-    tmp = tmp_path_factory.mktemp("demo")
-    cli("data", "countdown", "--out", str(tmp / "data"), "--train-size", "8192", "--test-size", "1024",
-        "--operands", "2", "--max-number", "50", "--sft")
-    run = tmp / "sft"
-    cli("sft", "--preset", "countdown-demo-sft", "--out", str(run), "--no-dashboard",
-        "--set", f"data.train_path={tmp / 'data' / 'sft_train.parquet'}")
-    return run
+@pytest.fixture
+def sft_run(countdown_demo_sft) -> Path:
+    """The preset's SFT run (tests/conftest.py: made once per test run, shared by the workers)."""
+    return countdown_demo_sft
 
 
 def rl_records(sft_run: Path, tmp_path: Path, seed: int, preset: str = "countdown-demo") -> list[dict]:
