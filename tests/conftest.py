@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,26 +30,35 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return done
 
 
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
+    """make(home) run ONCE per test run, however many pytest-xdist workers ask -> home. The
+    workers share the run's common temp root; a file lock there makes the others wait for the
+    one making it, and a DONE file says it finished (a half-made home, left by a worker that
+    failed, is made again). `--dist loadgroup` cannot keep such tests on one worker (README)."""
+    shared = os.environ.get("PYTEST_XDIST_WORKER") is not None
+    root = tmp_path_factory.getbasetemp().parent if shared else tmp_path_factory.getbasetemp()
+    home = root / name
+    with open(root / f"{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (home / "DONE").exists():
+            shutil.rmtree(home, ignore_errors=True)
+            make(home)
+            (home / "DONE").touch()
+    return home
+
+
 @pytest.fixture(scope="session")
 def countdown_demo_sft(tmp_path_factory, tiny_model_dir) -> Path:
     """README's first command, `tinyrl sft --preset countdown-demo-sft`, on the data its first use
-    generates (same seed and options) -> the run directory (its data in ../data). Made ONCE per
-    test run and shared by the pytest-xdist workers (a file lock in the run's common temp root):
-    the countdown, PPO and tool demos all start from it, and each worker making its own cost
-    ~3-4 minutes of a 2-core CI machine."""
-    shared = os.environ.get("PYTEST_XDIST_WORKER") is not None
-    root = tmp_path_factory.getbasetemp().parent if shared else tmp_path_factory.getbasetemp()
-    home = root / "countdown-demo-sft"
-    with open(root / "countdown-demo-sft.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)   # the other workers wait here for the one making it
-        if not (home / "DONE").exists():
-            shutil.rmtree(home, ignore_errors=True)   # what a worker that failed half-way left
-            run_cli("data", "countdown", "--out", str(home / "data"), "--train-size", "8192", "--test-size", "1024",
-                    "--operands", "2", "--max-number", "50", "--sft")
-            run_cli("sft", "--preset", "countdown-demo-sft", "--out", str(home / "sft"), "--no-dashboard",
-                    "--set", f"data.train_path={home / 'data' / 'sft_train.parquet'}")
-            (home / "DONE").touch()
-    return home / "sft"
+    generates (same seed and options) -> the run directory (its data in ../data). Made once per
+    test run (made_once): the countdown, PPO and tool demos all start from it, and each worker
+    making its own cost ~3-4 minutes of a 2-core CI machine."""
+    def make(home: Path) -> None:
+        run_cli("data", "countdown", "--out", str(home / "data"), "--train-size", "8192", "--test-size", "1024",
+                "--operands", "2", "--max-number", "50", "--sft")
+        run_cli("sft", "--preset", "countdown-demo-sft", "--out", str(home / "sft"), "--no-dashboard",
+                "--set", f"data.train_path={home / 'data' / 'sft_train.parquet'}")
+    return made_once(tmp_path_factory, "countdown-demo-sft", make) / "sft"
 
 
 @pytest.fixture(scope="session")

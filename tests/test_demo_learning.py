@@ -42,22 +42,14 @@ MIN_RISE = 0.10  # measured +0.168, +0.219, +0.172 (module docstring)
 MIN_SEEDS_RISING = 2
 
 
-cli = run_cli  # tinyrl ARGS in a subprocess, asserting exit 0 (tests/conftest.py)
-
-
-@pytest.fixture
-def sft_run(countdown_demo_sft) -> Path:
-    """The preset's SFT run (tests/conftest.py: made once per test run, shared by the workers)."""
-    return countdown_demo_sft
-
 
 def rl_records(sft_run: Path, tmp_path: Path, seed: int, preset: str = "countdown-demo") -> list[dict]:
     """metrics.jsonl of `tinyrl train --preset PRESET` from the SFT run; it validated at step 0
     and at the last step, and said so."""
     run = tmp_path / f"{preset}-{seed}"
-    done = cli("train", "--preset", preset, "--out", str(run), "--no-dashboard",
-               "--max-steps", str(RL_STEPS), "--set", f"model.init_from={sft_run}", "--set", f"trainer.seed={seed}",
-               "--set", f"data.train_path={sft_run.parent / 'data' / 'train.parquet'}")
+    done = run_cli("train", "--preset", preset, "--out", str(run), "--no-dashboard",
+                   "--max-steps", str(RL_STEPS), "--set", f"model.init_from={sft_run}",
+                   "--set", f"trainer.seed={seed}", "--set", f"data.train_path={sft_run.parent / 'data' / 'train.parquet'}")
     records = jsonl.read_records(run / "metrics.jsonl")
     assert records[0]["step"] == 0 and [r for r in records if "val/score" in r][-1]["step"] == RL_STEPS
     assert "before training ->" in done.stdout and "256 held-back test prompts" in done.stdout
@@ -110,9 +102,9 @@ def rise(records: list[dict]) -> float:
 # it), so a 3x slower, busy machine (issue 19's run 1 was 2.6x) would pass 1,500 s and be
 # stopped while healthy. 3,600 s is 5.5x that: it still only catches a hang.
 @pytest.mark.timeout(3600)
-def test_rl_raises_greedy_accuracy_on_held_back_tasks(sft_run, tmp_path):
+def test_rl_raises_greedy_accuracy_on_held_back_tasks(countdown_demo_sft, tmp_path):
     def check(seed: int) -> tuple[bool, float]:
-        gain = rise(rl_records(sft_run, tmp_path, seed))
+        gain = rise(rl_records(countdown_demo_sft, tmp_path, seed))
         return gain >= MIN_RISE, round(gain, 3)
 
     passed, seen = seeds_until_decided(check)
@@ -126,7 +118,7 @@ PPO_MIN_EXPLAINED_VAR = 0.10  # median of the last 10 steps; measured -0.03 to +
 # 32 tasks x 8 answers a step (4x countdown-demo's batch): a seed took 584 s alone, 1,459-1,486 s with
 # two runs at once on the busy shared 2-core machine; 7,200 s for three seeds and the SFT only catches a hang.
 @pytest.mark.timeout(7200)
-def test_ppo_with_a_critic_raises_accuracy_and_its_critic_learns(sft_run, tmp_path):
+def test_ppo_with_a_critic_raises_accuracy_and_its_critic_learns(countdown_demo_sft, tmp_path):
     """countdown-demo-ppo (PPO/GAE, a LoRA critic) from the same SFT run: on two of seeds 1-3 the
     greedy accuracy rises by 10 points AND the critic explains the returns: the median of
     critic/explained_var over the last 10 steps is at least 0.10 (a critic that learned only the
@@ -145,7 +137,7 @@ def test_ppo_with_a_critic_raises_accuracy_and_its_critic_learns(sft_run, tmp_pa
     order, and this one stops after two runs while 2 and 3 pass (all three ran in 3,856 s of a
     full-suite run beside a second CI run and other jobs, near the 3,600 s limit)."""
     def check(seed: int) -> tuple[bool, tuple[float, float]]:
-        records = rl_records(sft_run, tmp_path, seed, preset="countdown-demo-ppo")
+        records = rl_records(countdown_demo_sft, tmp_path, seed, preset="countdown-demo-ppo")
         ev = [r["critic/explained_var"] for r in records if "critic/explained_var" in r]
         assert len(ev) == RL_STEPS
         gain, ev_last = rise(records), statistics.median(ev[-10:])

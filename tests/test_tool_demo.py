@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli as cli  # tinyrl ARGS in a subprocess, asserting exit 0
+from conftest import made_once, run_cli
 from test_demo_learning import MIN_SEEDS_RISING, seeds_until_decided
 from tinyrl import jsonl
 from tinyrl.rollout.base import Episode, ToolCall, Turn
@@ -41,17 +41,18 @@ def test_the_end_of_run_line_shows_tool_use_before_and_after():
     assert "tool call" not in accuracy_change([{k: v for k, v in r.items() if "tools" not in k} for r in recs])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tool_sft_run(tmp_path_factory, countdown_demo_sft) -> Path:
     """README's second command, `tinyrl sft --preset countdown-tools-demo-sft`, from the first
     one's run (shared with the countdown demos: tests/conftest.py), on the data its first use
-    generates (`tinyrl data arith --sft`, the same seed and sizes)."""
-    root = tmp_path_factory.mktemp("tool-demo")
-    cli("data", "arith", "--out", str(root / "data"), "--sft")
-    run = root / "sft"
-    cli("sft", "--preset", "countdown-tools-demo-sft", "--out", str(run), "--no-dashboard",
-        "--set", f"model.init_from={countdown_demo_sft}", "--set", f"data.train_path={root / 'data' / 'sft_train.parquet'}")
-    return run
+    generates (`tinyrl data arith --sft`, the same seed and sizes). Made once per test run
+    (made_once): the vLLM test and the RL test may sit on different workers."""
+    def make(home: Path) -> None:
+        run_cli("data", "arith", "--out", str(home / "data"), "--sft")
+        run_cli("sft", "--preset", "countdown-tools-demo-sft", "--out", str(home / "sft"), "--no-dashboard",
+                "--set", f"model.init_from={countdown_demo_sft}",
+                "--set", f"data.train_path={home / 'data' / 'sft_train.parquet'}")
+    return made_once(tmp_path_factory, "countdown-tools-demo-sft", make) / "sft"
 
 
 @pytest.mark.vllm
@@ -63,10 +64,10 @@ def test_the_tool_demo_runs_on_vllm_with_the_parity_guard_under_its_limit(tool_s
     training/rollout_probs_diff 0.0005-0.0006 on steps 1-3 (limit 0.05), 42-51 tool calls a step
     over 64 episodes."""
     run = tmp_path / "rl-vllm"
-    cli("train", "--preset", "countdown-tools-demo", "--out", str(run), "--no-dashboard", "--max-steps", "3",
-        "--set", "rollout.engine=vllm", "--set", f"model.init_from={tool_sft_run}",
-        "--set", f"data.train_path={tool_sft_run.parent / 'data' / 'train.parquet'}",
-        "--set", "trainer.val_before_train=false", "--set", "trainer.test_every=0")
+    run_cli("train", "--preset", "countdown-tools-demo", "--out", str(run), "--no-dashboard", "--max-steps", "3",
+            "--set", "rollout.engine=vllm", "--set", f"model.init_from={tool_sft_run}",
+            "--set", f"data.train_path={tool_sft_run.parent / 'data' / 'train.parquet'}",
+            "--set", "trainer.val_before_train=false", "--set", "trainer.test_every=0")
     steps = [r for r in jsonl.read_records(run / "metrics.jsonl") if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2, 3]
     for r in steps:
@@ -97,9 +98,9 @@ def test_rl_finds_the_tool_and_raises_greedy_accuracy(tool_sft_run, tmp_path):
     """
     def check(seed: int) -> tuple[bool, tuple[float, float, float]]:
         run = tmp_path / f"rl-{seed}"
-        done = cli("train", "--preset", "countdown-tools-demo", "--out", str(run), "--no-dashboard",
-                   "--set", f"model.init_from={tool_sft_run}", "--set", f"trainer.seed={seed}",
-                   "--set", f"data.train_path={tool_sft_run.parent / 'data' / 'train.parquet'}")
+        done = run_cli("train", "--preset", "countdown-tools-demo", "--out", str(run), "--no-dashboard",
+                       "--set", f"model.init_from={tool_sft_run}", "--set", f"trainer.seed={seed}",
+                       "--set", f"data.train_path={tool_sft_run.parent / 'data' / 'train.parquet'}")
         vals = [r for r in jsonl.read_records(run / "metrics.jsonl") if "val/score" in r]
         assert [r["step"] for r in vals] == [0, RL_STEPS], vals
         assert "successful tool call (val/tools/ok_share)" in done.stdout  # the end-of-run line

@@ -64,7 +64,7 @@ def setup_code(a: int, b: int) -> str:
     return f"a={a}\nb={b}"
 
 
-def tools_kwargs(a: int, b: int) -> dict:
+def row_tools_kwargs(a: int, b: int) -> dict:
     """verl's extra_info.tools_kwargs for a row: the Python tool's create_kwargs."""
     return {"code_interpreter": {"create_kwargs": {"setup": setup_code(a, b)}}}
 
@@ -136,7 +136,7 @@ def _prompt_table(pairs: list[tuple[int, int]], split: str):
     rows = [{"data_source": "arith", "prompt": [{"role": "user", "content": question(a, b)}],
              "ability": "math",
              "reward_model": {"style": "rule", "ground_truth": {"a": a, "b": b, "answer": solution(a, b)}},
-             "extra_info": {"split": split, "index": i, "tools_kwargs": tools_kwargs(a, b)}}
+             "extra_info": {"split": split, "index": i, "tools_kwargs": row_tools_kwargs(a, b)}}
             for i, (a, b) in enumerate(pairs)]
     return pa.Table.from_pylist(rows)
 
