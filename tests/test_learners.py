@@ -91,7 +91,7 @@ def test_a_role_trains_every_tensor_of_its_own_and_nothing_else(tiny_model_dir, 
     # LoRA's B and the value head start at zero, so the first updates reach some tensors only
     # through others (A's gradient is 0 while B is 0): three updates reach every one.
     for _ in range(3):
-        learner.update(traj, samples_per_prompt=1, generator=torch.Generator().manual_seed(0))
+        learner.update(traj, generator=torch.Generator().manual_seed(0))
     with models.role(role):
         learner.opt.zero_grad(set_to_none=True)
         learner.accumulate_gradients(traj, [slice(0, 2), slice(2, 4)])
@@ -114,7 +114,7 @@ def test_bf16_lora_role_trains_every_tensor(tiny_model_dir, role):
     traj = _trajectory(models)
     before = [p.detach().clone() for p in learner.params]
     for _ in range(3):
-        learner.update(traj, samples_per_prompt=1, generator=torch.Generator().manual_seed(0))
+        learner.update(traj, generator=torch.Generator().manual_seed(0))
     unchanged = [i for i, (b, p) in enumerate(zip(before, learner.params)) if torch.equal(b, p.detach())]
     assert not unchanged and learner.skipped_steps == 0
 
@@ -131,7 +131,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir, role, f
         if state is None:  # move every adapter and the head off zero, then share the weights
             for learner in learners.values():
                 for _ in range(2):
-                    learner.update(_trajectory(models), samples_per_prompt=1, generator=torch.Generator().manual_seed(0))
+                    learner.update(_trajectory(models), generator=torch.Generator().manual_seed(0))
             state = models.trainable_state()
         else:
             models.load_trainable_state(state)
@@ -154,7 +154,7 @@ def test_one_micro_batch_and_four_give_the_same_gradient(tiny_model_dir, role, a
     models = _models(cfg, tiny_model_dir)
     learner = make_learners(cfg, models, BudgetKeeper({p: 10**6 for p in Phase}), True, lambda m: None)[role]
     for _ in range(2):  # off zero, so every tensor has a gradient to compare
-        learner.update(_trajectory(models), samples_per_prompt=1, generator=torch.Generator().manual_seed(0))
+        learner.update(_trajectory(models), generator=torch.Generator().manual_seed(0))
     traj = _trajectory(models, seed=2)
 
     def grads(slices):
@@ -278,7 +278,41 @@ def test_by_prompt_puts_each_prompts_rows_together_in_their_shuffled_order():
     assert by_prompt(rows, group_ids).tolist() == [0, 1, 2, 3, 5, 4, 7]
 
 
-def test_the_update_computes_each_prompt_once_when_its_rows_fit_one_micro_batch(tiny_model_dir):
+def test_mini_batches_hold_whole_prompts_in_the_order_they_were_drawn():
+    from tinyrl.microbatch import mini_batches
+
+    group_ids = torch.tensor([0, 0, 1, 1, 2, 2])  # row -> prompt
+    order = torch.tensor([5, 0, 3, 1, 4, 2])      # prompts first seen: 2 (row 5), 0 (row 0), 1 (row 3)
+    assert [m.tolist() for m in mini_batches(order, group_ids, 2)] == [[5, 0, 1, 4], [3, 2]]
+    assert [m.tolist() for m in mini_batches(order, group_ids, 1)] == [[5, 4], [0, 1], [3, 2]]
+    assert [m.tolist() for m in mini_batches(order, None, 4)] == [[5, 0, 3, 1], [4, 2]]  # SFT: rows
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_mini_batches_cover_every_row_once_and_keep_old_cuts_where_nothing_is_shared(seed):
+    from tinyrl.microbatch import mini_batches
+
+    g = torch.Generator().manual_seed(seed)
+    group_ids = torch.randint(0, 7, (40,), generator=g) * 3 + 5  # 40 rows, uneven groups, sparse ids
+    order = torch.randperm(40, generator=g)
+    for prompts in (1, 2, 3, 7, 100):
+        minis = mini_batches(order, group_ids, prompts)
+        assert sorted(torch.cat(minis).tolist()) == list(range(40))
+        seen = [set(group_ids[m].tolist()) for m in minis]
+        assert all(len(s) == prompts for s in seen[:-1]) and 0 < len(seen[-1]) <= prompts
+        assert all(not (a & b) for i, a in enumerate(seen) for b in seen[i + 1:])  # a prompt in one only
+        assert all(m.tolist() == [r for r in order.tolist() if r in set(m.tolist())] for m in minis)
+    # one row per prompt (PPO with rollout.n = 1, SFT) or every prompt in one mini-batch: what
+    # consecutive cuts of the permutation gave before, so those runs are unchanged bit for bit
+    unique = torch.randperm(40, generator=g)
+    for prompts in (1, 3, 8, 40):
+        assert [m.tolist() for m in mini_batches(order, unique, prompts)] == \
+               [order[i:i + prompts].tolist() for i in range(0, 40, prompts)]
+    assert [m.tolist() for m in mini_batches(order, group_ids, 7)] == [order.tolist()]
+
+
+@pytest.mark.parametrize("prompts_per_mini", [0, 1, 2])
+def test_the_update_computes_each_prompt_once_when_its_rows_fit_one_micro_batch(tiny_model_dir, prompts_per_mini):
     # GRPO's shape: 3 prompts x 4 answers, one mini-batch of the 12 rows, micro-batches of at
     # most 5 rows (budget 50 tokens / planned row width 10; every row has <= 9 real tokens).
     # Hand-worked: with each prompt's 4 rows in one micro-batch, the padding-free passes compute
@@ -287,7 +321,11 @@ def test_the_update_computes_each_prompt_once_when_its_rows_fit_one_micro_batch(
     # micro-batches (the demo's update computed 0.54 tokens per real token, the forward 0.29);
     # rows in prompt order cut at 5 rows ([0:5] [5:10] [10:12]) compute prompts 1 and 2 twice
     # (50 tokens); cut between prompts ([0:4] [4:8] [8:12]: as many passes) once each.
-    cfg = _config("lora", False, **{"rollout.n": 4, "algorithm.adv_estimator": '"grpo"', "actor.ppo_epochs": 3})
+    # Mini-batches of 1 or 2 prompts (actor.ppo_mini_batch_size; 0 = all 3) hold whole prompts
+    # (microbatch.mini_batches): each prompt once too. Rows drawn one by one into mini-batches of
+    # 4 or 8 spread the prompts over them (the demo critic's 0.72 tokens per real token).
+    cfg = _config("lora", False, **{"rollout.n": 4, "algorithm.adv_estimator": '"grpo"', "actor.ppo_epochs": 3,
+                                    "actor.ppo_mini_batch_size": prompts_per_mini})
     models = _models(cfg, tiny_model_dir)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (4, 6, 5)]
@@ -300,7 +338,7 @@ def test_the_update_computes_each_prompt_once_when_its_rows_fit_one_micro_batch(
                             lambda m: None)["actor"]
     for seed in range(4):
         before = list(models.token_counts)
-        learner.update(traj, samples_per_prompt=4, generator=torch.Generator().manual_seed(seed))
+        learner.update(traj, generator=torch.Generator().manual_seed(seed))
         computed, real = (a - b for a, b in zip(models.token_counts, before))
         assert (computed, real) == (3 * 39, 3 * 84), f"shuffle seed {seed}"
 
@@ -345,7 +383,7 @@ def test_the_critic_update_is_a_plain_value_regression(tiny_model_dir):
         models.train(False)
         traj.values = own_values()  # the trainer's FORWARD phase: the values the clip is around
         models.train(True)
-        learner.update(traj, samples_per_prompt=1, generator=torch.Generator().manual_seed(0))
+        learner.update(traj, generator=torch.Generator().manual_seed(0))
         loss = 0.5 * (((ref_values() - traj.returns) ** 2) * m).sum() / m.sum()
         ref_opt.zero_grad()
         loss.backward()

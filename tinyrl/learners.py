@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from tinyrl.config import Config, LearnerConfig
-from tinyrl.microbatch import BudgetKeeper, by_prompt, loss_normaliser, loss_weight
+from tinyrl.microbatch import BudgetKeeper, by_prompt, loss_normaliser, loss_weight, mini_batches
 from tinyrl.models import PolicyModels
 from tinyrl.optim import AdamW
 from tinyrl.phases import Phase
@@ -67,20 +67,22 @@ class Learner:
         warm = max(0, cfg.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
 
-    def update(self, traj: Trajectory, *, samples_per_prompt: int, generator: torch.Generator) -> dict[str, float]:
-        """ppo_epochs passes over the trajectory in shuffled mini-batches, one optimizer step
-        each (skipped when the gradient norm is not finite); one scheduler step per call. A
+    def update(self, traj: Trajectory, *, generator: torch.Generator) -> dict[str, float]:
+        """ppo_epochs passes over the trajectory in shuffled mini-batches of whole prompts
+        (ppo_mini_batch_size prompts each: microbatch.mini_batches), one optimizer step each
+        (skipped when the gradient norm is not finite); one scheduler step per call. A
         mini-batch's rows of one prompt go into its micro-batches together (by_prompt)."""
         n_rows = len(traj)
-        mini_rows = self.cfg.ppo_mini_batch_size * samples_per_prompt or n_rows
+        group_ids = traj.group_ids  # None for SFT's rows: each its own prompt
+        n_prompts = n_rows if group_ids is None else int(torch.unique(group_ids).numel())
+        prompts_per_mini = self.cfg.ppo_mini_batch_size or n_prompts
         stats_all: list[dict[str, float]] = []
         with self.models.role(self.role):
             for _epoch in range(self.cfg.ppo_epochs):
                 order = torch.randperm(n_rows, generator=generator).to(traj.mask.device)
-                for start in range(0, n_rows, mini_rows):
-                    rows = order[start:start + mini_rows]
+                for rows in mini_batches(order, group_ids, prompts_per_mini):
                     # SFT's and padded passes share no prompt (and SFT's batches have no groups)
-                    mini = traj.rows(by_prompt(rows, traj.group_ids) if self.models.shares_prompts else rows)
+                    mini = traj.rows(by_prompt(rows, group_ids) if self.models.shares_prompts else rows)
 
                     def attempt(slices, mini=mini):
                         self.opt.zero_grad(set_to_none=True)

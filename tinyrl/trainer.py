@@ -300,7 +300,7 @@ class Trainer:
         for phase, learner in ((Phase.ACTOR_UPDATE, actor), (Phase.CRITIC_UPDATE, self.learners.get("critic"))):
             if learner is not None:
                 with timed(phase), self._counting_tokens(phase):
-                    learner_stats.update(learner.update(traj, samples_per_prompt=cfg.rollout.n, generator=g))
+                    learner_stats.update(learner.update(traj, generator=g))
         if "kl/mean" in kl_metrics:
             self.kl_ctrl.update(kl_metrics["kl/mean"], cfg.trainer.train_batch_size)
         self.step += 1

@@ -54,7 +54,7 @@ def main() -> None:
     before = vm("VmSize")
     if headroom:
         resource.setrlimit(resource.RLIMIT_AS, (before + headroom, before + headroom))
-    stats = trainer.learners["actor"].update(traj, samples_per_prompt=1, generator=torch.Generator().manual_seed(0))
+    stats = trainer.learners["actor"].update(traj, generator=torch.Generator().manual_seed(0))
     digest = sum(float(p.detach().double().sum()) for p in trainer.models.actor_parameters())
     print(json.dumps({"vm_before": before, "vm_peak": vm("VmPeak"), "oom_events": trainer.budgets.oom_events,
                       "digest": digest, "pg_loss": stats["actor/pg_loss"]}))

@@ -63,6 +63,12 @@ class SFTBatch:
     def mask(self) -> torch.Tensor:
         return self.loss_mask
 
+    @property
+    def group_ids(self) -> None:
+        """SFT's rows share no prompt that a mini-batch should keep together: each is its own
+        (Trajectory.group_ids; microbatch.mini_batches)."""
+        return None
+
     def __len__(self) -> int:
         return self.batch.input_ids.shape[0]
 

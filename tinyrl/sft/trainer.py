@@ -115,7 +115,7 @@ class SFTTrainer(Trainer):
         with _Timer(timings, str(Phase.ACTOR_UPDATE)):
             self.models.train(True)
             g = torch.Generator().manual_seed(self.cfg.trainer.seed * 31 + step)
-            stats = self.learners["actor"].update(part, samples_per_prompt=1, generator=g)
+            stats = self.learners["actor"].update(part, generator=g)
         self.step += 1
         timings["step"] = time.perf_counter() - t_step
         n_tokens = int(part.batch.attention_mask.sum())
