@@ -125,7 +125,7 @@ class LearnerConfig:
     lr: float = 1e-6
     weight_decay: float = 0.0
     warmup_steps: int = 0
-    ppo_mini_batch_size: int = 0          # prompts per optimizer step (x rollout.n samples); 0 = the whole batch
+    ppo_mini_batch_size: int = 0          # prompts per optimizer step, each with all its samples; 0 = the whole batch
     ppo_epochs: int = 1
     loss_agg_mode: str = "token-mean"
     grad_clip: float = 1.0
