@@ -150,3 +150,29 @@ def test_critic_warmup_is_checked():
     with pytest.raises(TinyRLError, match="adv_estimator = grpo has none"):
         load_config("countdown-tiny", ["trainer.critic_warmup=5", "algorithm.adv_estimator=grpo"])
     assert load_config("countdown-tiny", ["trainer.critic_warmup=5"]).trainer.critic_warmup == 5
+
+
+def test_only_shipped_files_are_found_in_the_checkout_from_another_directory(tmp_path, monkeypatch):
+    # A preset's relative path is the working directory's; shipped files (data/..., presets/...)
+    # are also found in the checkout. A file generated there by an earlier run (runs/data/...) is not: a command
+    # run elsewhere generates its own (export-verl took the checkout's 1,000-row countdown-tiny
+    # file where its 64-row one was asked for).
+    from pathlib import Path
+
+    from tinyrl import config
+
+    repo, work = tmp_path / "repo", tmp_path / "work"
+    for f in ("data/demo/test.parquet", "presets/chat_templates/t.jinja", "runs/data/demo/train.parquet"):
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        (repo / f).write_text("x")
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(config, "REPO_ROOT", repo)
+    monkeypatch.setattr(config, "DATA_DIR", repo / "data")
+    monkeypatch.setattr(config, "PRESETS_DIR", repo / "presets")
+    assert config.resolve_path("data/demo/test.parquet") == repo / "data/demo/test.parquet"
+    assert config.resolve_path("presets/chat_templates/t.jinja") == repo / "presets/chat_templates/t.jinja"
+    assert config.resolve_path("runs/data/demo/train.parquet") == Path("runs/data/demo/train.parquet")
+    (work / "data/demo").mkdir(parents=True)
+    (work / "data/demo/test.parquet").write_text("mine")
+    assert config.resolve_path("data/demo/test.parquet") == Path("data/demo/test.parquet")  # the user's own first

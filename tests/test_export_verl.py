@@ -500,17 +500,22 @@ def test_an_export_that_fails_after_writing_files_leaves_nothing_behind(tmp_path
     cmd = [sys.executable, "-m", "tinyrl.cli", "export-verl", "--preset", "countdown-tiny",
            "--set", "data.generate_train_size=64", "--set", "trainer.train_batch_size=128"]
     env = {**os.environ, "COLUMNS": "300"}
+    # a working directory of its own: the preset's data is generated under ./runs on first use,
+    # and a checkout where countdown-tiny already ran holds a larger file there
+    work = tmp_path / "work"
+    work.mkdir()
     new = tmp_path / "new" / "out"
-    done = subprocess.run(cmd + ["--out", str(new)], capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run(cmd + ["--out", str(new)], capture_output=True, text=True, timeout=120, env=env, cwd=work)
     assert done.returncode == 2 and "fewer rows than one batch" in done.stderr, done.stderr[-2000:]
-    assert _tree(tmp_path) == {}  # not even the directories --out needed
+    assert not (tmp_path / "new").exists()  # not even the directories --out needed
     # --overwrite into a user's directory: their file and an older export stay byte for byte
     out = tmp_path / "out"
     generate_countdown(out / "data", 64, 16, progress=False)
     (out / "run_verl.sh").write_text("an older export")
     (out / "keep.txt").write_text("mine")
     before = _tree(tmp_path)
-    done = subprocess.run(cmd + ["--out", str(out), "--overwrite"], capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run(cmd + ["--out", str(out), "--overwrite"], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=work)
     assert done.returncode == 2 and "fewer rows than one batch" in done.stderr, done.stderr[-2000:]
     assert _tree(tmp_path) == before
 

@@ -664,9 +664,13 @@ def _reward_problems(cfg: Config) -> list[str]:
 
 
 def resolve_path(path: str) -> Path:
-    """Relative paths are relative to the working directory, or to the repo for shipped data."""
+    """Relative paths are relative to the working directory, or to the repo for shipped files
+    (data/..., presets/...: test sets, chat templates). Only those: a generated file
+    (runs/data/...) belongs to the directory the command runs in, and one that a run in the
+    checkout left must not stand in for it."""
     p = Path(path).expanduser()
     if p.is_absolute() or p.exists():
         return p
     shipped = REPO_ROOT / p
-    return shipped if shipped.exists() else p
+    found = shipped.exists() and any(shipped.resolve().is_relative_to(d.resolve()) for d in (DATA_DIR, PRESETS_DIR))
+    return shipped if found else p
