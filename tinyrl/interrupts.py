@@ -12,6 +12,10 @@ During training, the first signal asks the run to stop:
 Then the CLI says where it stopped and how to resume, and exits 130/143.
 A second signal stops at once (os._exit): the last checkpoint on disk is intact (they are
 written atomically) and --resume continues from it.
+After the training loop (the run saved, the CLI printing its last lines, the interpreter
+shutting down) the first signal is only said and the process ends as it was going to: raising
+there showed a traceback from whatever ran then (torch's atexit hook, seen in CI) or said
+"before training began" of a finished run. A second one stops at once, as during training.
 
 The phases come from the run log's phase observers (RunLog.on_phase), so the trainer only
 wraps its step in `stops.step(trainer)`.
@@ -65,6 +69,7 @@ class StopSignals:
         self.abandon_ok = False           # inside a step, before its first update
         self.abandoned = False
         self.step_no = 0                  # the step under way (1-based), for messages
+        self.ended = False                # the training loop is over: a first signal is only said
         self._old: dict[int, object] = {}
 
     @property
@@ -90,6 +95,10 @@ class StopSignals:
                  "intact; --resume continues from it.")
             os._exit(exit_code(signum))
         self.signum = signum
+        if self.ended:
+            _say(f"{name}: the training loop had already ended; finishing on the way out. "
+                 "Press Ctrl-C again to stop at once.")
+            return
         if not self.training:
             raise Interrupted(signum)
         if self.abandon_ok:
@@ -145,11 +154,11 @@ def training() -> Iterator[StopSignals]:
     stops = _ACTIVE if _ACTIVE is not None else StopSignals()
     own = not stops._old
     stops.install()
-    stops.training = True
+    stops.training, stops.ended = True, False
     try:
         yield stops
     finally:
-        stops.training = False
+        stops.training, stops.ended = False, True
         if own:
             stops.uninstall()
 

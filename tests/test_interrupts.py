@@ -1,0 +1,70 @@
+"""tinyrl.interrupts with real signals delivered to this process: what a first and a second
+SIGINT do before, during and after the training loop. (The whole CLI under signals at random
+moments: tests/test_faults.py.)"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+
+from tinyrl import interrupts
+
+
+class _Exited(BaseException):
+    pass
+
+
+@pytest.fixture
+def stops(monkeypatch):
+    """A fresh process handler (as the CLI installs it), taken away again after the test; os._exit
+    raises _Exited(code) instead of ending the test process."""
+    assert threading.current_thread() is threading.main_thread()  # Python delivers signals there only
+    fresh = interrupts.StopSignals()
+    monkeypatch.setattr(interrupts, "_ACTIVE", fresh)
+
+    def fake_exit(code):
+        raise _Exited(code)
+    monkeypatch.setattr(interrupts.os, "_exit", fake_exit)
+    fresh.install()
+    try:
+        yield fresh
+    finally:
+        fresh.uninstall()
+
+
+def test_a_signal_before_training_raises_interrupted(stops):
+    with pytest.raises(interrupts.Interrupted) as got:
+        signal.raise_signal(signal.SIGINT)
+    assert got.value.signum == signal.SIGINT
+
+
+def test_a_first_signal_in_training_asks_to_stop_and_a_second_stops_at_once(stops, capfd):
+    with interrupts.training() as s:
+        signal.raise_signal(signal.SIGINT)  # outside a step: the step in hand is finished
+        assert s.requested and s.signum == signal.SIGINT
+        with pytest.raises(_Exited) as got:
+            signal.raise_signal(signal.SIGINT)
+        assert got.value.args == (130,)
+    assert "finishing step" in capfd.readouterr().err
+
+
+def test_after_the_loop_a_first_signal_is_only_said_and_a_second_stops_at_once(stops, capfd):
+    # The run has ended and saved; the CLI prints its last lines and the interpreter shuts down
+    # (atexit hooks: torch's dump_compile_times, where CI saw a traceback of Interrupted).
+    with interrupts.training():
+        pass
+    signal.raise_signal(signal.SIGINT)  # no exception: the process ends as it was going to
+    assert "training loop had already ended" in capfd.readouterr().err
+    with pytest.raises(_Exited) as got:
+        signal.raise_signal(signal.SIGTERM)
+    assert got.value.args == (143,)
+
+
+def test_the_next_loop_in_the_same_process_stops_cleanly_again(stops):
+    with interrupts.training():
+        pass
+    with interrupts.training() as s:
+        signal.raise_signal(signal.SIGINT)
+        assert s.requested and not s.ended
