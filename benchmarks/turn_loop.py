@@ -80,7 +80,8 @@ def timed(engine, chat, label: str) -> None:
               f"{len(calls)} calls ({sum(c.status == 'ok' for c in calls)} ok); wall {wall:.2f} s, generate "
               f"{wrapped.seconds:.2f} s, calls summed {sum(c.seconds for c in calls):.2f} s, rest "
               f"{wall - wrapped.seconds:.2f} s; prefilled (vllm: submitted) {wrapped.prefilled / len(res.episodes):.1f} tokens per "
-              f"episode; re-render mismatches {res.tokenization_mismatches}; episodes' digest "
+              f"episode; re-render mismatches {sum(e.rerender != 'same' for e in res.episodes)} "
+              f"({sum(e.rerender == 'text' for e in res.episodes)} in text); episodes' digest "
               f"{zlib.crc32(repr([e.response_ids for e in res.episodes]).encode()):08x}", flush=True)
 
 

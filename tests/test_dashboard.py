@@ -349,8 +349,8 @@ def test_only_the_last_turns_of_a_long_episode_are_drawn_each_cut_to_its_tail():
 
 
 def test_tool_metrics_show_in_the_live_view_and_on_every_plain_line_once_seen():
-    tools = {"tools/calls": 12, "tools/errors": 2, "tools/timeouts": 1, "tools/seconds": 3.456,
-             "episode/turns": 2.5, "episode/tokenization_mismatch": 0}
+    tools = {"tools/calls": 12.0, "tools/errors": 2.0, "tools/timeouts": 1.0, "tools/seconds": 3.456,  # as logged: floats
+             "episode/turns": 2.5, "episode/tokenization_mismatch": 3.0, "episode/text_mismatch": 1.0}
     d = Dashboard(INFO, mode="off")
     d.update(metrics(1))
     assert "─ tools ─" not in frame(d)  # a run without tool metrics shows no tools panel
@@ -358,8 +358,8 @@ def test_tool_metrics_show_in_the_live_view_and_on_every_plain_line_once_seen():
     text = frame(d)
     assert "─ tools ─" in text
     for label, value in (("calls", "12"), ("errors", "2"), ("timeouts", "1"), ("seconds", "3.46"),
-                         ("turns/episode", "2.50"), ("tok mismatch", "0")):
-        assert re.search(rf"{re.escape(label)}\s+{re.escape(value)}\b", text), label
+                         ("turns/episode", "2.50"), ("tok mismatch", "3 (text 1)")):
+        assert re.search(rf"{re.escape(label)}\s+{re.escape(value)}(\s|$)", text, re.M), label
     p, buf = plain_dash()
     with p:
         p.update(metrics(1))
@@ -367,8 +367,8 @@ def test_tool_metrics_show_in_the_live_view_and_on_every_plain_line_once_seen():
         p.update(metrics(3))  # a step without them: the fields stay, as dashes
     lines = buf.getvalue().splitlines()
     assert "tools" not in lines[0]
-    assert "| vf_loss 0.4560 | tools 12 (errors 2, timeouts 1, 3.46s) | turns 2.50 | tok_mismatch 0 | val" in lines[1]
-    assert "| tools – (errors –, timeouts –, –s) | turns – | tok_mismatch – |" in lines[2]
+    assert "| vf_loss 0.4560 | tools 12 (errors 2, timeouts 1, 3.46s) | turns 2.50 | tok_mismatch 3 (text 1) | val" in lines[1]
+    assert "| tools – (errors –, timeouts –, –s) | turns – | tok_mismatch – (text –) |" in lines[2]
     # without tools the line is exactly what it was
     assert plain_line(metrics(1), 40, None, critic=True) == lines[0]
 

@@ -166,14 +166,15 @@ def test_a_validation_plot_draws_a_line_per_file_with_its_own_points(tmp_path):
 
 def add_tool_metrics(run: Path) -> None:
     """A tool run's per-step figures: at step s, 2s calls of which s // 4 errors and s // 6 timeouts,
-    0.1s seconds of tool time, 1 + s / 12 turns per episode, a tokenization mismatch at step 7."""
+    0.1s seconds of tool time, 1 + s / 12 turns per episode, two tokenization mismatches at step 7,
+    one of them in text."""
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     with open(run / "metrics.jsonl", "w") as f:
         for m in recs:
             s = m["step"]
             m.update({"tools/calls": 2 * s, "tools/errors": s // 4, "tools/timeouts": s // 6,
                       "tools/seconds": 0.1 * s, "episode/turns": 1 + s / 12,
-                      "episode/tokenization_mismatch": int(s == 7)})
+                      "episode/tokenization_mismatch": 2 * int(s == 7), "episode/text_mismatch": int(s == 7)})
             f.write(json.dumps(m) + "\n")
 
 
@@ -189,7 +190,8 @@ def test_a_tool_run_gets_a_tool_use_plot_and_a_summary_line_per_tool_metric(tmp_
         "tools/timeouts per step: first 0 (step 1), last 2 (step 12), mean 0.6667",
         "tools/seconds per step: first 0.1 (step 1), last 1.2 (step 12), mean 0.65",
         "episode/turns per step: first 1.08333 (step 1), last 2 (step 12), mean 1.542",
-        "episode/tokenization_mismatch per step: first 0 (step 1), last 0 (step 12), mean 0.08333"]
+        "episode/tokenization_mismatch per step: first 0 (step 1), last 0 (step 12), mean 0.1667",
+        "episode/text_mismatch per step: first 0 (step 1), last 0 (step 12), mean 0.08333"]
     assert "tools.png" not in summary[summary.index("plots skipped"):]
 
 

@@ -45,8 +45,8 @@ def _messages(k: int) -> list[list[dict]]:
     return [[{"role": "user", "content": f"task {i}: what is {i} * 7?"}] for i in range(k)]
 
 
-def _run(chat, script, *, k=2, n=2, budget=400, limits=EpisodeLimits(tool_timeout_s=5.0), seed=1):
-    engine = ScriptedEngine(chat.tokenizer, script)
+def _run(chat, script, *, k=2, n=2, budget=400, limits=EpisodeLimits(tool_timeout_s=5.0), seed=1, tokenize=None):
+    engine = ScriptedEngine(chat.tokenizer, script, tokenize)
     msgs = _messages(k)
     prompts = [chat.render(m, generation_prompt=True) for m in msgs]
     res = run_episodes(engine, prompts, SamplingSettings(n=n, max_new_tokens=budget, seed=seed), chat=chat,
@@ -93,18 +93,50 @@ def test_episode_tokens_equal_a_full_rerender(tok, chat):
         text = tok.decode(e.response_ids[tool.start:tool.end], skip_special_tokens=False)
         assert text.startswith("\n<|im_start|>user\n<tool_response>\n") and text.endswith("<|im_start|>assistant\n")
         assert f"{e.prompt_index * 7}\n" in text
-    assert res.tokenization_mismatches == 0
+        assert e.rerender == "same"
     # turn 1: one call; later turns: the episodes whose calls are back, in one or more calls
     assert engine.calls[0] == (2, 400) and sum(c for c, _ in engine.calls[1:]) == 4
     assert max(m for _, m in engine.calls[1:]) == max(400 - e.turns[1].end for e in res.episodes)
 
 
-def test_a_wrong_incremental_render_is_counted(chat, monkeypatch):
+def test_a_wrong_incremental_render_is_counted_as_a_text_mismatch(chat, monkeypatch):
     right = chat.tool_turn_ids
     monkeypatch.setattr(chat, "tool_turn_ids", lambda contents: right(contents)[1:])  # drops the "\n"
     res, _, _ = _run(chat, _two_turn_script)
-    assert res.tokenization_mismatches == 4
-    assert episode_metrics(res.episodes, res.tokenization_mismatches)["episode/tokenization_mismatch"] == 4.0
+    assert [e.rerender for e in res.episodes] == ["text"] * 4
+    m = episode_metrics(res.episodes)
+    assert (m["episode/tokenization_mismatch"], m["episode/text_mismatch"]) == (4.0, 4.0)
+
+
+def _char_by_char(tok):
+    """A policy's split of its text that the tokenizer would not make: one character at a time
+    (the tiny tokenizer writes "answer" and "on" as one token each)."""
+    return lambda text: [i for ch in text for i in tok(ch, add_special_tokens=False)["input_ids"]]
+
+
+def test_a_sampled_split_of_the_same_text_is_a_token_mismatch_only(tok, chat):
+    """The policy's own split (an untrained or hot model samples such) is harmless: the text is
+    the conversation's, so it counts in episode/tokenization_mismatch but not as a text mismatch,
+    which is kept for conversations written wrongly."""
+    res, _, msgs = _run(chat, _two_turn_script, tokenize=_char_by_char(tok))
+    assert [e.rerender for e in res.episodes] == ["tokens"] * 4
+    for e in res.episodes:  # the tokens differ from the re-render, the text does not
+        assert _full_render(tok, msgs[e.prompt_index], e)[:len(e.response_ids)] != e.response_ids
+    m = episode_metrics(res.episodes)
+    assert (m["episode/tokenization_mismatch"], m["episode/text_mismatch"]) == (4.0, 0.0)
+
+
+def test_an_episode_cut_inside_a_character_is_a_token_mismatch_only(tok, chat):
+    """A budget that ends an episode between the bytes of one character (byte-level BPE: "€" is
+    3 tokens): its assistant message holds the decoded U+FFFD, which the re-render writes as a
+    whole character of its own, so the tokens differ and the text does not."""
+    text = "costs 5€ each"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    cut = next(k for k in range(1, len(ids)) if tok.decode(ids[:k]).endswith("\ufffd"))  # after the first byte of €
+    res, _, _ = _run(chat, lambda context, j: text, k=1, n=1, budget=cut)
+    (e,) = res.episodes
+    assert e.stop_reason == "length" and tok.decode(e.response_ids) == "costs 5\ufffd"
+    assert e.rerender == "tokens"
 
 
 # -- (d) bad calls become error tool turns ---------------------------------------------------
@@ -129,7 +161,7 @@ def test_bad_calls_become_error_tool_turns(tok, chat):
         assert words in tok.decode(e.response_ids[tool.start:tool.end]) and "[error: " in tok.decode(
             e.response_ids[tool.start:tool.end])
         assert e.tool_calls[0].seconds == 0.0  # nothing ran
-    m = episode_metrics(res.episodes, 0)
+    m = episode_metrics(res.episodes)
     assert (m["tools/calls"], m["tools/errors"], m["tools/timeouts"]) == (6.0, 6.0, 0.0)
 
 

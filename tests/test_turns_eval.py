@@ -51,7 +51,7 @@ def test_eval_keeps_whole_episodes(tmp_path, tiny_model_dir, monkeypatch, math_w
         assert [t["role"] for t in s["turns"]] == ["assistant", "tool", "assistant"] and s["stop_reason"] == "stop"
         assert [c["status"] for c in s["tool_calls"]] == ["ok"]
         assert f"<tool_response>\n{s['sample'] + 1 if s['kind'] == 'sample' else 1}\n</tool_response>" in s["turns"][1]["text"]
-        assert s["completion"].endswith("Answer: 1")
+        assert s["completion"].endswith("Answer: 1") and s["rerender"] == "same"
     m = summary["files"]["gen"]
     assert (m["tools/calls"], m["tools/errors"], m["episode/turns"], m["episode/tokenization_mismatch"]) == (18.0, 0.0, 2.0, 0.0)
     assert ev.metrics_from_samples(out / "eval_samples.jsonl", [1, 2])["gen"] == \

@@ -89,5 +89,5 @@ def test_hostile_tool_calls_end_as_tool_turns_beside_a_training_step(tmp_path, m
         tool = e.turns[1]
         text = tok.decode(e.response_ids[tool.start:tool.end])
         assert words in text and SECRET not in text, (code, text)
-    assert res.tokenization_mismatches == 0
+    assert {e.rerender for e in res.episodes} == {"same"}
     assert _alive_descendants() <= before  # nothing a snippet started outlived its call

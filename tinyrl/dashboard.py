@@ -41,7 +41,8 @@ _SPARK = "▁▂▃▄▅▆▇█"
 # Per-step tool metrics of runs whose episodes call tools (issue 28); a run without them shows
 # none of these anywhere (plain line, live view, `tinyrl report`).
 TOOL_METRICS = ("tools/calls", "tools/errors", "tools/timeouts", "tools/seconds", "episode/turns",
-                "episode/tokenization_mismatch")
+                "episode/tokenization_mismatch", "episode/text_mismatch")
+COUNT = ".0f"  # counts logged as floats (metrics.jsonl holds floats): "9", not "9.0000"
 MAX_TURNS_SHOWN = 6  # the sample panel's last turns; the live view crops what does not fit
 # C0 controls but tab and newline, DEL, C1: an ESC would let a sample recolour or move the cursor
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -234,10 +235,16 @@ def plain_line(m: dict, total_steps: Any, val: Any, critic: bool, tools: bool = 
 
 def tool_fields(m: dict) -> list[str]:
     """The plain line's tool fields, TOOL_METRICS in order."""
-    return [f"tools {fmt(m.get('tools/calls'))} (errors {fmt(m.get('tools/errors'))}, "
-            f"timeouts {fmt(m.get('tools/timeouts'))}, {fmt(m.get('tools/seconds'), '.2f')}s)",
+    return [f"tools {fmt(m.get('tools/calls'), COUNT)} (errors {fmt(m.get('tools/errors'), COUNT)}, "
+            f"timeouts {fmt(m.get('tools/timeouts'), COUNT)}, {fmt(m.get('tools/seconds'), '.2f')}s)",
             f"turns {fmt(m.get('episode/turns'), '.2f')}",
-            f"tok_mismatch {fmt(m.get('episode/tokenization_mismatch'))}"]
+            f"tok_mismatch {mismatch_label(m)}"]
+
+
+def mismatch_label(m: dict) -> str:
+    """Episodes unlike a re-render of their conversation, and how many of them in text too (the
+    ones that are a fault: Episode.rerender): "3 (text 0)"."""
+    return f"{fmt(m.get('episode/tokenization_mismatch'), COUNT)} (text {fmt(m.get('episode/text_mismatch'), COUNT)})"
 
 
 def sft_line(m: dict, total_steps: Any, val_loss: Any) -> str:
@@ -524,10 +531,10 @@ class Dashboard:
     def _tools_panel(self, snap: dict) -> Panel:
         m = snap["m"]
         return Panel(self._kv([
-            ("calls", fmt(m.get("tools/calls"))), ("errors", fmt(m.get("tools/errors"))),
-            ("timeouts", fmt(m.get("tools/timeouts"))), ("seconds", fmt(m.get("tools/seconds"), ".2f")),
+            ("calls", fmt(m.get("tools/calls"), COUNT)), ("errors", fmt(m.get("tools/errors"), COUNT)),
+            ("timeouts", fmt(m.get("tools/timeouts"), COUNT)), ("seconds", fmt(m.get("tools/seconds"), ".2f")),
             ("turns/episode", fmt(m.get("episode/turns"), ".2f")),
-            ("tok mismatch", fmt(m.get("episode/tokenization_mismatch"))),
+            ("tok mismatch", mismatch_label(m)),
         ]), title="tools", border_style="bright_blue")
 
     def _val_files_panel(self, snap: dict) -> Panel:

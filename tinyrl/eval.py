@@ -45,7 +45,7 @@ def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], 
         ([("sample", SamplingSettings(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                                       seed=seed))] if n > 0 else [])
     per_kind: dict[str, list[list[dict]]] = {}
-    tokens, seconds, lengths, all_episodes, mismatches = 0, 0.0, [], [], 0
+    tokens, seconds, lengths, all_episodes = 0, 0.0, [], []
     for kind, settings in kinds:
         groups: list[list[dict]] = [[] for _ in prompts]
         for start in range(0, len(prompts), CHUNK_PROMPTS):
@@ -54,8 +54,7 @@ def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], 
             if tool_rollout is None:
                 episodes = engine.generate(chunk, settings).episodes
             else:
-                res = tool_rollout.run(engine, chunk, settings, rows[start:start + len(chunk)])
-                episodes, mismatches = res.episodes, mismatches + res.tokenization_mismatches
+                episodes = tool_rollout.run(engine, chunk, settings, rows[start:start + len(chunk)]).episodes
                 all_episodes += episodes
             seconds += time.perf_counter() - t0
             for e, text in zip(episodes, response_texts(tokenizer, episodes)):
@@ -82,17 +81,18 @@ def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], 
     if tool_rollout is not None:
         from tinyrl.rollout.turns import episode_metrics
 
-        result.metrics.update(episode_metrics(all_episodes, mismatches))
+        result.metrics.update(episode_metrics(all_episodes))
     return result
 
 
 def episode_record(tokenizer, episode) -> dict:
-    """A whole episode as a sample keeps it: each turn's role and text, the tool calls, why it stopped."""
+    """A whole episode as a sample keeps it: each turn's role and text, the tool calls, why it
+    stopped, how it compares with a re-render of its conversation (Episode.rerender)."""
     return {"turns": [{"role": t.role, "text": tokenizer.decode(episode.response_ids[t.start:t.end])}
                       for t in episode.turns],
             "tool_calls": [{"name": c.name, "status": c.status, "seconds": round(c.seconds, 3), "turn": c.turn}
                            for c in episode.tool_calls],
-            "stop_reason": episode.stop_reason}
+            "stop_reason": episode.stop_reason, "rerender": episode.rerender}
 
 
 def metrics_from_samples(path: Path, ks: list[int]) -> dict[str, dict[str, float]]:

@@ -60,7 +60,6 @@ class Trainer:
     validation and the state hooks below."""
 
     tool_rollout = None  # set for a task with tools (RL only: SFT's generation stays single-turn)
-    _mismatches = 0
 
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = False, dashboard=None):
         self._open_run(cfg, run_dir, resume, dashboard)
@@ -95,7 +94,6 @@ class Trainer:
             from tinyrl.rollout.turns import ToolRollout
 
             self.tool_rollout = ToolRollout(self.inputs.tools, self.inputs.tokenizer, self.engine, cfg.rollout)
-        self._mismatches = 0  # this step's episodes unlike a re-render of their conversation
         self.rollout_is = resolve_rollout_is(cfg.algorithm.rollout_is, self.engine.name)
         self.one_pass_update = one_pass_update(cfg, self.engine.name, self.rollout_is)
         self._start_run(run_dir, resume, len(self.inputs.train_prompts), "prompts")
@@ -313,7 +311,7 @@ class Trainer:
         if self.tool_rollout is not None:
             from tinyrl.rollout.turns import episode_metrics
 
-            metrics.update(episode_metrics(episodes, self._mismatches))
+            metrics.update(episode_metrics(episodes))
         # Which prompts this step consumed, compactly: a resumed run must show the same digests.
         metrics["data/rows_sha1"] = hashlib.sha1(json.dumps(rows).encode()).hexdigest()[:16]
         return metrics
@@ -361,8 +359,6 @@ class Trainer:
         rows, Scores or None)"""
         cfg = self.cfg
 
-        self._mismatches = 0
-
         def generate(these: list[int], round_: int = 0, then_sleep: bool = True):
             with timed(Phase.ROLLOUT):
                 result = self._episodes(
@@ -404,12 +400,10 @@ class Trainer:
 
     def _episodes(self, prompts: list[list[int]], rows: list[dict], sampling: SamplingSettings):
         """The engine's rollout: single-turn completions, or with the task's tools episodes of
-        turns (tinyrl.rollout.turns; their re-render mismatches are added to self._mismatches)."""
+        turns (tinyrl.rollout.turns)."""
         if self.tool_rollout is None:
             return self.engine.generate(prompts, sampling)
-        result = self.tool_rollout.run(self.engine, prompts, sampling, rows)
-        self._mismatches += result.tokenization_mismatches
-        return result
+        return self.tool_rollout.run(self.engine, prompts, sampling, rows)
 
     def _forward(self, traj: Trajectory) -> None:
         """FORWARD: old and reference log-probs (and values) for the whole trajectory, no grad."""

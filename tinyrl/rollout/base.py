@@ -47,6 +47,14 @@ STOP_REASONS = ("stop", "length", "max_turns")  # EOS / max_new_tokens / the tur
 # malformed (not JSON / no such tool / bad arguments), or it went past rollout.max_tool_calls.
 TOOL_CALL_STATUSES = ("ok", "error", "timeout", "bad_call", "unknown_tool", "over_limit")
 
+# How an episode with tools compares with a full re-render of its conversation (prompt messages,
+# each assistant turn's text, the tool messages; tinyrl.rollout.chat.ToolChat.rerender).
+# "same": the same tokens. "tokens": the same text in other tokens -- the policy sampled a split
+# of its text that the tokenizer would not make (an untrained or hot model does); harmless, the
+# sampled tokens are the ones trained. "text": the text itself differs, so the episode's tool
+# turns or template text were written wrongly -- a fault to report. "" : not checked (single-turn).
+RERENDER_OUTCOMES = ("", "same", "tokens", "text")
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -76,6 +84,7 @@ class Episode:
     turns: list[Turn]             # in order, covering response_ids
     stop_reason: str              # one of STOP_REASONS
     tool_calls: list[ToolCall] = field(default_factory=list)  # in order; empty for a single-turn episode
+    rerender: str = ""            # one of RERENDER_OUTCOMES
 
     def __post_init__(self):
         n = len(self.response_ids)
@@ -84,6 +93,8 @@ class Episode:
                              f"{None if self.logprobs is None else len(self.logprobs)} log-probs")
         if self.stop_reason not in STOP_REASONS:
             raise ValueError(f"stop_reason {self.stop_reason!r} is not one of {STOP_REASONS}")
+        if self.rerender not in RERENDER_OUTCOMES:
+            raise ValueError(f"rerender {self.rerender!r} is not one of {RERENDER_OUTCOMES}")
 
     @classmethod
     def single_turn(cls, prompt_index: int, prompt_ids: list[int], response_ids: list[int],
@@ -107,7 +118,6 @@ def response_texts(tokenizer, episodes: list[Episode]) -> list[str]:
 @dataclass
 class RolloutResult:
     episodes: list[Episode] = field(default_factory=list)  # grouped: n per prompt, in order
-    tokenization_mismatches: int = 0  # episodes unlike a full re-render of their conversation (rollout/turns.py)
 
 
 class RolloutEngine(Protocol):

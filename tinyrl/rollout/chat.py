@@ -10,8 +10,10 @@ re-tokenized on the way (a re-tokenization of sampled text can differ from what 
 
 The check (verl's `tokenization_sanity_check_mode`, same file, `finalize`): re-render the
 whole conversation (prompt messages, each assistant turn's text, the tool messages) and compare
-with prompt_ids + response_ids. A mismatch is counted (metric episode/tokenization_mismatch),
-never fatal: the trained tokens are the sampled ones either way.
+with prompt_ids + response_ids, then, where the tokens differ, the text: the same text in other
+tokens is the policy's own sampled split (harmless), other text is a tool turn or template text
+written wrongly (Episode.rerender; metrics episode/tokenization_mismatch and
+episode/text_mismatch). Never fatal: the trained tokens are the sampled ones either way.
 
 Knows nothing of engines, tools' execution or the trainer.
 """
@@ -73,13 +75,18 @@ class ToolChat:
         """prompt messages + (role, text) turns -> the chat messages of the whole episode."""
         return list(prompt_messages) + [{"role": role, "content": text} for role, text in turns]
 
-    def matches(self, prompt_messages: list[dict], turns: list[tuple[str, str]], ids: list[int],
-                finished: bool) -> bool:
-        """True when `ids` (prompt + episode) equal the full re-render of the conversation up to
-        where the episode ends: after the last assistant's stop token when it stopped by itself,
-        else at the end of its (cut) text."""
+    def rerender(self, prompt_messages: list[dict], turns: list[tuple[str, str]], ids: list[int],
+                 finished: bool) -> str:
+        """How `ids` (prompt + episode) compare with the full re-render of the conversation up to
+        where the episode ends (after the last assistant's stop token when it stopped by itself,
+        else at the end of its cut text): "same", "tokens" (the same text in other tokens) or
+        "text" (tinyrl.rollout.base.RERENDER_OUTCOMES says what each means)."""
         full = self.render(self.conversation(prompt_messages, turns))
-        if finished:
-            return full[:len(ids)] == ids and ids[-1] in self.stop_ids
-        return full[:len(ids)] == ids
-
+        if full[:len(ids)] == ids and (not finished or ids[-1] in self.stop_ids):
+            return "same"
+        # Text, not tokens: a sampled split the tokenizer would not make has other ids and often
+        # another length, but the same characters. (An episode cut inside a character decodes to
+        # U+FFFD here and in its assistant message alike, so it compares as text too.)
+        said = self.tokenizer.decode(ids, skip_special_tokens=False)
+        written = self.tokenizer.decode(full, skip_special_tokens=False)
+        return "tokens" if written.startswith(said) else "text"

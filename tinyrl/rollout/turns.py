@@ -132,9 +132,9 @@ class _Live:
         self.turns.append(Turn("tool", start, len(self.ids)))
         self.texts += [("tool", c) for c in contents]
 
-    def episode(self) -> Episode:
+    def episode(self, rerender: str) -> Episode:
         return Episode(self.prompt_index, self.prompt_ids, self.ids, self.mask, self.logprobs, self.turns,
-                       self.stop_reason, self.tool_calls)
+                       self.stop_reason, self.tool_calls, rerender)
 
 
 @dataclass
@@ -151,8 +151,8 @@ def run_episodes(engine, prompt_ids: list[list[int]], sampling: SamplingSettings
     """Episodes with tools, grouped by prompt (sampling.n each, as engine.generate).
     `tools`: name -> tinyrl.tools.Tool offered to the model; `messages`: each prompt's chat
     messages, for the re-render check (None: no check); `tools_kwargs`: each prompt's
-    {tool name: {"create_kwargs": {...}}} (verl's tools_kwargs; None: none). Returns the episodes and, in
-    `tokenization_mismatches`, how many differ from a full re-render of their conversation."""
+    {tool name: {"create_kwargs": {...}}} (verl's tools_kwargs; None: none). Returns the episodes,
+    each with how it compares with a full re-render of its conversation (Episode.rerender)."""
     budget = sampling.max_new_tokens
     schemas = {name: tool.schema for name, tool in tools.items()}
     stops = set(getattr(engine, "stop_ids", [])) | chat.stop_ids
@@ -197,12 +197,8 @@ def run_episodes(engine, prompt_ids: list[list[int]], sampling: SamplingSettings
         session.close()
     for live in lives:
         live.stop_reason = live.stop_reason or ("stop" if live.finished_turn else "length")
-    result = RolloutResult([live.episode() for live in lives])
-    if messages is not None:
-        result.tokenization_mismatches = sum(
-            not chat.matches(messages[live.prompt_index], live.texts, live.prompt_ids + live.ids, live.finished_turn)
-            for live in lives)
-    return result
+    return RolloutResult([live.episode(rerender="" if messages is None else chat.rerender(
+        messages[live.prompt_index], live.texts, live.prompt_ids + live.ids, live.finished_turn)) for live in lives])
 
 
 def _assistant_text(chat: ToolChat, tokens: list[int], stops: set[int]) -> str:
@@ -373,11 +369,12 @@ def _add_turn(live: _Live, e: Episode, room: int, chat: ToolChat, stops: set[int
     return live
 
 
-def episode_metrics(episodes: list[Episode], mismatches: int) -> dict[str, float]:
+def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
     """Per step: tools/calls, tools/errors (any status but ok and timeout), tools/timeouts (all
     three: totals over the step's episodes), tools/seconds (summed wall clock of the calls that
     ran), episode/turns (mean assistant turns per episode), episode/tokenization_mismatch
-    (episodes whose tokens differ from a full re-render of their conversation)."""
+    (episodes whose tokens differ from a full re-render of their conversation) and, of those,
+    episode/text_mismatch (the text differs too: a fault; Episode.rerender)."""
     calls = [c for e in episodes for c in e.tool_calls]
     n = max(len(episodes), 1)
     return {"tools/calls": float(len(calls)),
@@ -385,7 +382,8 @@ def episode_metrics(episodes: list[Episode], mismatches: int) -> dict[str, float
             "tools/timeouts": float(sum(c.status == "timeout" for c in calls)),
             "tools/seconds": float(sum(c.seconds for c in calls)),
             "episode/turns": sum(sum(t.role == "assistant" for t in e.turns) for e in episodes) / n,
-            "episode/tokenization_mismatch": float(mismatches)}
+            "episode/tokenization_mismatch": float(sum(e.rerender in ("tokens", "text") for e in episodes)),
+            "episode/text_mismatch": float(sum(e.rerender == "text" for e in episodes))}
 
 
 def tool_ok_share(episodes: list[Episode]) -> float:
