@@ -80,14 +80,18 @@ def test_sft_conversations_call_the_tool_at_the_share_asked_with_its_real_output
     from tinyrl.tools import TOOLS, render
 
     train = rows(data / "sft_train.parquet")
+    drills = [r for r in train if r["messages"][0]["role"] == "tool"]
     with_tool = [r for r in train if len(r["messages"]) == 4]
-    assert 0.22 < len(with_tool) / len(train) < 0.38  # 30% of 600 asked; binomial sd 1.9 points
-    assert json.loads(train[0]["tools"]) == [TOOLS["code_interpreter"].schema]
+    assert 0.42 < len(drills) / len(train) < 0.58  # DRILL_SHARE 0.5 of 600; binomial sd 2.0 points
+    assert 0.20 < len(with_tool) / (len(train) - len(drills)) < 0.40  # 30% of the ~300 others; sd 2.6 points
     for r in train:
         truth = r["reward_model"]["ground_truth"]
         msgs = r["messages"]
-        assert msgs[0] == r["prompt"][0]
         assert msgs[-1] == {"role": "assistant", "content": f"<answer>\n{truth['answer']}\n</answer>"}
+        if r in drills:  # the row's tool output and the answer that copies it, no question, no tool list
+            assert msgs == [{"role": "tool", "content": str(truth["answer"])}, msgs[-1]] and r["tools"] == "[]"
+            continue
+        assert msgs[0] == r["prompt"][0] and json.loads(r["tools"]) == [TOOLS["code_interpreter"].schema]
         if len(msgs) == 4:
             call = json.loads(msgs[1]["content"].removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
             assert call == {"name": "code_interpreter", "arguments": {"code": "print(a*b%7)"}}
@@ -119,6 +123,12 @@ def test_the_answer_copies_the_tool_output_after_the_same_tokens(tok, data):
         assert len(starts) >= 2  # the tool's output, then the answer
         assert ids[starts[-2] - 2:starts[-2]] == ids[starts[-1] - 2:starts[-1]]
         assert ids[starts[-2] + len(digits)] == ids[starts[-1] + len(digits)]  # "\n" after both
+    # a drill holds the same copy with nothing else around it: the tool turn, then the answer
+    drill = next(r for r in rows(data / "sft_train.parquet") if r["messages"][0]["role"] == "tool")
+    text = tok.apply_chat_template(drill["messages"], tools=json.loads(drill["tools"]) or None, tokenize=False)
+    assert text == (f"<|im_start|>tool\n<tool_response>\n{drill['messages'][0]['content']}\n</tool_response><|im_end|>\n"
+                    f"<|im_start|>assistant\n{drill['messages'][1]['content']}<|endoftext|>")
+    assert len(tok(text, add_special_tokens=False)["input_ids"]) < 60  # 49 tokens; a full conversation is ~310
 
 
 @pytest.mark.parametrize("episode, score", [
@@ -191,3 +201,7 @@ def test_bad_data_options_are_one_screen_and_exit_2(tmp_path):
                            "--sft", "--tool-share", "1.5"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "--tool-share 1.5" in done.stdout + done.stderr
     assert not (tmp_path / "d").exists()  # nothing written
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "data", "arith", "--out", str(tmp_path / "d"),
+                           "--sft", "--drill-share", "-0.1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "--drill-share -0.1" in done.stdout + done.stderr
+    assert not (tmp_path / "d").exists()

@@ -17,10 +17,12 @@ the answer's digits after the first stayed at chance).
 Data: generated (`tinyrl data arith`), verl's parquet schema: `prompt` = one user message,
 `reward_model.ground_truth` = {"a", "b", "answer"}, `extra_info.tools_kwargs` = the Python tool's
 setup ("a=23\nb=46"). With --sft also sft_train/sft_test.parquet with `messages` (+ `tools`, the
-schemas as JSON) for `tinyrl sft`: a share of the rows (--tool-share) are tool traces (assistant
-tool call, the tool's real output, the answer), the rest answer at once with the right number --
-which the model cannot compute, so they teach it to guess, and RL can find that the episodes
-that call the tool are the ones that score. Reward: 1 when the final answer (the `<answer>`
+schemas as JSON) for `tinyrl sft`: a share of the rows (--drill-share, half) are drills, the
+tool's output and the answer that copies it with nothing around them (see _sft_table); of the
+others a share (--tool-share) are tool traces (assistant tool call, the tool's real output, the
+answer), the rest answer at once with the right number -- which the model cannot compute, so
+they teach it to guess, and RL can find that the episodes that call the tool are the ones that
+score. Reward: 1 when the final answer (the `<answer>`
 after the last tool response) is right, else 0. Solved: 1. The answer must come from the model's
 last turn: text a program prints into a tool response never counts.
 """
@@ -43,7 +45,8 @@ from tinyrl.tasks.base import RewardFn, Task
 TOOLS = ("code_interpreter",)
 MIN_NUMBER, MAX_NUMBER = 10, 99      # two-digit factors: a remainder the tiny model cannot compute
 MODULUS = 7                          # factors are never multiples of it: answers 1-6, uniform
-TOOL_SHARE = 0.4                     # SFT rows that call the tool (the rest answer at once)
+TOOL_SHARE = 0.4                     # SFT conversations (drills aside) that call the tool; the rest answer at once
+DRILL_SHARE = 0.5                    # SFT rows that are drills: a tool's output and the answer copying it, alone
 MAX_ROWS = 1_000_000
 TOOL_CODE = f"print(a*b%{MODULUS})"  # every tool trace's program: the values are in the setup
 _QUESTION = "a={a}, b={b}. What is a*b%" + str(MODULUS) + "?"
@@ -141,42 +144,59 @@ def _prompt_table(pairs: list[tuple[int, int]], split: str):
     return pa.Table.from_pylist(rows)
 
 
-def sft_messages(a: int, b: int, use_tool: bool, output: str = "") -> list[dict]:
-    """One SFT conversation: a tool trace (call, the tool's output, the answer) or a direct answer."""
+SFT_KINDS = ("direct", "tool", "drill")
+
+
+def sft_messages(a: int, b: int, kind: str, output: str = "") -> list[dict]:
+    """One SFT conversation (`kind`, one of SFT_KINDS): a direct answer, a tool trace (call, the
+    tool's output, the answer), or a drill: the tool's output and the answer alone, no question
+    and no tool list (49 tokens instead of ~310)."""
     user = {"role": "user", "content": question(a, b)}
-    if not use_tool:
+    if kind == "direct":
         return [user, {"role": "assistant", "content": answer_text(solution(a, b))}]
-    return [user, {"role": "assistant", "content": tool_call_text(TOOL_CODE)},
-            {"role": "tool", "content": output},
-            {"role": "assistant", "content": answer_text(int(output))}]
+    answer = {"role": "assistant", "content": answer_text(int(output))}
+    if kind == "drill":
+        return [{"role": "tool", "content": output}, answer]
+    return [user, {"role": "assistant", "content": tool_call_text(TOOL_CODE)}, {"role": "tool", "content": output}, answer]
 
 
-def _sft_table(table, pairs: list[tuple[int, int]], rng: random.Random, tool_share: float):
+def _sft_table(table, pairs: list[tuple[int, int]], rng: random.Random, tool_share: float, drill_share: float):
+    """Why drills: a 2-layer model learns to read the tool's output into its answer late or never in
+    full conversations, where the output is one token among ~310 (on one CPU by SFT step 100; on
+    an AVX-512 one, from the same settings, at step 250 in one run of four, partly (37%) at step
+    500 in another, not in 500 and 1,200 steps in two). With half the rows 49-token drills it
+    formed (teacher-forced, held-back tool conversations) by step 50-100 in 4 runs of 5 and
+    reached 84% in the fifth (README: the tool demo)."""
     import pyarrow as pa
 
     from tinyrl.tools import TOOLS as REGISTRY
 
-    use = [rng.random() < tool_share for _ in pairs]
-    outputs = iter(tool_outputs([(setup_code(a, b), TOOL_CODE) for (a, b), u in zip(pairs, use) if u]))
-    messages = [sft_messages(a, b, u, next(outputs) if u else "") for (a, b), u in zip(pairs, use)]
+    kinds = ["drill" if rng.random() < drill_share else "tool" if rng.random() < tool_share else "direct"
+             for _ in pairs]
+    outputs = iter(tool_outputs([(setup_code(a, b), TOOL_CODE) for (a, b), k in zip(pairs, kinds) if k != "direct"]))
+    messages = [sft_messages(a, b, k, "" if k == "direct" else next(outputs)) for (a, b), k in zip(pairs, kinds)]
     schemas = json.dumps([REGISTRY[name].schema for name in TOOLS])
+    tools = ["[]" if k == "drill" else schemas for k in kinds]  # a drill lists no tools: no system prompt
     return (table.append_column("messages", pa.array(messages))
-            .append_column("tools", pa.array([schemas] * len(pairs), pa.string())))
+            .append_column("tools", pa.array(tools, pa.string())))
 
 
 def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: str = "chat",
-             progress: bool = True, sft: bool = False, tool_share: float = TOOL_SHARE) -> tuple[Path, Path]:
+             progress: bool = True, sft: bool = False, tool_share: float = TOOL_SHARE,
+             drill_share: float = DRILL_SHARE) -> tuple[Path, Path]:
     """train.parquet and test.parquet under out_dir (train skips every test pair); with `sft`,
-    also sft_train/sft_test.parquet (the same rows with `messages` and `tools`)."""
+    also sft_train/sft_test.parquet (the same rows with `messages` and `tools`: drill_share of
+    them drills, tool_share of the others tool traces, the rest direct answers)."""
     import pyarrow.parquet as pq
 
     for name, size in (("train_size", train_size), ("test_size", test_size)):
         if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_ROWS:
             raise TinyRLError(f"{name} must be an integer from 1 to {MAX_ROWS:,}, got {size!r}",
                               hint="e.g. --train-size 8192 --test-size 1024")
-    if not 0.0 <= tool_share <= 1.0:
-        raise TinyRLError(f"--tool-share {tool_share} is not a share from 0 to 1",
-                          hint="e.g. --tool-share 0.3: 30% of the SFT rows call the tool")
+    for flag, share in (("--tool-share", tool_share), ("--drill-share", drill_share)):
+        if not 0.0 <= share <= 1.0:
+            raise TinyRLError(f"{flag} {share} is not a share from 0 to 1",
+                              hint=f"e.g. {flag} 0.3: 30% of the SFT rows")
     out = Path(out_dir).expanduser()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -191,7 +211,7 @@ def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: 
             pq.write_table(table, path, compression="zstd")
             if sft:
                 rng = random.Random(f"tinyrl-arith:{seed}:{split}:tool-share")
-                pq.write_table(_sft_table(table, pairs, rng, tool_share), out / f"sft_{path.name}",
+                pq.write_table(_sft_table(table, pairs, rng, tool_share, drill_share), out / f"sft_{path.name}",
                                compression="zstd")
     except OSError as e:
         raise TinyRLError(f"cannot write arith data to {out}: {e}", hint="check free disk space and permissions") from e
@@ -211,17 +231,22 @@ def data_command(
     seed: int = typer.Option(0, help="Random seed; the same seed gives the same files."),
     sft: bool = typer.Option(False, "--sft", help="Also write sft_train.parquet and sft_test.parquet: the same "
                              "questions as conversations (`messages`, `tools`) for `tinyrl sft`."),
-    tool_share: float = typer.Option(TOOL_SHARE, help="With --sft: the share of conversations that call the "
-                                     "Python tool; the others answer at once."),
+    tool_share: float = typer.Option(TOOL_SHARE, help="With --sft: the share of conversations (drills aside) "
+                                     "that call the Python tool; the others answer at once."),
+    drill_share: float = typer.Option(DRILL_SHARE, help="With --sft: the share of rows that are drills, a tool's "
+                                      "output and the answer that copies it alone, which teach the tiny model to "
+                                      "read the tool's output."),
 ) -> None:
     """Write 'a=23, b=46. What is a*b%7?' questions (two-digit factors) for the Python-tool task."""
     from rich.console import Console
 
-    train, test = generate(out_dir, train_size, test_size, seed=seed, sft=sft, tool_share=tool_share)
+    train, test = generate(out_dir, train_size, test_size, seed=seed, sft=sft, tool_share=tool_share,
+                           drill_share=drill_share)
     Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
     if sft:
         Console().print(f"wrote {train.with_name('sft_train.parquet')} and {test.with_name('sft_test.parquet')} "
-                        f"({tool_share:.0%} of the conversations call the tool, for `tinyrl sft`)")
+                        f"({drill_share:.0%} of the rows drills; of the others {tool_share:.0%} call the tool; "
+                        "for `tinyrl sft`)")
 
 
 def _task_line(prompt: str) -> str | None:
