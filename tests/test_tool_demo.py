@@ -65,7 +65,7 @@ def copies_of_the_tool_output(model_dir: Path, conversations: list[dict]) -> flo
 
     from tinyrl.setup import load_tokenizer
 
-    tok = load_tokenizer(str(model_dir), "presets/chat_templates/tiny-hermes.jinja")
+    tok = load_tokenizer(str(model_dir))  # `tinyrl export` saved the run's chat template beside the model
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     right = 0
     for r in conversations:

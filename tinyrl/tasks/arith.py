@@ -144,13 +144,10 @@ def _prompt_table(pairs: list[tuple[int, int]], split: str):
     return pa.Table.from_pylist(rows)
 
 
-SFT_KINDS = ("direct", "tool", "drill")
-
-
 def sft_messages(a: int, b: int, kind: str, output: str = "") -> list[dict]:
-    """One SFT conversation (`kind`, one of SFT_KINDS): a direct answer, a tool trace (call, the
-    tool's output, the answer), or a drill: the tool's output and the answer alone, no question
-    and no tool list (49 tokens instead of ~310)."""
+    """One SFT conversation of a `kind`: "direct" (the answer at once), "tool" (a tool trace: call,
+    the tool's output, the answer) or "drill" (the tool's output and the answer alone, no question
+    and no tool list: 49 tokens instead of ~310)."""
     user = {"role": "user", "content": question(a, b)}
     if kind == "direct":
         return [user, {"role": "assistant", "content": answer_text(solution(a, b))}]
