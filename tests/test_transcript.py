@@ -75,4 +75,4 @@ def test_the_kept_record_is_what_the_dashboard_draws(tok):
 
 def test_transcript_of_an_episode_without_turns_is_empty():
     ep = Episode(0, [1], [], [], None, [], "length")
-    assert transcript(None, ep) == {"turns": [], "tool_calls": [], "stop_reason": "length"}
+    assert transcript(None, ep) == {"turns": [], "tool_calls": [], "stop_reason": "length", "rerender": ""}

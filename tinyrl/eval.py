@@ -20,6 +20,7 @@ from typing import Any, Callable
 from tinyrl.errors import TinyRLError
 from tinyrl.eval_metrics import summarize
 from tinyrl.rollout.base import SamplingSettings, response_texts
+from tinyrl.rollout.transcript import transcript
 
 CHUNK_PROMPTS = 16  # prompts per generate() call: the progress bar moves, memory stays flat
 
@@ -65,7 +66,7 @@ def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], 
                                   "correct": score >= solved_at, "reward": score,
                                   "response_tokens": len(e.response_ids)})
                 if tool_rollout is not None:
-                    groups[i][-1].update(episode_record(tokenizer, e))
+                    groups[i][-1].update(transcript(tokenizer, e))
                 tokens += len(e.response_ids)
                 lengths.append(len(e.response_ids))
             tick(len(chunk))
@@ -83,16 +84,6 @@ def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], 
 
         result.metrics.update(episode_metrics(all_episodes))
     return result
-
-
-def episode_record(tokenizer, episode) -> dict:
-    """A whole episode as a sample keeps it: each turn's role and text, the tool calls, why it
-    stopped, how it compares with a re-render of its conversation (Episode.rerender)."""
-    return {"turns": [{"role": t.role, "text": tokenizer.decode(episode.response_ids[t.start:t.end])}
-                      for t in episode.turns],
-            "tool_calls": [{"name": c.name, "status": c.status, "seconds": round(c.seconds, 3), "turn": c.turn}
-                           for c in episode.tool_calls],
-            "stop_reason": episode.stop_reason, "rerender": episode.rerender}
 
 
 def metrics_from_samples(path: Path, ks: list[int]) -> dict[str, dict[str, float]]:
