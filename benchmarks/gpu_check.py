@@ -9,11 +9,13 @@ tinyrl/model_specs (no download; memory and speed do not depend on the weights, 
 saved with the tiny tokenizer; then
   1. the plan: simulated (fake tensors) vs the real probe, micro-batch per training phase and
      their ratio, under the budget of the preset's own card (--budget to change it);
-  2. --steps PPO steps through the real Trainer: seconds and peak allocated memory per phase
-     against the plan (tinyrl.memory.versus);
+  2. --steps RL steps (the preset's estimator) through the real Trainer: seconds and peak
+     allocated memory per phase against the plan (tinyrl.memory.versus);
   3. the HF engine's decode rate (tokens/s of one timed generate call after training);
-  4. the critic adapter trained (its lora_B are not all 0) and the value head moved, under a
-     text-hash reward (check_reward: random weights never earn the task's);
+  4. each role the algorithm trains changed: the actor's trainable tensors, and with a critic
+     (GAE) the critic's and its value head, against a copy taken before the first step, under a
+     text-hash reward (check_reward: random weights never earn the task's); a GRPO preset has
+     no critic to check;
   5. optimizer steps skipped because the gradient norm was not finite (should be 0).
 Exit 1 when a check fails. Without CUDA it runs the reduced CPU version (countdown-tiny, the tiny
 model, fp32, no probe), which shows the script works, not what any card does.
@@ -83,13 +85,16 @@ def plan_rows(cfg, budget_bytes: int) -> list[tuple]:
 
 
 def run_steps(cfg, run_dir: Path, steps: int):
+    """-> (trainer, history, {role: its trainable tensors before the first step, on the host})"""
     from tinyrl.preflight import preflight
     from tinyrl.trainer import Trainer
 
     preflight(cfg, run_dir)  # as `train` does: on CUDA the plan fills the micro-batch budgets
     trainer = Trainer(cfg, run_dir)
+    before = {role: [p.detach().to("cpu", copy=True) for p in params]
+              for role, params in trained_tensors(trainer.models).items()}
     history = trainer.train(steps)
-    return trainer, history
+    return trainer, history, before
 
 
 def decode_rate(trainer, cfg) -> tuple[str, float]:
@@ -107,14 +112,22 @@ def decode_rate(trainer, cfg) -> tuple[str, float]:
     return trainer.engine.name, sum(len(c.response_ids) for c in result.episodes) / seconds
 
 
-def critic_trained(trainer) -> tuple[bool, str]:
-    models = trainer.models
-    head = max(float(p.detach().abs().max()) for p in models.value_head.parameters())
-    if not models.lora:
-        return head > 0, f"full fine-tune; value head max |w| {head:.2e}"
-    lora_b = [p for n, p in models.actor.named_parameters() if ".critic." in n and "lora_B" in n]
-    b = max(float(p.detach().abs().max()) for p in lora_b)
-    return b > 0 and head > 0, f"critic lora_B max |w| {b:.2e}, value head max |w| {head:.2e}"
+def trained_tensors(models) -> dict[str, list]:
+    """The tensors each role the run trains owns (the critic's include its value head)."""
+    out = {"actor": models.actor_parameters()}
+    if models.with_critic:
+        out["critic"] = models.critic_parameters()
+    return out
+
+
+def roles_trained(models, before: dict[str, list]) -> list[tuple[str, int, int]]:
+    """(role, tensors that changed since `before`, tensors) per trained role. LoRA's A matrices
+    get no gradient while B is still 0, so after one step only the B half may have moved."""
+    rows = []
+    for role, params in trained_tensors(models).items():
+        changed = sum(not torch.equal(p.detach().cpu(), old) for p, old in zip(params, before[role]))
+        rows.append((role, changed, len(params)))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,13 +166,13 @@ def main(argv: list[str] | None = None) -> int:
                 lines.append(f"  {name:<14} {s:>9} {m:>9} {ratio:>8.2f}")
                 if s > m:
                     failed.append(f"{name}: the plan promises {s} sequences, the card held {m}")
-        trainer, history = run_steps(cfg, work / "run", args.steps)
+        trainer, history, before = run_steps(cfg, work / "run", args.steps)
         last = history[-1]
         rows = versus.compare(versus.read_run_plan(work / "run"),
                               versus.measured_peaks(list(_timeline(work / "run"))))
         peaks = {r["phase"]: r for r in rows}
         what = "peak allocated GiB vs planned" if cuda else "CPU: the process's RSS high-water mark, GiB"
-        lines.append(f"{args.steps} PPO steps (seconds per phase, mean; {what}):")
+        lines.append(f"{args.steps} {cfg.algorithm.adv_estimator} steps (seconds per phase, mean; {what}):")
         for key in sorted(k for k in last if k.startswith("timing/") and k != "timing/step"):
             phase = key.split("/", 1)[1]
             secs = sum(h.get(key, 0.0) for h in history) / len(history)
@@ -169,10 +182,10 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"  {phase:<14} {secs:>8.2f} s   peak {peak:>6}   plan {plan:>6}")
         engine, rate = decode_rate(trainer, cfg)
         lines.append(f"{engine} engine decode: {rate:,.0f} tokens/s")
-        ok, what = critic_trained(trainer)
-        lines.append(f"critic adapter trained: {'yes' if ok else 'NO'} ({what})")
-        if not ok:
-            failed.append("the critic did not train")
+        for role, changed, total in roles_trained(trainer.models, before):
+            lines.append(f"{role} trained: {'yes' if changed else 'NO'} ({changed} of its {total} tensors changed)")
+            if not changed:
+                failed.append(f"the {role} did not train")
         skips = {k: int(v) for k, v in last.items() if k.endswith("/skipped_steps")}
         lines.append("non-finite skips: " + (", ".join(f"{k} {v}" for k, v in skips.items()) or "none recorded"))
         if any(skips.values()):

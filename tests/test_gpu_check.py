@@ -7,7 +7,9 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,15 +17,39 @@ SMALL = ["--steps", "2", "--set", "trainer.train_batch_size=4", "--set", "rollou
          "--set", "actor.ppo_mini_batch_size=0", "--set", "critic.ppo_mini_batch_size=0"]
 
 
-def test_gpu_check_runs_and_reports_every_check(tmp_path):
+@pytest.mark.parametrize("estimator", ["gae", "grpo"])
+def test_gpu_check_runs_and_reports_every_check(tmp_path, estimator):
+    """GAE trains an actor and a critic; GRPO (math-grpo-4090) has no critic, and the check must
+    report its actor without looking for one."""
     extra = ["--preset", "countdown-0.5b-4090", "--skip-probe"] if torch.cuda.is_available() else []
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *SMALL, *extra],
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *SMALL, *extra,
+                           "--set", f"algorithm.adv_estimator={estimator}", "--set", "rollout.n=2"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=1800)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr[-3000:]
-    for words in ("2 PPO steps", "actor_update", "critic_update", "rollout", "engine decode:",
-                  "critic adapter trained: yes", "actor/skipped_steps 0", "all checks passed"):
+    critic = estimator == "gae"
+    expected = [f"2 {estimator} steps", "actor_update", "rollout", "engine decode:", "actor trained: yes",
+                "actor/skipped_steps 0", "all checks passed"]
+    for words in expected + (["critic_update", "critic trained: yes"] if critic else []):
         assert words in out, f"{words!r} missing from:\n{out}"
+    assert ("critic" in out) == critic, out
     if not torch.cuda.is_available():
         assert "no CUDA card: the reduced CPU check" in out
     assert not list(tmp_path.iterdir())  # nothing left behind in the working directory
+
+
+def test_a_role_that_did_not_move_fails_the_check():
+    """roles_trained compares each trained role's tensors with the copy taken before the steps."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    actor, head = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.ones(3))], [torch.nn.Parameter(torch.ones(1))]
+    models = SimpleNamespace(actor_parameters=lambda: actor, critic_parameters=lambda: head, with_critic=True)
+    before = {role: [p.detach().clone() for p in ps] for role, ps in gpu_check.trained_tensors(models).items()}
+    with torch.no_grad():
+        actor[1].add_(1e-3)
+    assert gpu_check.roles_trained(models, before) == [("actor", 1, 2), ("critic", 0, 1)]
+    models.with_critic = False
+    assert gpu_check.roles_trained(models, before) == [("actor", 1, 2)]
