@@ -140,17 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
     work = Path(tempfile.mkdtemp(prefix="tinyrl-gpu-check-"))
-    lines, failed = [], []
+    failed = []
     try:
         if cuda:
             preset, sets = args.preset, ["trainer.device=cuda", "rollout.engine=hf"]
             model_dir = build_random_model(load_config(preset).model.name, work / "model")
             sets.append(f"model.name={model_dir}")
-            print(f"card: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+            say(f"card: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
                   f"cuDNN {torch.backends.cudnn.version()}; random-weight {preset} model in {model_dir}")
         else:
             preset, sets = "countdown-tiny", ["trainer.device=cpu", "rollout.engine=hf"]
-            print("no CUDA card: the reduced CPU check (countdown-tiny, tiny model, fp32, no probe). "
+            say("no CUDA card: the reduced CPU check (countdown-tiny, tiny model, fp32, no probe). "
                   "It shows the script runs; the figures say nothing about a card.")
         small = [f"trainer.max_steps={args.steps}", "trainer.test_every=0", "trainer.save_every=0",
                  f"reward.fn={Path(__file__).resolve()}:check_reward"]
@@ -160,10 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         ensure_data(cfg, work)
         if cuda and not args.skip_probe:
             budget = int((args.budget or 0.9 * get_gpu(cfg.cost.gpu).memory_bytes / GiB) * GiB)
-            lines.append(f"plan vs real probe (budget {budget / GiB:.2f} GiB):")
-            lines.append(f"  {'phase':<14} {'simulated':>9} {'measured':>9} {'sim/real':>8}")
+            say(f"plan vs real probe (budget {budget / GiB:.2f} GiB):")
+            say(f"  {'phase':<14} {'simulated':>9} {'measured':>9} {'sim/real':>8}")
             for name, s, m, ratio in plan_rows(cfg, budget):
-                lines.append(f"  {name:<14} {s:>9} {m:>9} {ratio:>8.2f}")
+                say(f"  {name:<14} {s:>9} {m:>9} {ratio:>8.2f}")
                 if s > m:
                     failed.append(f"{name}: the plan promises {s} sequences, the card held {m}")
         trainer, history, before = run_steps(cfg, work / "run", args.steps)
@@ -172,30 +172,35 @@ def main(argv: list[str] | None = None) -> int:
                               versus.measured_peaks(list(_timeline(work / "run"))))
         peaks = {r["phase"]: r for r in rows}
         what = "peak allocated GiB vs planned" if cuda else "CPU: the process's RSS high-water mark, GiB"
-        lines.append(f"{args.steps} {cfg.algorithm.adv_estimator} steps (seconds per phase, mean; {what}):")
+        say(f"{args.steps} {cfg.algorithm.adv_estimator} steps (seconds per phase, mean; {what}):")
         for key in sorted(k for k in last if k.startswith("timing/") and k != "timing/step"):
             phase = key.split("/", 1)[1]
             secs = sum(h.get(key, 0.0) for h in history) / len(history)
             r = peaks.get(phase, {})
             peak = "-" if r.get("measured") is None else f"{r['measured'] / GiB:.2f}"
             plan = "-" if r.get("planned") is None else f"{r['planned'] / GiB:.2f}"
-            lines.append(f"  {phase:<14} {secs:>8.2f} s   peak {peak:>6}   plan {plan:>6}")
+            say(f"  {phase:<14} {secs:>8.2f} s   peak {peak:>6}   plan {plan:>6}")
         engine, rate = decode_rate(trainer, cfg)
-        lines.append(f"{engine} engine decode: {rate:,.0f} tokens/s")
+        say(f"{engine} engine decode: {rate:,.0f} tokens/s")
         for role, changed, total in roles_trained(trainer.models, before):
-            lines.append(f"{role} trained: {'yes' if changed else 'NO'} ({changed} of its {total} tensors changed)")
+            say(f"{role} trained: {'yes' if changed else 'NO'} ({changed} of its {total} tensors changed)")
             if not changed:
                 failed.append(f"the {role} did not train")
         skips = {k: int(v) for k, v in last.items() if k.endswith("/skipped_steps")}
-        lines.append("non-finite skips: " + (", ".join(f"{k} {v}" for k, v in skips.items()) or "none recorded"))
+        say("non-finite skips: " + (", ".join(f"{k} {v}" for k, v in skips.items()) or "none recorded"))
         if any(skips.values()):
             failed.append("optimizer steps were skipped for a non-finite gradient norm")
         trainer.engine.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print("\n".join(lines))
     print("FAILED: " + "; ".join(failed) if failed else "all checks passed")
     return 1 if failed else 0
+
+
+def say(line: str) -> None:
+    """Each finding as soon as it is known (flushed): a check cut off by a time limit on a card
+    keeps what it had measured. The trainer logs to stderr, so stdout holds the findings only."""
+    print(line, flush=True)
 
 
 def _timeline(run_dir: Path):

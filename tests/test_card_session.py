@@ -1,0 +1,56 @@
+"""benchmarks/card_session.py, issue 31's one device call: parts run in order inside one budget,
+a part that overruns is killed with its children and keeps what it printed, and the parts after
+it are not started. Real subprocesses; the gpu_check parts themselves are tested in test_gpu_check."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import card_session  # noqa: E402
+
+sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_parts_run_in_order_until_the_budget_is_spent(tmp_path, monkeypatch):
+    monkeypatch.setattr(card_session, "MIN_SECONDS", 1)
+    pid_file = tmp_path / "grandchild.pid"
+    parts = [("quick", [sys.executable, "-c", "print('versions here')"]),
+             # prints a finding, then hangs in a grandchild (as pytest's workers would)
+             ("hangs", ["sh", "-c", f"echo measured 1.5 GiB; sleep 60 & echo $! > {pid_file}; wait"]),
+             ("later", [sys.executable, "-c", "print('never')"])]
+    start = time.monotonic()
+    summary = card_session.run_parts(parts, tmp_path / "out", seconds=4)
+    assert time.monotonic() - start < 30
+    assert summary[0].startswith("quick: exit 0,") and summary[1].startswith("hangs: cut off at the budget")
+    assert summary[2].startswith("later: not started")
+    out = tmp_path / "out"
+    assert (out / "01-quick.txt").read_text() == "versions here\n"
+    assert (out / "02-hangs.txt").read_text().startswith("measured 1.5 GiB")
+    assert not (out / "03-later.txt").exists()
+    assert (out / "summary.txt").read_text().splitlines() == summary
+    pid = int(pid_file.read_text())
+    for _ in range(50):  # killed with its group: gone, or a zombie where nothing reaps orphans
+        if not alive(pid):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the cut-off part's child {pid} still runs")
+    assert not card_session.all_ran_clean(summary)
+    assert card_session.all_ran_clean(summary[:1] + summary[2:])
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_a_failing_part_fails_the_session(tmp_path):
+    summary = card_session.run_parts([("fails", [sys.executable, "-c", "raise SystemExit(3)"])], tmp_path, 60)
+    assert summary[0].startswith("fails: exit 3,") and not card_session.all_ran_clean(summary)
