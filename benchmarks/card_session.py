@@ -10,10 +10,15 @@ prints each finding when it has it: a part cut off keeps what it measured). OUT/
 one line per part: exit status and seconds, "cut off", or "not started" once the budget is spent.
 Parts (--only picks some, in this order):
   versions      python, torch + CUDA + cuDNN, transformers, peft, the card, nvidia-smi
-  check-0.5b    gpu_check countdown-0.5b-4090, 2 steps (full fine-tune, PPO + critic)
-  check-math    gpu_check math-grpo-4090, 1 step (GRPO, no critic)
-  check-3b      gpu_check countdown-4090, 1 step (3B LoRA actor + critic: the README's first run)
+  check-3b      gpu_check countdown-4090, 1 step of 32 prompts (3B LoRA actor + critic: the first
+                run README gives; the preset's 256 x 1,024-token rollout alone would outlast a lent
+                card's minutes on the HF engine, GPU.md: 142 s for 32 rows)
+  check-0.5b    gpu_check countdown-0.5b-4090, 2 steps as the preset has them (full fine-tune)
+  check-math    gpu_check math-grpo-4090, 1 step of 4 prompts x 8 (GRPO, no critic)
   pytest-fast   pytest -m "not vllm and not slow" -n 14 (the suite without the CPU demos)
+A smaller batch keeps the widths traced but caps every planned micro-batch at the batch's rows
+and holds fewer rows in the rollout at once; the plan and the probe see the same overrides, so
+plan vs card stays a fair comparison, of a smaller setting than the preset's.
 Exit 0 when every part that ran exited 0; the vLLM measurements need GPU.md's bundle first.
 """
 
@@ -44,9 +49,11 @@ if shutil.which("nvidia-smi"):
 """
 PARTS: list[tuple[str, list[str]]] = [
     ("versions", [PY, "-c", VERSIONS]),
+    ("check-3b", [PY, CHECK, "--preset", "countdown-4090", "--steps", "1", "--set", "trainer.train_batch_size=32",
+                  "--set", "actor.ppo_mini_batch_size=32", "--set", "critic.ppo_mini_batch_size=32"]),
     ("check-0.5b", [PY, CHECK, "--preset", "countdown-0.5b-4090", "--steps", "2"]),
-    ("check-math", [PY, CHECK, "--preset", "math-grpo-4090", "--steps", "1"]),
-    ("check-3b", [PY, CHECK, "--preset", "countdown-4090", "--steps", "1"]),
+    ("check-math", [PY, CHECK, "--preset", "math-grpo-4090", "--steps", "1", "--set", "trainer.train_batch_size=4",
+                    "--set", "actor.ppo_mini_batch_size=4"]),
     ("pytest-fast", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not vllm and not slow",
                      "-n", "14", "tests"]),
 ]

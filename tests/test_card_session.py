@@ -54,3 +54,18 @@ def alive(pid: int) -> bool:
 def test_a_failing_part_fails_the_session(tmp_path):
     summary = card_session.run_parts([("fails", [sys.executable, "-c", "raise SystemExit(3)"])], tmp_path, 60)
     assert summary[0].startswith("fails: exit 3,") and not card_session.all_ran_clean(summary)
+
+
+def test_every_gpu_check_part_is_a_config_the_check_accepts():
+    """Each part's preset with its overrides (and those gpu_check adds on a card) passes the
+    config's validation: a part refused at load would spend a lent card's minutes on nothing."""
+    from tinyrl.config import load_config
+
+    checks = [cmd for _, cmd in card_session.PARTS if card_session.CHECK in cmd]
+    assert len(checks) == 3
+    for cmd in checks:
+        preset = cmd[cmd.index("--preset") + 1]
+        sets = [cmd[i + 1] for i, word in enumerate(cmd) if word == "--set"]
+        cfg = load_config(preset, ["trainer.device=cuda", "rollout.engine=hf", "model.name=/nonexistent",
+                                   "trainer.max_steps=1", "trainer.test_every=0", "trainer.save_every=0", *sets])
+        assert cfg.trainer.train_batch_size * cfg.rollout.n <= 64, cmd  # sized for minutes, not hours
