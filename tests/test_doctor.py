@@ -54,27 +54,48 @@ def test_doctor_runs_end_to_end_on_cpu_with_bench(tmp_path, tiny_model_dir):
         assert row["basis"] or row["status"] == "skipped", row
 
 
-def check_cpu_memory_rows(rows: dict) -> None:
+def check_cpu_memory_rows(rows: dict, overrides: tuple[str, ...] = (),
+                          phases: tuple[str, ...] = ("forward", "actor_update", "critic_update")) -> None:
     """Like for like: live tensor bytes measured per phase vs the simulation of the same step.
     Measured on this machine (countdown-tiny, fp32, 4 x 197 tokens): 0.98x, 0.98x, 1.00x; the
     process's RSS growth, which the rows compared before, was 2.7-28x the plan."""
     from tinyrl.config import load_config
     from tinyrl.doctor.cpu_memory import MEASURED_AS, planned_step_bytes
 
-    cfg = load_config("countdown-tiny")
+    cfg = load_config("countdown-tiny", list(overrides))
     rollout = rows["memory: rollout"]
     assert rollout["basis"] == "measured" and rollout["data"]["measured_as"] == MEASURED_AS
     assert "ratio" not in rollout["data"]  # not simulated on CPU: no ratio is made up for it
-    for phase in ("forward", "actor_update", "critic_update"):
+    for phase in phases:
         mem = rows[f"memory: {phase}"]
         d = mem["data"]
         assert mem["basis"] == "simulated vs measured" and d["measured_as"] == MEASURED_AS and d["dtype"] == "fp32"
         # planned = the simulation of the step as it ran, not the plan for a RAM-sized card
         assert len(d["rows"]) == d["micro_batch"]  # each row's real (prompt, response) tokens, packed
+        groups = tuple(d["groups"]) if d["groups"] is not None else None
         assert d["planned_bytes"] == planned_step_bytes(cfg, "fp32", phase, tuple(map(tuple, d["rows"])),
-                                                        d["seq_len"], d["response_len"])
+                                                        d["seq_len"], d["response_len"], groups)
         assert d["ratio"] == pytest.approx(d["measured_bytes"] / d["planned_bytes"])
         assert 0.85 <= d["ratio"] <= 1.15 and mem["status"] == "pass", mem
+
+
+@pytest.mark.slow
+def test_doctor_compares_like_for_like_when_answers_share_their_prompt(tiny_model_dir):
+    """GRPO, 4 answers a prompt: the trainer's packed passes compute each prompt once, and the
+    simulation of the step must too. It simulated distinct prompts: `tinyrl doctor --preset
+    countdown-demo` (README's demo, 8 answers) warned 0.31x and 0.42x, "attach this report to an
+    issue", on every CPU; now 1.00x and 1.00x."""
+    sets = ("algorithm.adv_estimator=grpo", "rollout.n=4")
+    args = [sys.executable, "-m", "tinyrl.cli", "doctor", "--preset", "countdown-tiny", "--json"]
+    done = subprocess.run(args + [a for s in sets for a in ("--set", s)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = _rows(json.loads(done.stdout))
+    assert "memory: critic_update" not in rows  # GRPO: no critic, no critic phase
+    check_cpu_memory_rows(rows, sets, ("forward", "actor_update"))
+    for phase in ("forward", "actor_update"):
+        groups = rows[f"memory: {phase}"]["data"]["groups"]
+        assert len(set(groups)) < len(groups), groups  # the micro-batch held answers of one prompt
+        assert "prompts shared by" in rows[f"memory: {phase}"]["found"]
 
 
 def test_tensor_peaks_count_live_tensor_bytes_per_phase_weights_included():

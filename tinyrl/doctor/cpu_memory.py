@@ -6,7 +6,7 @@ MemTracker: every tensor storage alive, the models' weights included), here on t
 Planned: the simulation (tinyrl.memory.simulate.simulate_phase) of the SAME step: same model,
 dtype, LoRA, checkpointing and log-prob chunk, packed as the trainer packs, for each micro-batch
 the trainer really formed in that phase (its BudgetKeeper's slices, each row's real prompt and
-response tokens, the padded width), the largest of them, less the CUDA allocator's headroom
+response tokens, the rows that shared a prompt, the padded width), the largest of them, less the CUDA allocator's headroom
 (the CPU has no caching allocator). Neither side counts allocator caches, code or Python
 objects: that is what the process's RSS adds, and why RSS growth is not compared.
 The rollout phase is not simulated (the plan prices it by formula for vLLM or HF generate in
@@ -60,7 +60,8 @@ class TensorPeaks:
     def __init__(self) -> None:
         self.tracker = _totals_tracker()
         self.peaks: dict[str, int] = {}                   # phase -> largest peak over its runs
-        # phase -> the micro-batches it ran: ((prompt, response) real tokens per row, width, response width)
+        # phase -> the micro-batches it ran: ((prompt, response) real tokens per row, width, response
+        # width, each row's shared-prompt number or None: Step.groups)
         self.batches: dict[str, set[tuple]] = {}
         self._external: list[Any] = []
         self._inside = False
@@ -81,7 +82,8 @@ class TensorPeaks:
             rows = last.get("rows") if row_tokens is not None else None
             for s in keeper.slices(phase, n_rows, seq_len, row_tokens, groups):
                 if rows is not None and len(rows) == n_rows:
-                    self.batches.setdefault(str(phase), set()).add((tuple(rows[s]), *last["width"]))
+                    shared = tuple(groups[s]) if groups is not None else None
+                    self.batches.setdefault(str(phase), set()).add((tuple(rows[s]), *last["width"], shared))
             return real(phase, n_rows, seq_len, attempt, row_tokens, groups)
 
         keeper.run_accumulating = recorded
@@ -113,9 +115,10 @@ class TensorPeaks:
 
 
 def planned_step_bytes(cfg, dtype: str, phase: str, rows: tuple[tuple[int, int], ...], seq_len: int,
-                       response_len: int) -> int:
+                       response_len: int, groups: tuple[int, ...] | None = None) -> int:
     """The simulation of a micro-batch the trainer ran (each row's real (prompt, response)
-    tokens in a [len(rows), seq_len] batch): tensor bytes at the phase's peak."""
+    tokens in a [len(rows), seq_len] batch; `groups`: the rows that shared a prompt, which the
+    packed pass computed once): tensor bytes at the phase's peak."""
     from tinyrl.memory import simulate as sim
     from tinyrl.memory.from_config import load_spec, role_flags
 
@@ -123,7 +126,8 @@ def planned_step_bytes(cfg, dtype: str, phase: str, rows: tuple[tuple[int, int],
     parts = sim.simulate_phase(load_spec(m.name), phase, len(rows), seq_len, response_len=response_len,
                                finetune=m.finetune, lora_rank=m.lora_rank, lora_targets=tuple(m.lora_targets),
                                gradient_checkpointing=m.gradient_checkpointing, dtype=dtype,
-                               logprob_chunk=m.logprob_chunk, with_entropy=True, rows=rows, **role_flags(cfg))
+                               logprob_chunk=m.logprob_chunk, with_entropy=True, rows=rows, groups=groups,
+                               **role_flags(cfg))
     return parts["peak"] - parts["allocator"]  # the allocator's headroom is the CUDA cache's
 
 
@@ -152,13 +156,15 @@ def cpu_memory_rows(cfg, peaks: TensorPeaks, dtype: str) -> list[Row]:
             rows.append(skipped(name, "the trainer ran no packed micro-batch in this phase", **data))
             continue
         # each micro-batch it formed, simulated as it ran; the measured peak is over all of them
-        planned, (lengths, width, resp) = max((planned_step_bytes(cfg, dtype, phase, *b), b) for b in batches)
+        planned, (lengths, width, resp, shared) = max((planned_step_bytes(cfg, dtype, phase, *b), b) for b in batches)
         ratio = got / planned
         data.update(planned_bytes=planned, ratio=ratio, micro_batch=len(lengths), seq_len=width, response_len=resp,
-                    rows=[list(r) for r in lengths], plan_source="simulated: the same micro-batches (packed, as run)")
+                    rows=[list(r) for r in lengths], groups=list(shared) if shared else None, plan_source="simulated: the same micro-batches (packed, as run)")
         found = (f"measured {human_bytes(got)} / planned {human_bytes(planned)} = {ratio:.2f}x: live tensor bytes, "
                  f"both sides, {len(lengths)} rows x {width} tokens per micro-batch "
-                 f"({sum(p + r for p, r in lengths)} real, packed) in {dtype}")
+                 f"({sum(p + r for p, r in lengths)} real, packed"
+                 + (f"; {len(set(shared))} prompts shared by {len(lengths)} rows" if shared and len(set(shared)) < len(shared) else "")
+                 + f") in {dtype}")
         if abs(ratio - 1) > TOLERANCE:
             rows.append(Row(name, "warn", found + ": the simulation misses this step's tensors by more than "
                             f"{TOLERANCE:.0%}", basis="simulated vs measured", data=data,

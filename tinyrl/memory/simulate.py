@@ -67,6 +67,9 @@ class Step:
     rows: tuple[tuple[int, int], ...] | None = None
     critic: bool = True                # the estimator reads values (GAE): critic adapter/copy, head, Adam
     reference: bool = True             # a KL term reads reference log-probs (full: a frozen copy)
+    # Each row's prompt as a number (tinyrl.packing.prompt_groups): rows with the same number share
+    # one prompt, which the packed pass computes once (GRPO's n answers); None: every prompt distinct.
+    groups: tuple[int, ...] | None = None
 
     def roles(self) -> frozenset[Role]:
         return frozenset({Role.ACTOR} | ({Role.CRITIC} if self.critic else set())
@@ -89,6 +92,13 @@ class Step:
             raise TinyRLError(f"bad rows for a [{self.micro_batch}, {self.seq_len}] batch: {self.rows}",
                               hint=f"micro_batch (prompt, response) pairs, 1 <= prompt <= {prompt_width}, "
                                    f"0 <= response <= {self.response_len}")
+        if self.groups is not None:
+            prompts = [p for p, _ in self.rows] if self.rows is not None else [prompt_width] * self.micro_batch
+            first = {g: i for i, g in reversed(list(enumerate(self.groups)))}
+            if len(self.groups) != self.micro_batch or any(prompts[i] != prompts[first[g]]
+                                                           for i, g in enumerate(self.groups)):
+                raise TinyRLError(f"bad groups for a batch of {self.micro_batch} rows: {self.groups}",
+                                  hint="one number per row; rows that share a prompt have its length")
 
 
 # ------------------------------------------------------------------------------- tracker
@@ -257,7 +267,8 @@ def make_inputs(step: Step, vocab_size: int, device: str | torch.device = "cpu")
     tokens, or every token real: at a given row count and width the packed pass is largest so
     (N = every token; tensors of rows x width are that size whatever the lengths). Prompts are
     distinct (random ids, a fixed seed): no prompt shared, the packed layout computing the most
-    tokens. Real tensors, made outside any FakeTensorMode: the packed layout is host index work
+    tokens; with step.groups, rows of a group get their first row's prompt, which the packed pass
+    then computes once, as it does for the trainer's rows. Real tensors, made outside any FakeTensorMode: the packed layout is host index work
     on their values (tinyrl.packing); a few bytes per token."""
     from tinyrl.models import Batch
 
@@ -266,6 +277,9 @@ def make_inputs(step: Step, vocab_size: int, device: str | torch.device = "cpu")
     col = torch.arange(T)
     mask = ((col >= T - R - rows[:, :1]) & (col < T - R + rows[:, 1:])).long()       # [B, T]
     ids = torch.randint(1, vocab_size, (B, T), generator=torch.Generator().manual_seed(0)) * mask
+    if step.groups is not None:
+        first = {g: i for i, g in reversed(list(enumerate(step.groups)))}
+        ids[:, :T - R] = ids[[first[g] for g in step.groups], :T - R]  # validate(): same prompt lengths
     return Batch(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0),
                  (torch.arange(R) < rows[:, 1:]).float()).to(torch.device(device))
 
@@ -432,16 +446,19 @@ def simulate_phase(spec: dict, phase: str, micro_batch: int, seq_len: int, *,
                    lora_targets: tuple[str, ...] = ALL_LINEAR, gradient_checkpointing: bool = True,
                    dtype: str = "bf16", logprob_chunk: int = 1024, with_entropy: bool = True,
                    critic: bool = True, reference: bool = True, layers: int | None = None,
-                   rows: tuple[tuple[int, int], ...] | None = None) -> dict[str, int]:
+                   rows: tuple[tuple[int, int], ...] | None = None,
+                   groups: tuple[int, ...] | None = None) -> dict[str, int]:
     """Bytes by category at the phase's peak, for the full depth (or `layers`):
     base_weights, adapters (all trainable weights: adapters + value head, or the full models),
     gradients, optimizer (state + step temporaries), activations (everything else, the
     log-prob chunk included), logprob_chunk (of which: one chunk's traced working set), peak.
     The passes are packed, as the trainer's; `rows` (Step.rows) gives each row's real tokens,
-    else every token is real (the worst case the plan needs)."""
+    else every token is real (the worst case the plan needs); `groups` (Step.groups) which rows
+    share a prompt, else none does (also the plan's worst case)."""
     step = Step(phase, micro_batch, seq_len, response_len or seq_len - 1, finetune, lora_rank,
                 tuple(lora_targets), gradient_checkpointing, dtype, logprob_chunk, with_entropy,
-                tuple(map(tuple, rows)) if rows is not None else None, critic, reference)
+                tuple(map(tuple, rows)) if rows is not None else None, critic, reference,
+                tuple(groups) if groups is not None else None)
     depth = layers or spec["num_hidden_layers"]
     if depth <= BASE_LAYERS + 1:
         cats = extrapolate(trace_step(spec, step, depth), trace_step(spec, step, depth), depth, depth)
