@@ -15,6 +15,9 @@ Parts (--only picks some, in this order):
                 card's minutes on the HF engine, GPU.md: 142 s for 32 rows)
   check-0.5b    gpu_check countdown-0.5b-4090, 2 steps as the preset has them (full fine-tune)
   check-math    gpu_check math-grpo-4090, 1 step of 4 prompts x 8 (GRPO, no critic)
+  check-vllm    gpu_check countdown-0.5b-4090, 3 steps with rollout.engine=vllm, then the doctor's
+                rows on that model: sleep/wake seconds, what a sleep frees, the adapter-sync check
+                (not started where vllm does not import: GPU.md's bundle brings vLLM 0.26)
   pytest-fast   pytest -m "not vllm and not slow" -n 14 (the suite without the CPU demos)
 A smaller batch keeps the widths traced but caps every planned micro-batch at the batch's rows
 and holds fewer rows in the rollout at once; the plan and the probe see the same overrides, so
@@ -25,6 +28,7 @@ Exit 0 when every part that ran exited 0; the vLLM measurements need GPU.md's bu
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import subprocess
@@ -54,6 +58,8 @@ PARTS: list[tuple[str, list[str]]] = [
     ("check-0.5b", [PY, CHECK, "--preset", "countdown-0.5b-4090", "--steps", "2"]),
     ("check-math", [PY, CHECK, "--preset", "math-grpo-4090", "--steps", "1", "--set", "trainer.train_batch_size=4",
                     "--set", "actor.ppo_mini_batch_size=4"]),
+    ("check-vllm", [PY, CHECK, "--preset", "countdown-0.5b-4090", "--steps", "3", "--skip-probe",
+                    "--set", "rollout.engine=vllm", "--doctor"]),
     ("pytest-fast", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not vllm and not slow",
                      "-n", "14", "tests"]),
 ]
@@ -70,6 +76,8 @@ def run_parts(parts: list[tuple[str, list[str]]], out: Path, seconds: float) -> 
         left = deadline - time.monotonic()
         if left < MIN_SECONDS:
             summary.append(f"{name}: not started ({left:.0f} s of the budget left)")
+        elif "rollout.engine=vllm" in cmd and importlib.util.find_spec("vllm") is None:
+            summary.append(f"{name}: not started (vllm does not import here; GPU.md says how to bring it)")
         else:
             start = time.monotonic()
             with open(out / f"{i:02d}-{name}.txt", "w") as log:

@@ -16,7 +16,9 @@ saved with the tiny tokenizer; then
      (GAE) the critic's and its value head, against a copy taken before the first step, under a
      text-hash reward (check_reward: random weights never earn the task's); a GRPO preset has
      no critic to check;
-  5. optimizer steps skipped because the gradient norm was not finite (should be 0).
+  5. optimizer steps skipped because the gradient norm was not finite (should be 0);
+  6. with --doctor, tinyrl doctor's rows on the same model (its trial runs the configured engine:
+     with rollout.engine=vllm, sleep/wake times, what a sleep frees, the adapter-sync check).
 Exit 1 when a check fails. Without CUDA it runs the reduced CPU version (countdown-tiny, the tiny
 model, fp32, no probe), which shows the script works, not what any card does.
 """
@@ -136,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--budget", type=float, default=None, help="GiB; default: 90%% of the preset's card")
     ap.add_argument("--skip-probe", action="store_true", help="no real probe (it takes minutes on a 3B)")
+    ap.add_argument("--doctor", action="store_true",
+                    help="then tinyrl doctor's rows on the same model (with --set rollout.engine=vllm: sleep and "
+                         "wake times, what a sleep frees, the adapter-sync check)")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="config override key=value")
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -191,10 +196,22 @@ def main(argv: list[str] | None = None) -> int:
         if any(skips.values()):
             failed.append("optimizer steps were skipped for a non-finite gradient norm")
         trainer.engine.close()
+        if args.doctor:
+            failed += doctor_rows(preset, sets + args.sets)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("FAILED: " + "; ".join(failed) if failed else "all checks passed")
     return 1 if failed else 0
+
+
+def doctor_rows(preset: str, overrides: list[str]) -> list[str]:
+    """tinyrl doctor on the check's model and overrides, one line a row. -> the failed rows."""
+    from tinyrl.doctor import run_doctor
+
+    report = run_doctor(preset, overrides)
+    for row in report.rows:
+        say(f"doctor {row.name}: {row.status}, {row.found or row.reason}" + (f" (fix: {row.fix})" if row.fix else ""))
+    return [f"doctor: {name} failed" for name in report.failed]
 
 
 def say(line: str) -> None:

@@ -62,10 +62,23 @@ def test_every_gpu_check_part_is_a_config_the_check_accepts():
     from tinyrl.config import load_config
 
     checks = [cmd for _, cmd in card_session.PARTS if card_session.CHECK in cmd]
-    assert len(checks) == 3
+    assert len(checks) == 4
     for cmd in checks:
         preset = cmd[cmd.index("--preset") + 1]
         sets = [cmd[i + 1] for i, word in enumerate(cmd) if word == "--set"]
         cfg = load_config(preset, ["trainer.device=cuda", "rollout.engine=hf", "model.name=/nonexistent",
                                    "trainer.max_steps=1", "trainer.test_every=0", "trainer.save_every=0", *sets])
         assert cfg.trainer.train_batch_size * cfg.rollout.n <= 64, cmd  # sized for minutes, not hours
+
+
+def test_a_vllm_part_is_not_started_where_vllm_does_not_import(tmp_path, monkeypatch):
+    """The lent card has no vLLM until GPU.md's bundle is brought: its part must not spend the budget."""
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    parts = [("check-vllm", [sys.executable, "-c", "print('ran')", "rollout.engine=vllm"]),
+             ("after", [sys.executable, "-c", "print('ran')"])]
+    summary = card_session.run_parts(parts, tmp_path, 60)
+    assert summary[0].startswith("check-vllm: not started (vllm does not import")
+    assert summary[1].startswith("after: exit 0,") and card_session.all_ran_clean(summary)
+    assert not (tmp_path / "01-check-vllm.txt").exists()

@@ -20,17 +20,20 @@ SMALL = ["--steps", "2", "--set", "trainer.train_batch_size=4", "--set", "rollou
 @pytest.mark.parametrize("estimator", ["gae", "grpo"])
 def test_gpu_check_runs_and_reports_every_check(tmp_path, estimator):
     """GAE trains an actor and a critic; GRPO (math-grpo-4090) has no critic, and the check must
-    report its actor without looking for one."""
+    report its actor without looking for one. The GAE run adds --doctor: the doctor's rows on
+    the same model (on a card with vLLM: sleep/wake and the adapter-sync check)."""
     extra = ["--preset", "countdown-0.5b-4090", "--skip-probe"] if torch.cuda.is_available() else []
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *SMALL, *extra,
-                           "--set", f"algorithm.adv_estimator={estimator}", "--set", "rollout.n=2"],
+                           "--set", f"algorithm.adv_estimator={estimator}", "--set", "rollout.n=2",
+                           *(["--doctor"] if estimator == "gae" else [])],
                           cwd=tmp_path, capture_output=True, text=True, timeout=1800)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr[-3000:]
     critic = estimator == "gae"
     expected = [f"2 {estimator} steps", "actor_update", "rollout", "engine decode:", "actor trained: yes",
                 "actor/skipped_steps 0", "all checks passed"]
-    for words in expected + (["critic_update", "critic trained: yes"] if critic else []):
+    doctor = ["doctor two-step run: pass", "doctor adapter sync: pass", "doctor memory: actor_update: pass"]
+    for words in expected + (["critic_update", "critic trained: yes"] + doctor if critic else []):
         assert words in out, f"{words!r} missing from:\n{out}"
     assert ("critic" in out) == critic, out
     if not torch.cuda.is_available():
