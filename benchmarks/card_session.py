@@ -70,7 +70,9 @@ def run_parts(parts: list[tuple[str, list[str]]], out: Path, seconds: float) -> 
     """Run each part in order until `seconds` are spent. -> the summary lines (also in
     out/summary.txt, rewritten after every part so a cut-off call still has it)."""
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    # the checkout first, then what was there (GPU.md's vLLM bundle lives on PYTHONPATH: /tmp/site)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     deadline, summary = time.monotonic() + seconds, []
     for i, (name, cmd) in enumerate(parts, 1):
         left = deadline - time.monotonic()

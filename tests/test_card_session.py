@@ -4,6 +4,7 @@ it are not started. Real subprocesses; the gpu_check parts themselves are tested
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -49,6 +50,15 @@ def alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+def test_the_parts_see_the_checkout_and_the_pythonpath_they_were_given(tmp_path, monkeypatch):
+    """GPU.md brings vLLM to the card on PYTHONPATH (/tmp/site): a part must still import it."""
+    monkeypatch.setenv("PYTHONPATH", "/tmp/site")
+    code = "import os, tinyrl; print(os.environ['PYTHONPATH'], tinyrl.__file__)"
+    card_session.run_parts([("path", [sys.executable, "-c", code])], tmp_path, 60)
+    path, where = (tmp_path / "01-path.txt").read_text().split()
+    assert path.split(os.pathsep) == [str(ROOT), "/tmp/site"] and where.startswith(str(ROOT))
 
 
 def test_a_failing_part_fails_the_session(tmp_path):
