@@ -26,7 +26,10 @@ model, fp32, no probe), which shows the script works, not what any card does.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -197,21 +200,31 @@ def main(argv: list[str] | None = None) -> int:
             failed.append("optimizer steps were skipped for a non-finite gradient norm")
         trainer.engine.close()
         if args.doctor:
-            failed += doctor_rows(preset, sets + args.sets)
+            failed += doctor_rows(preset, sets + args.sets, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("FAILED: " + "; ".join(failed) if failed else "all checks passed")
     return 1 if failed else 0
 
 
-def doctor_rows(preset: str, overrides: list[str]) -> list[str]:
-    """tinyrl doctor on the check's model and overrides, one line a row. -> the failed rows."""
-    from tinyrl.doctor import run_doctor
-
-    report = run_doctor(preset, overrides)
-    for row in report.rows:
-        say(f"doctor {row.name}: {row.status}, {row.found or row.reason}" + (f" (fix: {row.fix})" if row.fix else ""))
-    return [f"doctor: {name} failed" for name in report.failed]
+def doctor_rows(preset: str, overrides: list[str], work: Path) -> list[str]:
+    """`tinyrl doctor` on the check's model and overrides, in a child process (one vLLM engine
+    a process, as tinyrl's own tests run it: a second engine in this one would see what the
+    first left on the card), one line a row. -> the failed rows."""
+    report_file = work / "doctor.json"
+    cmd = [sys.executable, "-m", "tinyrl.cli", "doctor", "--preset", preset, "--json", "--out", str(report_file)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(Path(tinyrl.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")) if p)}
+    done = subprocess.run(cmd + [a for o in overrides for a in ("--set", o)], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if not report_file.is_file():
+        say(f"doctor: no report (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        return ["doctor: it did not finish"]
+    report = json.loads(report_file.read_text())
+    for row in report["rows"]:
+        say(f"doctor {row['name']}: {row['status']}, {row['found'] or row['reason']}"
+            + (f" (fix: {row['fix']})" if row["fix"] else ""))
+    return [f"doctor: {name} failed" for name in report["failed"]]
 
 
 def say(line: str) -> None:
