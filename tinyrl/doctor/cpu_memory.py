@@ -159,12 +159,13 @@ def cpu_memory_rows(cfg, peaks: TensorPeaks, dtype: str) -> list[Row]:
         planned, (lengths, width, resp, shared) = max((planned_step_bytes(cfg, dtype, phase, *b), b) for b in batches)
         ratio = got / planned
         data.update(planned_bytes=planned, ratio=ratio, micro_batch=len(lengths), seq_len=width, response_len=resp,
-                    rows=[list(r) for r in lengths], groups=list(shared) if shared else None, plan_source="simulated: the same micro-batches (packed, as run)")
+                    rows=[list(r) for r in lengths], groups=list(shared) if shared else None,
+                    plan_source="simulated: the same micro-batches (packed, as run)")
+        prompts = len(set(shared)) if shared else len(lengths)
+        sharing = f"; {prompts} prompts shared by {len(lengths)} rows" if prompts < len(lengths) else ""
         found = (f"measured {human_bytes(got)} / planned {human_bytes(planned)} = {ratio:.2f}x: live tensor bytes, "
                  f"both sides, {len(lengths)} rows x {width} tokens per micro-batch "
-                 f"({sum(p + r for p, r in lengths)} real, packed"
-                 + (f"; {len(set(shared))} prompts shared by {len(lengths)} rows" if shared and len(set(shared)) < len(shared) else "")
-                 + f") in {dtype}")
+                 f"({sum(p + r for p, r in lengths)} real, packed{sharing}) in {dtype}")
         if abs(ratio - 1) > TOLERANCE:
             rows.append(Row(name, "warn", found + ": the simulation misses this step's tensors by more than "
                             f"{TOLERANCE:.0%}", basis="simulated vs measured", data=data,

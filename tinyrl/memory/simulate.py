@@ -71,6 +71,11 @@ class Step:
     # one prompt, which the packed pass computes once (GRPO's n answers); None: every prompt distinct.
     groups: tuple[int, ...] | None = None
 
+    def prompt_sources(self) -> list[int]:
+        """[micro_batch] the row whose prompt each row carries: its group's first row."""
+        first = {g: i for i, g in reversed(list(enumerate(self.groups)))}
+        return [first[g] for g in self.groups]
+
     def roles(self) -> frozenset[Role]:
         return frozenset({Role.ACTOR} | ({Role.CRITIC} if self.critic else set())
                          | ({Role.REFERENCE} if self.reference else set()))
@@ -94,9 +99,8 @@ class Step:
                                    f"0 <= response <= {self.response_len}")
         if self.groups is not None:
             prompts = [p for p, _ in self.rows] if self.rows is not None else [prompt_width] * self.micro_batch
-            first = {g: i for i, g in reversed(list(enumerate(self.groups)))}
-            if len(self.groups) != self.micro_batch or any(prompts[i] != prompts[first[g]]
-                                                           for i, g in enumerate(self.groups)):
+            if len(self.groups) != self.micro_batch or any(prompts[i] != prompts[first]
+                                                           for i, first in enumerate(self.prompt_sources())):
                 raise TinyRLError(f"bad groups for a batch of {self.micro_batch} rows: {self.groups}",
                                   hint="one number per row; rows that share a prompt have its length")
 
@@ -268,8 +272,9 @@ def make_inputs(step: Step, vocab_size: int, device: str | torch.device = "cpu")
     (N = every token; tensors of rows x width are that size whatever the lengths). Prompts are
     distinct (random ids, a fixed seed): no prompt shared, the packed layout computing the most
     tokens; with step.groups, rows of a group get their first row's prompt, which the packed pass
-    then computes once, as it does for the trainer's rows. Real tensors, made outside any FakeTensorMode: the packed layout is host index work
-    on their values (tinyrl.packing); a few bytes per token."""
+    then computes once, as it does for the trainer's rows. Real tensors, made outside any
+    FakeTensorMode: the packed layout is host index work on their values (tinyrl.packing); a few
+    bytes per token."""
     from tinyrl.models import Batch
 
     B, T, R = step.micro_batch, step.seq_len, step.response_len
@@ -278,8 +283,7 @@ def make_inputs(step: Step, vocab_size: int, device: str | torch.device = "cpu")
     mask = ((col >= T - R - rows[:, :1]) & (col < T - R + rows[:, 1:])).long()       # [B, T]
     ids = torch.randint(1, vocab_size, (B, T), generator=torch.Generator().manual_seed(0)) * mask
     if step.groups is not None:
-        first = {g: i for i, g in reversed(list(enumerate(step.groups)))}
-        ids[:, :T - R] = ids[[first[g] for g in step.groups], :T - R]  # validate(): same prompt lengths
+        ids[:, :T - R] = ids[step.prompt_sources(), :T - R]  # validate(): a group's prompts are one length
     return Batch(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0),
                  (torch.arange(R) < rows[:, 1:]).float()).to(torch.device(device))
 
