@@ -26,8 +26,8 @@ model, fp32, no probe), which shows the script works, not what any card does.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -155,11 +155,11 @@ def main(argv: list[str] | None = None) -> int:
             model_dir = build_random_model(load_config(preset).model.name, work / "model")
             sets.append(f"model.name={model_dir}")
             say(f"card: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
-                  f"cuDNN {torch.backends.cudnn.version()}; random-weight {preset} model in {model_dir}")
+                f"cuDNN {torch.backends.cudnn.version()}; random-weight {preset} model in {model_dir}")
         else:
             preset, sets = "countdown-tiny", ["trainer.device=cpu", "rollout.engine=hf"]
             say("no CUDA card: the reduced CPU check (countdown-tiny, tiny model, fp32, no probe). "
-                  "It shows the script runs; the figures say nothing about a card.")
+                "It shows the script runs; the figures say nothing about a card.")
         small = [f"trainer.max_steps={args.steps}", "trainer.test_every=0", "trainer.save_every=0",
                  f"reward.fn={Path(__file__).resolve()}:check_reward"]
         cfg = load_config(preset, sets + small + args.sets)
@@ -200,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
             failed.append("optimizer steps were skipped for a non-finite gradient norm")
         trainer.engine.close()
         if args.doctor:
+            del trainer  # the doctor's child gets the card without this run's models and cache
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
             failed += doctor_rows(preset, sets + args.sets, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -213,9 +217,8 @@ def doctor_rows(preset: str, overrides: list[str], work: Path) -> list[str]:
     first left on the card), one line a row. -> the failed rows."""
     report_file = work / "doctor.json"
     cmd = [sys.executable, "-m", "tinyrl.cli", "doctor", "--preset", preset, "--json", "--out", str(report_file)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(Path(tinyrl.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")) if p)}
-    done = subprocess.run(cmd + [a for o in overrides for a in ("--set", o)], env=env,
+    # the child imports tinyrl as this process did (installed, or the PYTHONPATH it inherits)
+    done = subprocess.run(cmd + [a for o in overrides for a in ("--set", o)],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if not report_file.is_file():
         say(f"doctor: no report (exit {done.returncode}):\n{done.stderr[-3000:]}")
