@@ -26,7 +26,6 @@ model, fp32, no probe), which shows the script works, not what any card does.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import shutil
 import subprocess
@@ -42,6 +41,7 @@ from tinyrl.config import load_config
 from tinyrl.hardware import detect_gpu, get_gpu
 from tinyrl.memory import from_config as mp
 from tinyrl.memory import versus
+from tinyrl.memory.probe import free_memory
 
 GiB = 2**30
 
@@ -201,9 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer.engine.close()
         if args.doctor:
             del trainer  # the doctor's child gets the card without this run's models and cache
-            gc.collect()
-            if cuda:
-                torch.cuda.empty_cache()
+            free_memory()
             failed += doctor_rows(preset, sets + args.sets, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
