@@ -61,38 +61,55 @@ def rl_records(sft_run: Path, tmp_path: Path, seed: int, preset: str = "countdow
     return records
 
 
-def seeds_until_decided(check: Callable[[int], tuple[bool, object]],
-                        order: tuple[int, ...] = SEEDS) -> tuple[int, list]:
-    """Run check(seed) over SEEDS (in `order`, a permutation of them) until "MIN_SEEDS_RISING of
-    them pass" is decided: when the first two both pass (or both fail) the third cannot change the
-    verdict, so it is not run (a PPO seed is minutes of CI). The verdict does not depend on the
-    order; the time does. -> (seeds that passed, [(seed, passed, figures)])"""
+def seeds_until_decided(check: Callable[[int], tuple[bool, bool, object]],
+                        order: tuple[int, ...] = SEEDS) -> tuple[bool, list]:
+    """Run check(seed) -> (passed, clear, figures) over SEEDS (in `order`, a permutation of them)
+    until the verdict is decided. A first seed that is `clear` (it passes by the wide margin its
+    test names, one that every seed measured on both machines cleared) decides alone: a PPO seed
+    is minutes of CI. Otherwise MIN_SEEDS_RISING of the three must pass: when the first two both
+    pass (or both fail) the third cannot change that, so it is not run, and without a clear first
+    seed the verdict does not depend on the order (the time does).
+    -> (verdict, [(seed, passed, clear, figures)] of the seeds run)"""
     assert sorted(order) == sorted(SEEDS), order
     passed, seen = 0, []
     for i, seed in enumerate(order):
-        ok, figures = check(seed)
+        ok, clear, figures = check(seed)
+        assert ok or not clear, (seed, figures)  # clear means passed by a margin
         passed += bool(ok)
-        seen.append((seed, bool(ok), figures))
+        seen.append((seed, bool(ok), bool(clear), figures))
+        if i == 0 and clear:
+            return True, seen
         if passed >= MIN_SEEDS_RISING or passed + len(order) - i - 1 < MIN_SEEDS_RISING:
             break
-    return passed, seen
+    return passed >= MIN_SEEDS_RISING, seen
 
 
-@pytest.mark.parametrize("outcomes, ran, passed", [
-    ((True, True, True), [1, 2], 2), ((False, False, True), [1, 2], 0),
-    ((True, False, True), [1, 2, 3], 2), ((False, True, False), [1, 2, 3], 1)])
-def test_seeds_run_until_two_of_three_is_decided(outcomes, ran, passed):
-    got = seeds_until_decided(lambda seed: (outcomes[seed - 1], seed * 10))
-    assert got == (passed, [(seed, outcomes[seed - 1], seed * 10) for seed in ran])
+@pytest.mark.parametrize("outcomes, ran, verdict", [
+    ((True, True, True), [1, 2], True), ((False, False, True), [1, 2], False),
+    ((True, False, True), [1, 2, 3], True), ((False, True, False), [1, 2, 3], False),
+    (("clear", False, False), [1], True), ((False, "clear", False), [1, 2, 3], False),
+    ((False, "clear", "clear"), [1, 2, 3], True)])
+def test_seeds_run_until_two_of_three_is_decided(outcomes, ran, verdict):
+    """outcomes[seed - 1]: False, True (passed) or "clear" (passed by the margin)."""
+    check = lambda seed: (bool(outcomes[seed - 1]), outcomes[seed - 1] == "clear", seed * 10)  # noqa: E731
+    assert seeds_until_decided(check) == (verdict, [(seed, *check(seed)) for seed in ran])
 
 
 @pytest.mark.parametrize("outcomes", [(a, b, c) for a in (True, False) for b in (True, False) for c in (True, False)])
 def test_the_order_of_the_seeds_changes_the_time_not_the_verdict(outcomes):
-    check = lambda s: (outcomes[s - 1], None)  # noqa: E731
-    passed, ran = seeds_until_decided(check, (2, 3, 1))
-    assert (passed >= MIN_SEEDS_RISING) == (seeds_until_decided(check)[0] >= MIN_SEEDS_RISING) \
-        == (sum(outcomes) >= MIN_SEEDS_RISING)
-    assert [seed for seed, _, _ in ran] == ([2, 3] if outcomes[1] == outcomes[2] else [2, 3, 1])
+    check = lambda s: (outcomes[s - 1], False, None)  # noqa: E731
+    verdict, ran = seeds_until_decided(check, (2, 3, 1))
+    assert verdict == seeds_until_decided(check)[0] == (sum(outcomes) >= MIN_SEEDS_RISING)
+    assert [seed for seed, *_ in ran] == ([2, 3] if outcomes[1] == outcomes[2] else [2, 3, 1])
+
+
+def test_a_clear_seed_decides_alone_only_when_it_runs_first():
+    clear_third = lambda s: (s == 3, s == 3, None)  # noqa: E731  (seeds 1 and 2 fail)
+    assert seeds_until_decided(clear_third)[0] is False
+    verdict, ran = seeds_until_decided(clear_third, (3, 1, 2))
+    assert verdict is True and [seed for seed, *_ in ran] == [3]
+    with pytest.raises(AssertionError):  # a check that calls a failed seed clear is a bug
+        seeds_until_decided(lambda s: (False, True, None))
 
 
 def rise(records: list[dict]) -> float:
@@ -108,16 +125,21 @@ def rise(records: list[dict]) -> float:
 # stopped while healthy. 3,600 s is 5.5x that: it still only catches a hang.
 @pytest.mark.timeout(3600)
 def test_rl_raises_greedy_accuracy_on_held_back_tasks(countdown_demo_sft, tmp_path):
-    def check(seed: int) -> tuple[bool, float]:
+    def check(seed: int) -> tuple[bool, bool, float]:
         gain = rise(rl_records(countdown_demo_sft, tmp_path, seed))
-        return gain >= MIN_RISE, round(gain, 3)
+        # Never clear alone: GRPO's seeds spread from +4.7 to +26.2 around the bar of 10 (module
+        # docstring), too wide for one seed to speak for the demo.
+        return gain >= MIN_RISE, False, round(gain, 3)
 
-    passed, seen = seeds_until_decided(check)
-    assert passed >= MIN_SEEDS_RISING, seen
+    verdict, seen = seeds_until_decided(check)
+    assert verdict, seen
 
 
 PPO_MIN_EXPLAINED_VAR = 0.10  # median of the last 10 steps; measured +0.13 to +0.31 (seeds 1-7, first machine)
                               # and +0.22 to +0.34 (seeds 1-6, AVX-512 machine): docstring below
+# The first seed (2) decides alone when it clears both bars by half again (docstring below), so
+# CI runs one PPO seed where it ran two.
+PPO_CLEAR_RISE, PPO_CLEAR_EXPLAINED_VAR = 1.5 * MIN_RISE, 1.5 * PPO_MIN_EXPLAINED_VAR
 
 
 @pytest.mark.slow
@@ -129,7 +151,12 @@ def test_ppo_with_a_critic_raises_accuracy_and_its_critic_learns(countdown_demo_
     """countdown-demo-ppo (PPO/GAE, a LoRA critic) from the same SFT run: on two of seeds 1-3 the
     greedy accuracy rises by 10 points AND the critic explains the returns: the median of
     critic/explained_var over the last 10 steps is at least 0.10 (a critic that learned only the
-    batch mean reads ~0.00, the earlier settings' figure; README).
+    batch mean reads ~0.00, the earlier settings' figure; README). Seed 2 runs first and decides
+    alone when it clears both bars by half again, +15 points and 0.15: of the 16 runs of today's
+    code below (seeds 1-7 on the first machine, 1-6 and 1-3 on the AVX-512 one) 15 did, all but
+    seed 4 on the first machine (+23.8 / +0.13). A seed that passes by less, or fails, brings in
+    seeds 3 and 1 as before, so a critic nearer its bar costs CI the second seed rather than
+    passing on one; the bars themselves are unchanged.
 
     Margins (2026-11-25, the SFT run README's commands made in a fresh clone, 8.6%; transformers
     5.24 as a fresh install resolves it; 60 steps; three runs at once on the 2-core machine, one
@@ -137,23 +164,28 @@ def test_ppo_with_a_critic_raises_accuracy_and_its_critic_learns(countdown_demo_
     (microbatch.mini_batches) seeds 1-7 gave +28.9 / +0.29, +27.0 / +0.18, +30.1 / +0.31,
     +23.8 / +0.13, +29.3 / +0.16, +28.9 / +0.17, +29.3 / +0.31 (rise in points / median explained variance of steps
     51-60). Every seed passes; the rise clears 10 points by 13.8 or more, the explained
-    variance is the tight bar (seed 4 clears it by 0.03), hence two seeds of three. Before, with
+    variance is the tight bar (seed 4 clears it by 0.03), hence two seeds of three unless the first is
+    clear. Before, with
     the 32 answers of a critic mini-batch drawn one by one from all 32 tasks, seed 1 gave +26.6
     and -0.03 (it failed), seeds 2 and 3 +29.7 / +0.17 and +28.1 / +0.20. Seeds run in the order
-    2, 3, 1: the verdict over the three is the same in any order, and this one stops after two
-    runs while 2 and 3 pass. A seed took 518-561 s with three at once, 353-355 s with two (before:
+    2, 3, 1: without a clear seed 2 the verdict over the three is the same in any order, and this
+    one stops after two runs while 2 and 3 pass. A seed took 518-561 s with three at once, 353-355 s with two (before:
     446 s with two).
     On the AVX-512 machine (2026-11-25, its own tiny model and SFT run, 16.4%; the preset
     unchanged; one thread a run beside two CI runs) seeds 1-6 gave +28.9 / +0.33, +25.0 / +0.22,
     +27.3 / +0.34, +31.3 / +0.24, +25.8 / +0.31, +26.2 / +0.29: every seed passes, the rise by 15.0
     points or more, the explained variance by 0.12 or more (README). In a clean-clone CI run there
-    the two seeds this test runs took 787 s together."""
-    def check(seed: int) -> tuple[bool, tuple[float, float]]:
+    seeds 2 and 3 took 787 s together, before seed 2 could decide alone.
+    The same machine as CI runs it (2026-11-26: the SFT this test's fixture makes, 16.4%; two
+    threads, OMP_WAIT_POLICY=PASSIVE, two runs at once): seeds 1-3 gave +18.8 / +0.23,
+    +20.7 / +0.23, +21.1 / +0.18, each clear; seed 2 alone was this test's 400 s (tool demo beside)."""
+    def check(seed: int) -> tuple[bool, bool, tuple[float, float]]:
         records = rl_records(countdown_demo_sft, tmp_path, seed, preset="countdown-demo-ppo")
         ev = [r["critic/explained_var"] for r in records if "critic/explained_var" in r]
         assert len(ev) == RL_STEPS
         gain, ev_last = rise(records), statistics.median(ev[-10:])
-        return gain >= MIN_RISE and ev_last >= PPO_MIN_EXPLAINED_VAR, (round(gain, 3), round(ev_last, 3))
+        return (gain >= MIN_RISE and ev_last >= PPO_MIN_EXPLAINED_VAR,
+                gain >= PPO_CLEAR_RISE and ev_last >= PPO_CLEAR_EXPLAINED_VAR, (round(gain, 3), round(ev_last, 3)))
 
-    passed, seen = seeds_until_decided(check, order=(2, 3, 1))
-    assert passed >= MIN_SEEDS_RISING, seen
+    verdict, seen = seeds_until_decided(check, order=(2, 3, 1))
+    assert verdict, seen

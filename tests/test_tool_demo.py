@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import made_once, run_cli
-from test_demo_learning import MIN_SEEDS_RISING, seeds_until_decided
+from test_demo_learning import seeds_until_decided
 from tinyrl import jsonl
 from tinyrl.rollout.base import Episode, ToolCall, Turn
 
@@ -114,17 +114,19 @@ def test_the_tool_demo_runs_on_vllm_with_the_parity_guard_under_its_limit(tool_s
 
 RL_STEPS = 20       # the preset's max_steps
 MIN_RISE = 0.10     # issue 28: +10 points on two of seeds 1-3
+CLEAR_RISE = 0.30   # seed 1 decides alone above this: every seed measured rose +60.9 or more (docstring)
 
 
 @pytest.mark.slow
 # the shared countdown SFT (~4 min), this module's SFT (~2-3 min), then 20 RL steps a seed (~2-4 min
-# on a busy 2-core machine): 3,600 s only catches a hang
+# on a busy 2-core machine; one seed when seed 1 is clear, three at most): 3,600 s only catches a hang
 @pytest.mark.timeout(3600)
 def test_rl_finds_the_tool_and_raises_greedy_accuracy(tool_sft_run, tmp_path):
     """README's third command, `tinyrl train --preset countdown-tools-demo`, on seeds 1-3 from the
     same SFT run: the greedy accuracy on the 128 held-back questions must rise by 10 points on two
-    of them (val/score at step 0 against step 20); the share of episodes with a successful tool
-    call is read and shown, not asserted.
+    of them (val/score at step 0 against step 20), or by 30 points on seed 1, which then decides
+    alone (every seed below rose +60.9 or more; a seed 1 under 30 brings in seeds 2 and 3); the
+    share of episodes with a successful tool call is read and shown, not asserted.
 
     Margins (2026-11-25, an AVX-512 2-core machine, the chain as README runs it, SFT at 19.5%: it
     answers at once, a guess): seeds 1-3 each reached 100.0% (+80.5 points), the tool in 100% of
@@ -135,7 +137,7 @@ def test_rl_finds_the_tool_and_raises_greedy_accuracy(tool_sft_run, tmp_path):
     without them, seeds 1-3 gave +82.0 each. Can fail: with the turn loop not passing the rows'
     setup to the tool (each call a NameError), seed 1 went 18.0% -> 12.5%.
     """
-    def check(seed: int) -> tuple[bool, tuple[float, float, float]]:
+    def check(seed: int) -> tuple[bool, bool, tuple[float, float, float]]:
         run = tmp_path / f"rl-{seed}"
         done = run_cli("train", "--preset", "countdown-tools-demo", "--out", str(run), "--no-dashboard",
                        "--set", f"model.init_from={tool_sft_run}", "--set", f"trainer.seed={seed}",
@@ -144,7 +146,8 @@ def test_rl_finds_the_tool_and_raises_greedy_accuracy(tool_sft_run, tmp_path):
         assert [r["step"] for r in vals] == [0, RL_STEPS], vals
         assert "successful tool call (val/tools/ok_share)" in done.stdout  # the end-of-run line
         gain = vals[-1]["val/score"] - vals[0]["val/score"]
-        return gain >= MIN_RISE, (round(gain, 3), vals[0]["val/tools/ok_share"], vals[-1]["val/tools/ok_share"])
+        return (gain >= MIN_RISE, gain >= CLEAR_RISE,
+                (round(gain, 3), vals[0]["val/tools/ok_share"], vals[-1]["val/tools/ok_share"]))
 
-    passed, seen = seeds_until_decided(check)
-    assert passed >= MIN_SEEDS_RISING, seen
+    verdict, seen = seeds_until_decided(check)
+    assert verdict, seen
