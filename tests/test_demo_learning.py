@@ -152,9 +152,9 @@ def test_ppo_with_a_critic_raises_accuracy_and_its_critic_learns(countdown_demo_
     greedy accuracy rises by 10 points AND the critic explains the returns: the median of
     critic/explained_var over the last 10 steps is at least 0.10 (a critic that learned only the
     batch mean reads ~0.00, the earlier settings' figure; README). Seed 2 runs first and decides
-    alone when it clears both bars by half again, +15 points and 0.15: of the 16 runs of today's
-    code below (seeds 1-7 on the first machine, 1-6 and 1-3 on the AVX-512 one) 15 did, all but
-    seed 4 on the first machine (+23.8 / +0.13). A seed that passes by less, or fails, brings in
+    alone when it clears both bars by half again, +15 points and 0.15: of the 17 runs below since
+    a critic mini-batch holds whole tasks (seeds 1-7 on the first machine; on the AVX-512 one
+    seeds 1-6, 1-3 and 2) 16 did, all but seed 4 on the first machine (+23.8 / +0.13). A seed that passes by less, or fails, brings in
     seeds 3 and 1 as before, so a critic nearer its bar costs CI the second seed rather than
     passing on one; the bars themselves are unchanged.
 
@@ -178,7 +178,10 @@ def test_ppo_with_a_critic_raises_accuracy_and_its_critic_learns(countdown_demo_
     seeds 2 and 3 took 787 s together, before seed 2 could decide alone.
     The same machine as CI runs it (2026-11-26: the SFT this test's fixture makes, 16.4%; two
     threads, OMP_WAIT_POLICY=PASSIVE, two runs at once): seeds 1-3 gave +18.8 / +0.23,
-    +20.7 / +0.23, +21.1 / +0.18, each clear; seed 2 alone was this test's 400 s (tool demo beside)."""
+    +20.7 / +0.23, +21.1 / +0.18, each clear; seed 2 alone was this test's 400 s (tool demo beside).
+    Seed 2 on one thread from that SFT run: +17.2 / +0.25. Thread count and SFT run each draw the
+    float sums afresh (the day before, one thread and README's SFT run: +25.0 / +0.22); which of
+    code and SFT run moved seed 2 from +25.0 was not separated."""
     def check(seed: int) -> tuple[bool, bool, tuple[float, float]]:
         records = rl_records(countdown_demo_sft, tmp_path, seed, preset="countdown-demo-ppo")
         ev = [r["critic/explained_var"] for r in records if "critic/explained_var" in r]
