@@ -65,8 +65,8 @@ def seeds_until_decided(check: Callable[[int], tuple[bool, bool, object]],
                         order: tuple[int, ...] = SEEDS) -> tuple[bool, list]:
     """Run check(seed) -> (passed, clear, figures) over SEEDS (in `order`, a permutation of them)
     until the verdict is decided. A first seed that is `clear` (it passes by the wide margin its
-    test names, one that every seed measured on both machines cleared) decides alone: a PPO seed
-    is minutes of CI. Otherwise MIN_SEEDS_RISING of the three must pass: when the first two both
+    test names, which nearly every seed measured cleared) decides alone: a PPO seed is minutes of
+    CI. Otherwise MIN_SEEDS_RISING of the three must pass: when the first two both
     pass (or both fail) the third cannot change that, so it is not run, and without a clear first
     seed the verdict does not depend on the order (the time does).
     -> (verdict, [(seed, passed, clear, figures)] of the seeds run)"""
@@ -154,9 +154,9 @@ def test_ppo_with_a_critic_raises_accuracy_and_its_critic_learns(countdown_demo_
     batch mean reads ~0.00, the earlier settings' figure; README). Seed 2 runs first and decides
     alone when it clears both bars by half again, +15 points and 0.15: of the 17 runs below since
     a critic mini-batch holds whole tasks (seeds 1-7 on the first machine; on the AVX-512 one
-    seeds 1-6, 1-3 and 2) 16 did, all but seed 4 on the first machine (+23.8 / +0.13). A seed that passes by less, or fails, brings in
-    seeds 3 and 1 as before, so a critic nearer its bar costs CI the second seed rather than
-    passing on one; the bars themselves are unchanged.
+    seeds 1-6, 1-3 and 2) 16 did, all but seed 4 on the first machine (+23.8 / +0.13). A seed
+    that passes by less, or fails, brings in seeds 3 and 1 as before, so a critic nearer its bar
+    costs CI the second seed rather than passing on one; the bars themselves are unchanged.
 
     Margins (2026-11-25, the SFT run README's commands made in a fresh clone, 8.6%; transformers
     5.24 as a fresh install resolves it; 60 steps; three runs at once on the 2-core machine, one
@@ -164,13 +164,12 @@ def test_ppo_with_a_critic_raises_accuracy_and_its_critic_learns(countdown_demo_
     (microbatch.mini_batches) seeds 1-7 gave +28.9 / +0.29, +27.0 / +0.18, +30.1 / +0.31,
     +23.8 / +0.13, +29.3 / +0.16, +28.9 / +0.17, +29.3 / +0.31 (rise in points / median explained variance of steps
     51-60). Every seed passes; the rise clears 10 points by 13.8 or more, the explained
-    variance is the tight bar (seed 4 clears it by 0.03), hence two seeds of three unless the first is
-    clear. Before, with
-    the 32 answers of a critic mini-batch drawn one by one from all 32 tasks, seed 1 gave +26.6
-    and -0.03 (it failed), seeds 2 and 3 +29.7 / +0.17 and +28.1 / +0.20. Seeds run in the order
-    2, 3, 1: without a clear seed 2 the verdict over the three is the same in any order, and this
-    one stops after two runs while 2 and 3 pass. A seed took 518-561 s with three at once, 353-355 s with two (before:
-    446 s with two).
+    variance is the tight bar (seed 4 clears it by 0.03), hence two seeds of three unless the
+    first is clear. Before, with the 32 answers of a critic mini-batch drawn one by one from all
+    32 tasks, seed 1 gave +26.6 and -0.03 (it failed), seeds 2 and 3 +29.7 / +0.17 and
+    +28.1 / +0.20. Seeds run in the order 2, 3, 1: without a clear seed 2 the verdict over the
+    three is the same in any order, and this one stops after two runs while 2 and 3 pass. A seed
+    took 518-561 s with three at once, 353-355 s with two (before: 446 s with two).
     On the AVX-512 machine (2026-11-25, its own tiny model and SFT run, 16.4%; the preset
     unchanged; one thread a run beside two CI runs) seeds 1-6 gave +28.9 / +0.33, +25.0 / +0.22,
     +27.3 / +0.34, +31.3 / +0.24, +25.8 / +0.31, +26.2 / +0.29: every seed passes, the rise by 15.0
