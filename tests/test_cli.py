@@ -77,8 +77,20 @@ def test_existing_run_is_not_overwritten(tmp_path):
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
     done = tinyrl("train", "--preset", "countdown-tiny", "--out", str(run), "--no-dashboard")
-    assert done.returncode == 2 and "--resume" in done.stderr
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2 and "--resume" in said and "it has no checkpoint" in said
     assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    # a finished run met again (the demos' shared SFT run): what it holds, and how to use it as it is
+    for step in (300, 30):
+        (run / "checkpoints" / f"step_{step:07d}").mkdir(parents=True)
+        (run / "checkpoints" / f"step_{step:07d}" / "state.pt").write_bytes(b"kept")
+    done = tinyrl("sft", "--preset", "countdown-demo-sft", "--out", str(run), "--no-dashboard")
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2 and "its last checkpoint is step 300" in said
+    assert f"--set model.init_from={run}" in said
+    assert (run / "checkpoints" / "step_0000300" / "state.pt").read_bytes() == b"kept"
+    assert sorted(p.name for p in run.rglob("*")) == [  # the lock file is the command's own
+        ".tinyrl.lock", "checkpoints", "metrics.jsonl", "state.pt", "state.pt", "step_0000030", "step_0000300"]
 
 
 def test_prompts_longer_than_the_limit_are_exit_2(tmp_path, countdown_train):
