@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pandas as pd
 
@@ -100,3 +101,28 @@ def test_prompts_longer_than_the_limit_are_exit_2(tmp_path, countdown_train):
     assert done.returncode == 2
     assert "longer than data.max_prompt_length = 50" in " ".join(done.stderr.split())
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_library_deprecation_notices_are_hidden_in_every_command_ours_are_not(tmp_path):
+    """transformers 5.24 (what README's first command installs) warns when peft merges a run for
+    `tinyrl export` and `tinyrl eval`: a FutureWarning no user can act on. The CLI's entry point
+    hides transformers' own FutureWarnings for every command, and only those."""
+    code = textwrap.dedent("""
+        import sys, warnings
+        import tinyrl.export
+
+        def merged(run_dir, out_dir, overwrite=False):  # where peft's merge warns through transformers
+            warnings.warn_explicit("LIBRARY-NOTICE", FutureWarning, "modeling_utils.py", 1,
+                                   module="transformers.modeling_utils")
+            warnings.warn_explicit("TINYRL-NOTICE", FutureWarning, "export.py", 1, module="tinyrl.export")
+            return out_dir
+
+        tinyrl.export.export_run = merged
+        from tinyrl.cli import main
+        sys.argv = ["tinyrl", "export", "some-run", "--out", "some-out"]
+        main()
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=ENV,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "TINYRL-NOTICE" in done.stderr and "LIBRARY-NOTICE" not in done.stderr

@@ -220,8 +220,6 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
     from tinyrl.dashboard import Dashboard
 
     _log_to_stderr()
-    # transformers' deprecation notices about its own internals are not the user's to act on.
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.")
     from tinyrl.trainer import Trainer
 
     from tinyrl.preflight import preflight
@@ -476,7 +474,6 @@ def doctor_cmd(
         raise TinyRLError(f"--bench-steps {bench_steps}: the bench needs at least 3 (one warm-up, two timed)",
                           hint="e.g. --bench-steps 3")
     _log_to_stderr()
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.")
     with err.status("tinyrl doctor ...") as status:
         report = run_doctor(preset, overrides, bench=bench, bench_steps=bench_steps,
                             progress=lambda message: status.update(message))
@@ -513,6 +510,9 @@ def report(
 
 def main() -> None:
     _width_from_environment()
+    # transformers' deprecation notices about its own internals (peft asks for
+    # is_gradient_checkpointing when a run is merged for export or eval) are not the user's to act on.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.")
     try:
         app()
     except KeyboardInterrupt:  # commands other than train: nothing half-written to report
