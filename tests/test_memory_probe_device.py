@@ -6,6 +6,7 @@ second device type ("meta"), so any tensor the step creates on the CPU meets the
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.overrides import TorchFunctionMode
 
 import tinyrl  # noqa: F401  (before transformers/peft)
 from tinyrl.memory import simulate as sim
@@ -54,3 +55,33 @@ def test_refusing_another_card_for_the_real_probe_points_to_budget(monkeypatch):
     with pytest.raises(TinyRLError) as caught:
         mp.resolve_gpu("rtx4090", load_config("countdown-tiny"), "cuda")
     assert "--budget" in caught.value.hint
+
+
+class _AmbientCard(TorchFunctionMode):
+    """What `with torch.device("cuda")` (the real probe builds its models inside it) does to a
+    factory call that names no device: the tensor goes to the card, and a host generator given to
+    it fails ("Expected a 'cuda' device type for generator but found 'cpu'", issue 31: every
+    critic preset's `probe-memory --device cuda` crashed so on an H100). Without a card the same
+    failure is raised here for a call given a generator and no device."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if kwargs.get("generator") is not None and kwargs.get("device") is None:
+            raise RuntimeError(f"{func.__name__}: a host generator under a card's default device")
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_every_role_builds_under_a_cards_default_device(finetune):
+    from transformers import Qwen2ForCausalLM
+
+    from tinyrl.models import PolicyModels
+
+    step = sim.Step("critic_update", 2, 32, 16, finetune, 4, logprob_chunk=16, dtype="bf16")
+    make = lambda: Qwen2ForCausalLM(sim.qwen2_config(SPEC))  # noqa: E731
+    full = finetune == "full"
+    base, critic, reference = make(), make() if full else None, make() if full else None
+    with _AmbientCard():
+        models = PolicyModels.from_modules(sim.model_config(step), base, torch.device("cpu"), critic, reference,
+                                           roles=step.roles())
+    assert models.value_head is not None  # a critic run: the head the crash came from was built

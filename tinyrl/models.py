@@ -125,8 +125,11 @@ class ValueHead(nn.Module):
         super().__init__()
         self.proj = nn.Linear(hidden_size, 1)
         with torch.no_grad():
-            self.proj.weight.copy_(torch.randn(self.proj.weight.shape, generator=torch.Generator().manual_seed(seed))
-                                   * init_std)
+            # Drawn on the host, named explicitly: under an ambient default device (the CUDA probe
+            # builds its models inside `with torch.device("cuda")`) a host generator with no device
+            # given raised "Expected a 'cuda' device type for generator" on the card.
+            draw = torch.randn(self.proj.weight.shape, generator=torch.Generator().manual_seed(seed), device="cpu")
+            self.proj.weight.copy_(draw * init_std)
             self.proj.bias.zero_()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
