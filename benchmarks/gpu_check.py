@@ -44,6 +44,7 @@ from tinyrl.memory import versus
 from tinyrl.memory.probe import free_memory
 
 GiB = 2**30
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def check_reward(completion: str, example) -> float:
@@ -74,6 +75,18 @@ def build_random_model(model_name: str, out: Path) -> str:
     del model
     torch.cuda.empty_cache()
     return str(out)
+
+
+def card_overrides(preset: str, model_dir: str) -> list[str]:
+    """The preset on the card with the random-weight model build_random_model saved. That model
+    carries the tiny tokenizer, which has no chat template: a chat preset (math-grpo-4090) gets
+    the hermes template the tiny tool demo uses, as a user with a base model would set one (the
+    preset's instruct model brings its own). Without it the check stopped at the first prompt."""
+    sets = ["trainer.device=cuda", "rollout.engine=hf", f"model.name={model_dir}"]
+    cfg = load_config(preset)
+    if cfg.data.chat_template and not cfg.model.custom_chat_template:
+        sets.append(f"model.custom_chat_template={ROOT / 'presets' / 'chat_templates' / 'tiny-hermes.jinja'}")
+    return sets
 
 
 def plan_rows(cfg, budget_bytes: int) -> list[tuple]:
@@ -151,9 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     try:
         if cuda:
-            preset, sets = args.preset, ["trainer.device=cuda", "rollout.engine=hf"]
+            preset = args.preset
             model_dir = build_random_model(load_config(preset).model.name, work / "model")
-            sets.append(f"model.name={model_dir}")
+            sets = card_overrides(preset, model_dir)
             say(f"card: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
                 f"cuDNN {torch.backends.cudnn.version()}; random-weight {preset} model in {model_dir}")
         else:

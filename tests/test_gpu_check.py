@@ -56,3 +56,25 @@ def test_a_role_that_did_not_move_fails_the_check():
     assert gpu_check.roles_trained(models, before) == [("actor", 1, 2), ("critic", 0, 1)]
     models.with_critic = False
     assert gpu_check.roles_trained(models, before) == [("actor", 1, 2)]
+
+
+@pytest.mark.parametrize("preset", ["countdown-4090", "countdown-0.5b-4090", "math-grpo-4090"])
+def test_every_card_presets_prompts_render_with_the_checks_model(preset, tmp_path, tiny_model_dir):
+    """On an H100 (issue 31) the math-grpo-4090 check stopped before its first step: the
+    random-weight model is saved with the tiny tokenizer, which has no chat template, and the
+    preset renders its prompts with one. The card's overrides must let every prompt render."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from tinyrl.config import load_config
+    from tinyrl.doctor.trial import ensure_data
+    from tinyrl.setup import prepare_inputs
+
+    # the tiny model stands in for the random one (same tokenizer); its context is 2,048 tokens
+    sets = gpu_check.card_overrides(preset, str(tiny_model_dir)) + [
+        "trainer.device=cpu", "rollout.max_response_length=256", "data.max_prompt_length=256"]
+    cfg = load_config(preset, sets + ["data.generate_train_size=8"])
+    ensure_data(cfg, tmp_path)
+    assert prepare_inputs(cfg, tmp_path / "run").train_prompts
