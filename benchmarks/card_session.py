@@ -60,7 +60,8 @@ PARTS: list[tuple[str, list[str]]] = [
                     "--set", "actor.ppo_mini_batch_size=4"]),
     ("check-vllm", [PY, CHECK, "--preset", "countdown-0.5b-4090", "--steps", "3", "--skip-probe",
                     "--set", "rollout.engine=vllm", "--doctor"]),
-    ("pytest-fast", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not vllm and not slow",
+    # -v: a line per test as it ends, so a part cut off at the budget still names its failures
+    ("pytest-fast", [PY, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "not vllm and not slow",
                      "-n", "14", "tests"]),
 ]
 MIN_SECONDS = 20  # a part given less than this could not even import torch: not started

@@ -200,7 +200,11 @@ def main(argv: list[str] | None = None) -> int:
             r = peaks.get(phase, {})
             peak = "-" if r.get("measured") is None else f"{r['measured'] / GiB:.2f}"
             plan = "-" if r.get("planned") is None else f"{r['planned'] / GiB:.2f}"
-            say(f"  {phase:<14} {secs:>8.2f} s   peak {peak:>6}   plan {plan:>6}")
+            # the allocator's side: what the card reserved against the plan with its headroom blocks
+            held = "-" if not r.get("reserved") else f"{r['reserved'] / GiB:.2f}"
+            room = "-" if r.get("planned_reserved") is None else f"{r['planned_reserved'] / GiB:.2f}"
+            say(f"  {phase:<14} {secs:>8.2f} s   peak {peak:>6}   plan {plan:>6}   reserved {held:>6}   "
+                f"plan+headroom {room:>6}")
         engine, rate = decode_rate(trainer, cfg)
         say(f"{engine} engine decode: {rate:,.0f} tokens/s")
         for role, changed, total in roles_trained(trainer.models, before):
