@@ -100,12 +100,14 @@ def vllm_reservation_bytes(gpu_memory_utilization: float, card_bytes: int) -> in
 def logprob_chunk_bytes(chunk_tokens: int, vocab_size: int, logits_dtype: str = "bf16",
                         backward: bool = False) -> int:
     """Working set of one chunk of token log-probs (tinyrl.rl.logprobs: logits in the model
-    dtype, their fp32 copy, log-prob = gather - logsumexp). Forward only: d + 4 bytes per
-    logit. With backward (the chunk is recomputed inside its checkpoint): the recomputed
-    logits (d + 4), then fp32 softmax, gather-scatter and summed gradients (3 x 4), cast back
-    to d for the matmul: 2d + 16 bytes per logit (bf16: 6 and 20, as traced; entropy adds none)."""
+    dtype, their fp32 copy, log-prob = gather - logsumexp). Forward only: the larger of the
+    cast (d + 4 bytes per logit) and logsumexp, whose kernel makes an fp32 temporary the size of
+    its input beside the fp32 logits (4 + 4; simulate.HIDDEN_WORKSPACE): 8. With backward (the
+    chunk is recomputed inside its checkpoint): the recomputed logits (d + 4), then fp32
+    softmax, gather-scatter and summed gradients (3 x 4), cast back to d for the matmul: 2d + 16
+    bytes per logit (bf16: 8 and 20, as traced and as torch's CPU allocator gave; entropy adds none)."""
     d = dtype_bytes(logits_dtype)
-    return chunk_tokens * vocab_size * ((2 * d + 16) if backward else (d + 4))
+    return chunk_tokens * vocab_size * ((2 * d + 16) if backward else max(d + 4, 8))
 
 
 def full_logits_bytes(tokens: int, vocab_size: int) -> int:
