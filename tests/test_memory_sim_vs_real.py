@@ -59,27 +59,19 @@ def test_simulated_peak_within_15_percent_of_real(case, tmp_path):
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_a_log_prob_chunk_is_traced_with_what_the_allocator_really_gave(phase, dtype):
     """The plan's log-prob chunk (sim.logprob_chunk_trace) against the same chunk of the trainer's
-    own chunked_token_logprobs on real tensors, the CPU allocator's events replayed (measure_peak).
+    own chunked_token_logprobs (sim.run_logprob_chunk, the function the trace runs) on real tensors, the CPU allocator's events replayed (measure_peak).
     logsumexp makes an input-sized temporary inside its kernel that a dispatch-level trace never
     sees: the forward's chunk was traced at 0.75 of real in bf16 (0.5 in fp32), the 0.36 GiB an
     H100's 0.5B forward allocated beyond its plan (issue 31)."""
     import torch
 
     from tinyrl.memory.probe import measure_peak
-    from tinyrl.rl.logprobs import chunked_token_logprobs
 
     spec, n = dict(hidden_size=64, vocab_size=32000), 512
     step = sim.Step(phase, 2, n, n // 2, "lora", 16, logprob_chunk=n, dtype=dtype)
     grad, dt = phase == "actor_update", sim._TORCH_DTYPES[dtype]
     hidden = torch.randn(1, n, spec["hidden_size"], dtype=dt, requires_grad=grad)
     weight, labels = torch.randn(spec["vocab_size"], spec["hidden_size"], dtype=dt), torch.randint(0, 32000, (1, n))
-
-    def chunk() -> None:
-        with torch.set_grad_enabled(grad):
-            out = chunked_token_logprobs(hidden, weight, labels, chunk_size=n, with_entropy=grad and step.with_entropy)
-            loss = sum(o.sum() for o in out) if isinstance(out, tuple) else out.sum()
-            if grad:
-                loss.backward()
-
-    real, traced = measure_peak(chunk), sim.logprob_chunk_trace(spec, step)
+    real = measure_peak(lambda: sim.run_logprob_chunk(hidden, weight, labels, with_entropy=grad and step.with_entropy))
+    traced = sim.logprob_chunk_trace(spec, step)
     assert 0.99 * real <= traced <= 1.02 * real, (traced, real)  # the slack: a few small host allocations

@@ -152,14 +152,12 @@ class RegionTracker(MemTracker):
         size = HIDDEN_WORKSPACE.get(func)
         if size is None or not args or not isinstance(args[0], torch.Tensor):
             return
-        extra = size(args[0])
-        for dev, snap in self._curr_mem_snap.items():
-            if snap.get("Total", 0) + extra > self._peak_mem.get(dev, 0):
-                peak = dict(snap)
-                peak[_MemRefType.TEMP] = peak.get(_MemRefType.TEMP, 0) + extra
-                peak["Total"] = snap.get("Total", 0) + extra
-                self._peak_mem[dev], self._peak_mem_snap[dev] = peak["Total"], peak
-            break  # one device: the trace runs on one
+        dev, extra = args[0].device, size(args[0])
+        snap = self._curr_mem_snap.get(dev, {})
+        if snap.get("Total", 0) + extra > self._peak_mem.get(dev, 0):
+            peak = {**snap, "Total": snap.get("Total", 0) + extra}
+            peak[_MemRefType.TEMP] = peak.get(_MemRefType.TEMP, 0) + extra
+            self._peak_mem[dev], self._peak_mem_snap[dev] = peak["Total"], peak
 
     def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
         for p in module.parameters():
@@ -546,13 +544,22 @@ def logprob_chunk_trace(spec: dict, step: Step) -> int:
         tracker = RegionTracker()
         tracker.track_external(h, w, y)
         base = tracker.current_total()
-        with tracker, torch.set_grad_enabled(grad):
+        with tracker:
             tracker.mark("chunk")
-            out = chunked_token_logprobs(h, w, y, chunk_size=n, with_entropy=grad and step.with_entropy)
-            loss = sum(o.sum() for o in out) if isinstance(out, tuple) else out.sum()
-            if grad:
-                loss.backward()
+            run_logprob_chunk(h, w, y, with_entropy=grad and step.with_entropy)
         return tracker.finish()["chunk"]["total"] - base
+
+
+def run_logprob_chunk(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, with_entropy: bool) -> None:
+    """One chunk of the trainer's chunked_token_logprobs: hidden [1, n, H], weight [V, H],
+    labels [1, n]; with its backward when `hidden` requires grad (an actor update). The plan
+    traces it on fake tensors; tests run it on real ones against the allocator."""
+    grad = hidden.requires_grad
+    with torch.set_grad_enabled(grad):
+        out = chunked_token_logprobs(hidden, weight, labels, chunk_size=hidden.shape[1], with_entropy=with_entropy)
+        loss = sum(o.sum() for o in out) if isinstance(out, tuple) else out.sum()
+        if grad:
+            loss.backward()
 
 
 def fit_max_micro_batch(spec: dict, phase: str, budget_bytes: int, seq_len: int, *,
