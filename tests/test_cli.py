@@ -126,3 +126,24 @@ def test_library_deprecation_notices_are_hidden_in_every_command_ours_are_not(tm
                           cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "TINYRL-NOTICE" in done.stderr and "LIBRARY-NOTICE" not in done.stderr
+
+
+def test_a_preset_runs_only_under_its_own_command_and_nothing_is_written(tmp_path):
+    """`tinyrl train` on an SFT preset ran PPO with a critic on its supervised rows (and wrote an RL
+    prompt file where `tinyrl sft` then expects prompt/response rows); `tinyrl sft` on an RL preset
+    fine-tuned on prompts without responses. Each is refused, exit 2, before anything is written."""
+    from tinyrl.config import list_presets, load_config
+
+    commands = {name: load_config(name, check=False).command for name in list_presets()}
+    assert {"countdown-demo-sft", "countdown-tiny-sft", "countdown-tools-demo-sft", "retool-sft-4090"} == \
+        {name for name, command in commands.items() if command == "sft"}
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    for command, preset, says in (("train", "countdown-tiny-sft", "tinyrl sft --preset countdown-tiny-sft"),
+                                  ("sft", "countdown-tiny", "tinyrl train --preset countdown-tiny")):
+        done = subprocess.run([sys.executable, "-m", "tinyrl.cli", command, "--preset", preset, "--out",
+                               str(tmp_path / command), "--no-dashboard", "--max-steps", "1"],
+                              capture_output=True, text=True, timeout=300, env=ENV, cwd=cwd)
+        assert done.returncode == 2, done.stderr
+        assert says in " ".join(done.stderr.split()) and "Traceback" not in done.stderr
+        assert not (tmp_path / command).exists() and not any(cwd.iterdir())  # no run dir, no generated data

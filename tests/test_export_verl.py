@@ -106,8 +106,11 @@ VARIANTS = [[], ["algorithm.adv_estimator=dr_grpo", "rollout.n=4", "algorithm.kl
              "algorithm.kl_ctrl=adaptive", "trainer.max_steps=7", "rollout.engine=hf"]]
 
 
+RL_PRESETS = [name for name in list_presets() if load_config(name, check=False).command == "train"]
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=["preset", "dr_grpo", "options"])
-@pytest.mark.parametrize("preset", list(list_presets()))
+@pytest.mark.parametrize("preset", RL_PRESETS)
 def test_every_override_is_a_key_of_verls_config(preset, variant, tmp_path, verl_yaml):
     cfg = load_config(preset, SMALL + variant + downloaded_data(preset, tmp_path))
     out = export_verl(cfg, tmp_path / "out", gpus=8, nodes=2)
@@ -123,6 +126,16 @@ def test_every_override_is_a_key_of_verls_config(preset, variant, tmp_path, verl
     assert keys["trainer.n_gpus_per_node"] == "8" and keys["trainer.nnodes"] == "2"
     assert keys["algorithm.adv_estimator"] in ("gae", "grpo")
     assert ("critic.optim.lr" in keys) == (keys["algorithm.adv_estimator"] == "gae")
+
+
+@pytest.mark.parametrize("preset", sorted(set(list_presets()) - set(RL_PRESETS)))
+def test_an_sft_preset_is_refused_before_anything_is_written(preset, tmp_path):
+    """export-verl maps RL settings to verl's main_ppo; an SFT preset exported so would be an RL
+    recipe over supervised rows, with a critic."""
+    with pytest.raises(TinyRLError) as exc:
+        export_verl(load_config(preset, check=False), tmp_path / "out", gpus=8)
+    assert "SFT preset" in exc.value.message and "verl.trainer.sft_trainer" in exc.value.hint
+    assert not (tmp_path / "out").exists()
 
 
 def test_bash_hands_verl_the_arguments_intact(tmp_path):

@@ -108,6 +108,12 @@ def test_resume_lists_settings_that_may_change():
     assert allowed == ["trainer.max_steps: 40 -> 80", "trainer.save_every: 10 -> 5"]
     del saved["reward"]["timeout_s"]  # a config written before the key existed: its default
     assert compare(saved, load_config("countdown-tiny").to_dict()) == ([], [])
+    # an SFT run from before `command` existed: its file cannot say it was one, so it is not "train"
+    sft = load_config("countdown-tiny-sft").to_dict()
+    assert compare({k: v for k, v in sft.items() if k != "command"}, sft) == ([], [])
+    rl = load_config("countdown-tiny").to_dict()
+    assert compare(sft, {**sft, "command": "train"})[0] == ['command: "sft" -> "train"']
+    assert compare(rl, {**rl, "command": "sft"})[0] == ['command: "train" -> "sft"']
 
 
 # ------------------------------------------------------------------ 6. hostile reward code

@@ -396,7 +396,7 @@ def test_bad_sft_input_is_one_screen_and_exit_2(tmp_path, monkeypatch, capsys, c
     assert "sft.max_length = 0" in err
     # a mistyped SFT data path: the hint makes an SFT file (`--sft`), not an RL prompt file
     code, err = cli(monkeypatch, capsys, *base, "--set", f"data.train_path={tmp_path / 'typo.parquet'}")
-    assert code == 2 and "file not found" in err and "--sft`" in err, err
+    assert code == 2 and "file not found" in err and "--sft --out DIR`" in err, err
     assert not (run / "metrics.jsonl").exists()
 
 

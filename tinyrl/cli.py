@@ -178,16 +178,17 @@ def _run_command(command: str, preset: str, overrides: Optional[list[str]], out_
                  max_steps: Optional[int], resume: bool, no_dashboard: bool) -> None:
     """`train` and `sft`: the same checks, loop and endings; only the trainer differs."""
     from tinyrl import interrupts, rundir
-    from tinyrl.config import load_config
+    from tinyrl.config import check_command, load_config
     from tinyrl.setup import check_train_path
 
     interrupts.install()  # from here on, Ctrl-C/SIGTERM end cleanly (see tinyrl.interrupts)
     config_notes: list[str] = []
-    cfg = load_config(preset, overrides, notes=config_notes if command == "train" else None)  # sft: no critic
+    cfg = load_config(preset, overrides, notes=config_notes)
+    check_command(cfg, command)  # RL on an SFT preset, or SFT on an RL preset: exit 2, nothing written
     run_dir = out_dir or Path(cfg.trainer.out_dir) / cfg.preset
     if max_steps is not None and max_steps < 1:
         raise TinyRLError(f"--max-steps {max_steps} must be at least 1", hint="e.g. --max-steps 3")
-    check_train_path(cfg, sft=command == "sft")  # a mistyped data path fails here, before anything is loaded or written
+    check_train_path(cfg)  # a mistyped data path fails here, before anything is loaded or written
     resume_cmd = _resume_command(preset, overrides, run_dir, max_steps, command)
     # The run directory's owner until this command ends (a second process: exit 2 with this pid);
     # taken before anything is written into it, and before looking at what it holds.

@@ -228,6 +228,10 @@ class CostConfig:
 class Config:
     preset: str = ""
     description: str = ""
+    # The command the preset is for: train (RL: rollouts, rewards, the algorithm's roles) or sft
+    # (`tinyrl sft`: the actor alone on prompt/response or messages rows). probe-memory,
+    # estimate-cost, doctor and export-verl plan, price, try or export that command's step.
+    command: str = "train"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -274,6 +278,23 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
             "`tinyrl presets show NAME` lists every key",
         )
     return cfg
+
+
+def check_command(cfg: Config, command: str) -> None:
+    """`tinyrl train` on an SFT preset would run RL on supervised rows (and build a critic for
+    them), `tinyrl sft` on an RL preset would fine-tune on prompts without responses: refuse both."""
+    if cfg.command == command:
+        return
+    if command == "train":
+        raise TinyRLError(f"preset {cfg.preset!r} is an SFT preset (command = \"sft\"): `tinyrl train` runs RL, "
+                          "not supervised fine-tuning on its rows",
+                          hint=f"fine-tune with `tinyrl sft --preset {cfg.preset}`; RL from that run is a train "
+                          "preset with model.init_from=RUN_DIR (the SFT preset's description names it)")
+    sft_presets = [name for name, path in list_presets().items() if read_preset(path).get("command") == "sft"]
+    raise TinyRLError(f"preset {cfg.preset!r} is an RL preset (command = \"train\"): `tinyrl sft` fine-tunes on "
+                      "prompt/response or messages rows, which its data does not hold",
+                      hint=f"run RL with `tinyrl train --preset {cfg.preset}`; for SFT use an SFT preset "
+                      f"({', '.join(sft_presets)}) or set command = \"sft\" in your own (--set command=sft)")
 
 
 def role_rate_notes(cfg: Config, given: set[str]) -> list[str]:
@@ -441,6 +462,7 @@ ADV_ESTIMATORS = ESTIMATOR_NAMES  # tinyrl.roles: the one table
 KL_KINDS = ("k1", "abs", "k2", "mse", "k3", "low_var_kl")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 CHOICES = {
+    "command": ("train", "sft"),
     "model.finetune": ("lora", "full"),
     "model.dtype": ("auto", "bf16", "fp16", "fp32"),
     "model.quantize": ("none", "nf4"),
@@ -465,7 +487,10 @@ def get_setting(cfg: Config, dotted: str) -> Any:
 
 
 def roles_of(cfg: Config) -> frozenset[Role]:
-    """The roles this RL run builds, trains, plans, saves and shows (tinyrl.roles.run_roles)."""
+    """The roles this run builds, trains, plans, saves and shows (tinyrl.roles.run_roles); an SFT
+    run trains the actor alone."""
+    if cfg.command == "sft":
+        return frozenset({Role.ACTOR})
     alg = cfg.algorithm
     return run_roles(alg.adv_estimator, alg.kl_in_reward or alg.use_kl_loss)
 

@@ -43,13 +43,18 @@ def flatten(tree: dict, prefix: str = "") -> dict:
     return out
 
 
+# Keys an older config.json may lack that its default cannot stand for: `command` came after SFT
+# runs existed, and such a run's file cannot say it was one. Absent, the current value is taken.
+UNRECORDED_BEFORE = ("command",)
+
+
 def changeable(key: str) -> bool:
     return any(key == c or (c.endswith(".") and key.startswith(c)) for c in CHANGEABLE)
 
 
 def compare(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     """(forbidden changes, allowed changes) as 'key: old -> new' lines. A key the saved config
-    lacks (written by an older tinyrl) counts as its default."""
+    lacks (written by an older tinyrl) counts as its default, except UNRECORDED_BEFORE's."""
     from tinyrl.config import _migrate  # keys that moved to [task] (issue 13) are not changes
 
     old, new = flatten(_migrate(saved)), flatten(current)
@@ -59,7 +64,7 @@ def compare(saved: dict, current: dict) -> tuple[list[str], list[str]]:
         if key not in new:
             forbidden.append(f"{key}: in the saved config, unknown to this tinyrl version")
             continue
-        before = old.get(key, defaults.get(key))
+        before = old.get(key, new[key] if key in UNRECORDED_BEFORE else defaults.get(key))
         if before == new[key]:
             continue
         line = f"{key}: {json.dumps(before)} -> {json.dumps(new[key])}"

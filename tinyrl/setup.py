@@ -62,9 +62,11 @@ def generated_paths() -> set[str]:
     return paths
 
 
-def check_train_path(cfg: Config, sft: bool = False) -> Path:
-    """data.train_path resolved; a missing file is an error unless tinyrl generates it.
-    sft: the file is for `tinyrl sft` (prompts with responses), so the hint says `--sft`."""
+def check_train_path(cfg: Config) -> Path:
+    """data.train_path resolved; a missing file is an error unless tinyrl generates it. The hint
+    makes the file the preset's command reads (an SFT preset's: prompts with responses)."""
+    from tinyrl.tasks import data_hint
+
     path = resolve_path(cfg.data.train_path)
     if path.is_dir():
         raise TinyRLError(f"data.train_path = {cfg.data.train_path} is a directory, not a parquet file",
@@ -80,28 +82,29 @@ def check_train_path(cfg: Config, sft: bool = False) -> Path:
         "generated or written",
         hint=(f"did you mean {path.parent / near[0]}? " if near else "")
         + "check the path (relative paths start at the working directory), make data with "
-        f"`tinyrl data {cfg.task.name} --out DIR{' --sft' if sft else ''}`, or leave data.train_path unset to use the preset's own "
+        f"{data_hint(cfg)}, or leave data.train_path unset to use the preset's own "
         "(generated on first use)")
 
 
-def ensure_train_data(cfg: Config, sft: bool = False) -> Path:
+def ensure_train_data(cfg: Config) -> Path:
     """The training file; the preset's own Countdown file is generated on first use, into a
     fresh temporary directory, then linked into place without replacing any existing file.
-    sft: the SFT file (prompts with reference responses, `tinyrl sft`) instead."""
-    path = check_train_path(cfg, sft)
+    An SFT preset's (command = "sft"): prompts with reference responses instead."""
+    sft = cfg.command == "sft"
+    path = check_train_path(cfg)
     if path.exists():
         return path
     import shutil
     import tempfile
 
-    from tinyrl.tasks import get_task, template_of
+    from tinyrl.tasks import data_hint, get_task, template_of
 
     task = get_task(cfg.task.name)
     make = task.generate_sft if sft else task.generate
     if make is None or not cfg.data.generate or cfg.data.generate_train_size < 1:
         raise TinyRLError(f"data.train_path = {cfg.data.train_path} does not exist and the {task.name} "
                           f"task does not generate it{' for SFT' if sft else ''}",
-                          hint=f"make it with {task.data_hint}")
+                          hint=f"make it with {data_hint(cfg)}")
     # INFO, not WARNING: this is the normal first run (the CLI shows this logger's INFO lines)
     log.info("generating %d %s tasks into %s (first use, once)", cfg.data.generate_train_size, task.name, path)
     path.parent.mkdir(parents=True, exist_ok=True)

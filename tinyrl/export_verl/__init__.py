@@ -52,6 +52,12 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
                 actor: Path | None = None, source: str = "") -> Path:
     if gpus < 1 or nodes < 1:
         raise TinyRLError(f"--gpus {gpus} --nodes {nodes}: both must be at least 1", hint="e.g. --gpus 8 --nodes 1")
+    if cfg.command == "sft":  # the mapping is of RL settings (main_ppo); verl's SFT trainer is another program
+        raise TinyRLError(f"{source or cfg.preset} is an SFT preset (command = \"sft\"): export-verl writes verl's "
+                          "RL recipe (verl.trainer.main_ppo), and SFT settings are not mapped; nothing was written",
+                          hint=f"verl {VERL_VERSION} fine-tunes with `torchrun -m verl.trainer.sft_trainer` "
+                          "(config sft_trainer_engine.yaml), which reads this preset's parquet as it is; "
+                          "export the RL preset that follows it instead")
     check_out_dir(out, overwrite)
     files.check_inputs_kept(cfg, out)  # --overwrite never writes over the export's own inputs
     path, model_notes = model_path(cfg, actor)

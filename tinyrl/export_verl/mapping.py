@@ -92,7 +92,7 @@ def map_config(cfg: Config, ctx: Context) -> Mapping:
     # experimental/reward_loop/reward_loop.py) to reward.custom_reward_function.*: use the new home.
     o["reward.custom_reward_function.path"] = ctx.reward_path
     o["reward.custom_reward_function.name"] = "compute_score"
-    for dotted in ("preset", "description"):
+    for dotted in ("preset", "description", "command"):  # command: "train" here (export_verl refuses SFT presets)
         m.get(cfg, dotted, None)
     for dotted in ("cost.gpu", "cost.price_per_hour", "cost.currency"):
         m.get(cfg, dotted, None)  # tinyrl's cost estimate only; nothing to train with

@@ -158,4 +158,7 @@ def ensure_sft_data(cfg: Config) -> Path:
     SFT data (Countdown's reference solutions), as `tinyrl train` generates its prompts."""
     from tinyrl.setup import ensure_train_data
 
-    return ensure_train_data(cfg, sft=True)
+    from tinyrl.config import check_command
+
+    check_command(cfg, "sft")  # an RL preset's file holds prompts without responses
+    return ensure_train_data(cfg)

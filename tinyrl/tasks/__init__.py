@@ -60,6 +60,14 @@ def task_problems(cfg) -> list[str]:
     return out + task.config_problems(t)
 
 
+def data_hint(cfg) -> str:
+    """How to make the file the run's command reads: the task's RL data, or its SFT data."""
+    task = get_task(cfg.task.name)
+    if cfg.command != "sft":
+        return task.data_hint
+    return task.sft_data_hint or task.data_hint.replace(" --out DIR`", " --sft --out DIR`")
+
+
 def template_of(task_cfg) -> str:
     """task.template, or the task's first template when it is unset."""
     return task_cfg.template or get_task(task_cfg.name).templates[0]

@@ -28,6 +28,7 @@ class Task:
     # the same, for `tinyrl sft`: rows with a reference `response` -> (sft train, sft test)
     generate_sft: Callable[..., tuple[Path, Path]] | None = None
     data_hint: str = ""                                 # how to make data when the file is missing
+    sft_data_hint: str = ""                             # the same for `tinyrl sft`'s file ("": data_hint + --sft)
     task_line: Callable[[str], str | None] = lambda prompt: None   # the line of a prompt worth showing
     answer_patterns: tuple[str, ...] = field(default=())           # regexes of the answer span (dashboard)
     config_problems: Callable[[Any], list[str]] = lambda task_cfg: []

@@ -314,6 +314,7 @@ TASK = Task(
     data_command=data_command,
     generate=generate,
     data_hint="`tinyrl data retool --from hf:BytedTsinghua-SIA/DAPO-Math-17k --out DIR`",
+    sft_data_hint="`tinyrl data retool --sft --from hf:JoeYing/ReTool-SFT --out DIR`",
     task_line=_task_line,
     # answer_patterns: the maths task's (\\boxed{}, "Answer:") already cover this task's answers
     config_problems=_config_problems,
