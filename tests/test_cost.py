@@ -12,7 +12,7 @@ from tinyrl.cli import main
 from tinyrl.config import load_config
 from tinyrl.cost import estimate_cost, read_run
 from tinyrl.errors import TinyRLError
-from tinyrl.roofline import Assumptions, Card, DoesNotFit, ModelShape, Workload, estimate_step
+from tinyrl.roofline import Assumptions, Card, DoesNotFit, ModelShape, Workload, estimate_sft_step, estimate_step
 
 
 def cli(monkeypatch, capsys, *args):
@@ -126,6 +126,57 @@ def test_roofline_grpo_lora_has_no_value_passes_and_cheaper_updates():
     assert r.sec_per_step == pytest.approx(2.88 + 2.56 + 7.68 + 1.0)
 
 
+def test_roofline_sft_step_matches_hand_arithmetic():
+    shape = ModelShape(matmul_params=1e9, head_params=1e8, weight_bytes=2e9, kv_bytes_per_token=1e5,
+                       attention_width=1e4)
+    plain = Assumptions(train_mfu=0.5, sft_step_overhead_s=0.25)
+    r = estimate_sft_step(shape, CARD, rows=4, max_tokens=1000, lora=True, checkpointing=True, a=plain)
+    # 4 rows x 1000 tokens = 4000 tokens; LoRA + checkpointing 6 FLOPs/param/token:
+    #   6 * 1e9 * 4000 = 2.4e13 FLOP / (10e12 * 0.5) = 4.8 s
+    # attention: forward 4 * 1e4 * 1000 / 2 = 2e7 FLOP/token, x (1 + 2.5 + 1 recompute) = 9e7;
+    #   9e7 * 4000 = 3.6e11 / 5e12 = 0.072 s;   overhead 0.25 s;   total 5.122 s
+    assert set(r.phases) == {"actor_update", "overhead"}  # no rollout, no forward, no critic
+    assert r.details["attention_s"] == pytest.approx(0.072) and r.details["weights_s"] == pytest.approx(4.8)
+    assert r.sec_per_step == pytest.approx(5.122)
+    full = estimate_sft_step(shape, CARD, rows=4, max_tokens=1000, lora=False, checkpointing=False, a=plain)
+    # full, no checkpointing: 6 FLOPs/param/token = 4.8 s; attention x (1 + 2.5) = 7e7 * 4000 / 5e12 = 0.056 s
+    assert full.phases["actor_update"] == pytest.approx(4.8 + 0.056)
+
+
+def test_an_sft_preset_is_priced_as_sft_steps_over_its_rows(monkeypatch, capsys, tmp_path):
+    """An SFT preset was priced as an RL step: retool-sft-4090 came out at 486 h, a rollout, a critic
+    and 327,680 "prompts" that are nobody's data set."""
+    code, _, err = cli(monkeypatch, capsys, "estimate-cost", "--preset", "retool-sft-4090")
+    assert code == 2 and "Traceback" not in err  # its data is downloaded, and not yet: how many rows?
+    with pytest.raises(TinyRLError) as exc:
+        estimate_cost(load_config("retool-sft-4090"))
+    assert "rows per epoch are unknown" in exc.value.message and "--prompts-per-epoch" in exc.value.hint
+    assert "tinyrl data retool --sft --from hf:JoeYing/ReTool-SFT" in exc.value.hint
+    est = estimate_cost(load_config("retool-sft-4090"), prompts=2000)
+    assert set(est.phases) == {"actor_update", "overhead"} and est.unit == "rows"
+    assert est.steps_per_epoch == 63 and est.train_batch_size == 32
+    cfg = load_config("retool-sft-4090")
+    by_hand = estimate_sft_step(ModelShape.from_spec(*_spec_and_params(cfg.model.name)), _card(cfg.cost.gpu), 32,
+                                16384, lora=True, checkpointing=True)
+    assert est.sec_per_step == pytest.approx(by_hand.sec_per_step)
+    code, out, _ = cli(monkeypatch, capsys, "estimate-cost", "--preset", "retool-sft-4090", "--prompts-per-epoch", "2000")
+    assert code in (0, None) and "rows / epoch" in out and "rollout" not in out and "critic" not in out
+
+
+def _spec_and_params(name):
+    from tinyrl.model_specs import load_spec, param_count
+
+    spec = load_spec(name, build=False)
+    return spec, param_count(spec)
+
+
+def _card(name):
+    from tinyrl.hardware import get_gpu
+
+    gpu = get_gpu(name)
+    return Card(gpu.memory_bytes, gpu.bandwidth_bytes_per_s, gpu.bf16_tflops * 1e12)
+
+
 def test_roofline_adds_the_tool_calls_of_a_task_with_tools():
     from dataclasses import replace
 
@@ -164,6 +215,7 @@ def test_model_shape_from_a_small_spec():
     tied = ModelShape.from_spec(spec, params=1000)
     # head_dim 8/2 = 4; KV bytes/token 2 * 3 layers * 1 kv head * 4 * 2 bytes = 48; lm_head 10 * 8 = 80
     assert tied.kv_bytes_per_token == 48 and tied.head_params == 80
+    assert tied.attention_width == 3 * 2 * 4  # layers x query heads x head_dim
     assert tied.matmul_params == 1000 and tied.weight_bytes == 2000
     untied = ModelShape.from_spec({**spec, "tie_word_embeddings": False}, params=1080, weight_bytes_per_param=0.5)
     assert untied.matmul_params == 1000 and untied.weight_bytes == 500   # the input embedding is only looked up

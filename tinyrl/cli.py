@@ -388,7 +388,7 @@ def estimate_cost_cmd(
     epochs: Optional[int] = typer.Option(None, "--epochs", help="Epochs for the total (default: trainer.total_epochs)."),
     from_run: Optional[Path] = typer.Option(None, "--from-run", help="Use a run's measured seconds/step (RUN_DIR/metrics.jsonl)."),
     sec_per_step: Optional[float] = typer.Option(None, "--sec-per-step", help="Seconds per step you already know."),
-    prompts: Optional[int] = typer.Option(None, "--prompts-per-epoch", help="Prompts in one epoch (default: rows of data.train_path)."),
+    prompts: Optional[int] = typer.Option(None, "--prompts-per-epoch", help="Prompts (RL) or rows (SFT) in one epoch (default: rows of data.train_path)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Hours and price per epoch, from a run's metrics, a given s/step, or a roofline model."""

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from tinyrl.config import Config, has_critic, resolve_path
+from tinyrl.config import Config, DataConfig, has_critic, resolve_path
 from tinyrl.errors import TinyRLError
-from tinyrl.roofline import Assumptions, Card, DoesNotFit, ModelShape, Roofline, Workload, estimate_step
+from tinyrl.roofline import (Assumptions, Card, DoesNotFit, ModelShape, Roofline, Workload, estimate_sft_step,
+                             estimate_step)
 
 WARMUP_STEPS = 1          # per segment of metrics.jsonl (the start, and each resume)
 MIN_STEADY_STEPS = 2      # a median of one step is a guess, not a measurement
@@ -134,7 +135,21 @@ def prompts_per_epoch(cfg: Config, given: int | None = None) -> tuple[int, str]:
         except (OSError, ValueError) as exc:  # pyarrow raises ArrowInvalid (a ValueError) or OSError
             raise TinyRLError(f"data.train_path = {path} is not a readable parquet file: {exc}",
                               hint="point data.train_path at your parquet file, or give --prompts-per-epoch") from exc
+    if not cfg.data.generate and cfg.data.generate_train_size == DataConfig().generate_train_size:
+        # Never generated, and the preset does not say how many rows its download holds: the
+        # default (TinyZero's 327,680 Countdown tasks) would price someone else's epoch.
+        from tinyrl.tasks import data_hint
+
+        raise TinyRLError(f"data.train_path = {cfg.data.train_path} does not exist yet and is never generated "
+                          f"(data.generate = false), so the {unit_of(cfg)} per epoch are unknown",
+                          hint=f"give --prompts-per-epoch N (its row count), set data.generate_train_size, or make "
+                          f"the file first with {data_hint(cfg)}")
     return cfg.data.generate_train_size, f"data.generate_train_size ({path} not generated yet)"
+
+
+def unit_of(cfg: Config) -> str:
+    """What a step's batch counts: RL prompts, or SFT rows (prompt/response pairs, conversations)."""
+    return "rows" if cfg.command == "sft" else "prompts"
 
 
 # --------------------------------------------------------------------------- roofline glue
@@ -151,6 +166,10 @@ def roofline_for(cfg: Config, gpu: Any, assumptions: Assumptions = Assumptions()
     dtype_bytes = DTYPE_BYTES.get(cfg.model.dtype, 2.0)
     shape = ModelShape.from_spec(spec, param_count(spec), dtype_bytes,
                                  NF4_BYTES_PER_PARAM if cfg.model.quantize == "nf4" else None)
+    card = Card(gpu.memory_bytes, gpu.bandwidth_bytes_per_s, gpu.bf16_tflops * 1e12)
+    if cfg.command == "sft":
+        return estimate_sft_step(shape, card, cfg.trainer.train_batch_size, cfg.sft.max_length,
+                                 cfg.model.finetune == "lora", cfg.model.gradient_checkpointing, assumptions)
     work = Workload(
         prompts=cfg.trainer.train_batch_size,
         n=cfg.rollout.n,
@@ -164,7 +183,6 @@ def roofline_for(cfg: Config, gpu: Any, assumptions: Assumptions = Assumptions()
         max_num_seqs=cfg.rollout.vllm.max_num_seqs,
         **tool_work(cfg),
     )
-    card = Card(gpu.memory_bytes, gpu.bandwidth_bytes_per_s, gpu.bf16_tflops * 1e12)
     try:
         return estimate_step(shape, card, work, assumptions)
     except DoesNotFit as exc:
@@ -183,8 +201,19 @@ def tool_work(cfg: Config) -> dict[str, int]:
 
 
 def roofline_assumptions(cfg: Config, a: Assumptions, r: Roofline) -> list[str]:
-    share = cfg.rollout.vllm.gpu_memory_utilization or a.vllm_memory_share
     d = r.details
+    if cfg.command == "sft":
+        return [
+            f"roofline: SFT step = one forward + backward of the actor over {cfg.trainer.train_batch_size} rows; "
+            f"utilisation {a.train_mfu:.0%} of peak bf16",
+            f"roofline: every row at sft.max_length x{a.sft_fill:g} ({cfg.sft.max_length} tokens; an upper bound: "
+            "real rows are shorter; a few steps of `tinyrl sft`, then --from-run RUN_DIR, give the real figure)",
+            f"roofline: FLOPs/param/token {d['update_flops_per_param_token']:g} ({cfg.model.finetune}, checkpointing "
+            f"{'on' if cfg.model.gradient_checkpointing else 'off'}); attention scores at T/2 positions per token, "
+            f"backward 2.5x: {d['attention_s']:.2f} s of the {d['attention_s'] + d['weights_s']:.2f} s",
+            f"roofline: {a.sft_step_overhead_s:g} s fixed per step for the optimizer step and bookkeeping (a guess)",
+        ]
+    share = cfg.rollout.vllm.gpu_memory_utilization or a.vllm_memory_share
     return [
         f"roofline: utilisation {a.train_mfu:.0%} of peak bf16 for trainer passes, {a.prefill_mfu:.0%} for "
         f"prefill, {a.decode_mfu:.0%} as the decode compute roof; {a.bandwidth_efficiency:.0%} of spec-sheet bandwidth",
@@ -227,6 +256,7 @@ class CostEstimate:
     total_price: float | None
     roofline: dict | None              # {sec_per_step, phases, details, constants} when computable
     assumptions: list[str] = field(default_factory=list)
+    unit: str = "prompts"              # what the batch counts: prompts (RL) or rows (SFT)
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -337,6 +367,7 @@ def estimate_cost(
         total_price=hours * n_epochs * per_hour if per_hour else None,
         roofline=roof,
         assumptions=notes,
+        unit=unit_of(cfg),
     )
 
 
@@ -353,8 +384,8 @@ def render(est: CostEstimate) -> list:
     summary.add_column(style="bold")
     summary.add_column()
     rows = [
-        ("prompts / epoch", f"{est.prompts_per_epoch:,}  ({est.prompts_source})"),
-        ("steps / epoch", f"{est.steps_per_epoch:,}  (batch {est.train_batch_size} prompts)"),
+        (f"{est.unit} / epoch", f"{est.prompts_per_epoch:,}  ({est.prompts_source})"),
+        ("steps / epoch", f"{est.steps_per_epoch:,}  (batch {est.train_batch_size} {est.unit})"),
         ("seconds / step", f"{est.sec_per_step:.2f}  (source: {est.source} — {est.source_detail})"),
         ("hours / epoch", f"{est.hours_per_epoch:,.1f}"),
         ("price / hour", f"{money(est.price_per_hour)}  ({est.price_source})" if est.price_per_hour

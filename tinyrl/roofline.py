@@ -34,6 +34,13 @@ embedding lookup not):
 
 Also ignored (each a few % at <= 1,280 tokens): attention-score FLOPs, the optimizer step,
 the value head, LoRA's extra kernels in vLLM.
+
+An SFT step (`tinyrl sft`, estimate_sft_step) is the actor update alone, over rows x T tokens
+(T = sft.max_length x sft_fill): the weights' update_flops_per_token as above, plus the attention
+scores, which at SFT's lengths (ReTool: 16,384) are no longer a few %: a causal forward computes
+QK^T and PV over T/2 earlier positions on average, 4 x layers x heads x head_dim x T/2 FLOPs per
+token; the backward 2.5x that (FlashAttention-2 counts its 5 matmuls to the forward's 2 so), and
+gradient checkpointing one more forward. Then a fixed sft_step_overhead_s (optimizer step, logs).
 """
 
 from __future__ import annotations
@@ -61,6 +68,8 @@ class Assumptions:
     # this project's busy 2-core machine (README, "The Python sandbox"); 0.85 s when it imports numpy
     tool_call_s: float = 0.5
     prompt_fill: float = 1.0         # mean prompt length / max: 1.0 (padded, as verl does)
+    sft_fill: float = 1.0            # SFT: mean row length / sft.max_length: 1.0 is an upper bound
+    sft_step_overhead_s: float = 0.3  # SFT: optimizer step + bookkeeping, no engine (a guess)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,6 +81,7 @@ class ModelShape:
     head_params: float          # lm_head: vocab x hidden (tied or not, the matmul happens)
     weight_bytes: float         # bytes vLLM reads per decode step for the weights
     kv_bytes_per_token: float   # 2 (K and V) x layers x kv_heads x head_dim x dtype bytes
+    attention_width: float = 0.0  # layers x heads x head_dim: QK^T and PV multiply-adds per position pair
 
     @classmethod
     def from_spec(cls, spec: dict, params: int, dtype_bytes: float = 2.0,
@@ -89,6 +99,7 @@ class ModelShape:
             head_params=float(head),
             weight_bytes=matmul * per_param,
             kv_bytes_per_token=2.0 * spec["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes,
+            attention_width=float(spec["num_hidden_layers"] * spec["num_attention_heads"] * head_dim),
         )
 
 
@@ -133,6 +144,34 @@ def update_flops_per_token(lora: bool, checkpointing: bool) -> float:
     """FLOPs per matmul param per token of one forward + backward (see the module docstring)."""
     backward = 2.0 if lora else 4.0     # activation grads (+ weight grads when not frozen)
     return 2.0 + backward + (2.0 if checkpointing else 0.0)
+
+
+# Attention-score FLOPs of one training pass, as multiples of the forward's: the forward, the
+# backward (FlashAttention-2, Dao 2023, counts it as 2.5x the forward: 5 matmuls to 2), and with
+# gradient checkpointing the forward again.
+ATTENTION_BACKWARD = 2.5
+
+
+def sft_attention_flops_per_token(shape: ModelShape, tokens: float, checkpointing: bool) -> float:
+    """Attention-score FLOPs per token of one SFT update over rows of `tokens` tokens (causal:
+    T/2 earlier positions on average; QK^T and PV, 2 FLOPs per multiply-add each)."""
+    forward = 4.0 * shape.attention_width * tokens / 2
+    return forward * (1.0 + ATTENTION_BACKWARD + (1.0 if checkpointing else 0.0))
+
+
+def estimate_sft_step(shape: ModelShape, card: Card, rows: int, max_tokens: int, lora: bool,
+                      checkpointing: bool, a: Assumptions = Assumptions()) -> Roofline:
+    """One `tinyrl sft` step: forward + backward of the actor over `rows` rows of up to
+    `max_tokens` tokens (sft.max_length), at train_mfu; see the module docstring."""
+    tokens = max_tokens * a.sft_fill
+    update = update_flops_per_token(lora, checkpointing)
+    attention = sft_attention_flops_per_token(shape, tokens, checkpointing)
+    rate = card.flops_per_s * a.train_mfu
+    weights_s = update * shape.matmul_params * rows * tokens / rate
+    attention_s = attention * rows * tokens / rate
+    return Roofline(phases={"actor_update": weights_s + attention_s, "overhead": a.sft_step_overhead_s},
+                    details={"train_tokens_per_step": rows * tokens, "update_flops_per_param_token": update,
+                             "attention_s": attention_s, "weights_s": weights_s})
 
 
 def decode_concurrency(shape: ModelShape, card: Card, work: Workload, a: Assumptions) -> int:
