@@ -88,3 +88,28 @@ def test_bad_shapes_are_user_errors():
         sim.simulate_phase(SMALL, "rollout", 1, 256, **KW)
     with pytest.raises(TinyRLError):
         sim.simulate_phase(SMALL, "actor_update", 1, 128, **KW)  # response must be shorter
+    with pytest.raises(TinyRLError):  # an SFT step trains the actor alone
+        sim.simulate_phase(SMALL, "actor_update", 1, 256, sft=True, **KW)
+
+
+def test_an_sft_step_is_traced_through_the_sft_trainers_own_loss(monkeypatch):
+    """The SFT plan (`tinyrl sft` on a card, probe-memory of an SFT preset) traces the pass the SFT
+    trainer runs: its loss function, log-probs without PPO's entropy, the actor alone."""
+    import tinyrl.sft.trainer as sft_trainer
+
+    real, calls = sft_trainer.sft_loss_fn, []
+
+    def counting():
+        loss = real()
+
+        def counted(models, part):
+            calls.append(tuple(part.mask.shape))
+            return loss(models, part)
+        return counted
+
+    monkeypatch.setattr(sft_trainer, "sft_loss_fn", counting)
+    alone = dict(critic=False, reference=False, **KW)
+    sft = sim.simulate_phase(SMALL, "actor_update", 4, 256, sft=True, with_entropy=False, **alone)
+    assert calls == [(4, 128)] * 2  # one micro-step, at each of the two traced depths (fresh cache)
+    ppo = sim.simulate_phase(SMALL, "actor_update", 4, 256, **alone)
+    assert sft["gradients"] == ppo["gradients"] and sft["adapters"] == ppo["adapters"]  # the same actor

@@ -152,3 +152,23 @@ def test_train_reads_the_plan_probe_memory_wrote(monkeypatch, capsys, tmp_path):
     assert mp.read_plan(mp.plan_path(cfg, GPUS["rtx4090"])).budget_bytes == 2 * 2**30
     assert cfg.actor.micro_batch_tokens == written["phases"]["actor_update"]["token_budget"]
     assert cfg.rollout.vllm.gpu_memory_utilization == written["vllm"]["gpu_memory_utilization"]
+
+
+def test_an_sft_preset_on_a_card_takes_its_micro_batches_from_the_sft_plan(monkeypatch, tmp_path):
+    """`tinyrl sft` ran without a plan ("it models RL's phases"), and probe-memory of an SFT preset
+    planned an RL step: vLLM, a critic, rollout lengths instead of sft.max_length. The SFT plan
+    has the actor's phases only, priced at whole rows of sft.max_length, and fills what was 0."""
+    on_card(monkeypatch, "rtx4090", ["sm_80", "sm_86", "sm_89", "sm_90"])
+    cfg = load_config("countdown-tiny-sft", ["trainer.device=cuda", "actor.micro_batch_tokens=0"])
+    notes = pf.preflight(cfg, tmp_path / "run")
+    plan = mp.read_plan(mp.plan_path(cfg, GPUS["rtx4090"]))
+    assert list(plan.phases) == ["forward", "actor_update"] and plan.fits
+    assert plan.vllm_gpu_memory_utilization == 0 and plan.vllm_max_num_seqs == 0
+    assert all("vllm" not in part for ph in plan.phases.values() for part in ph.parts)
+    update = plan.phases["actor_update"]
+    assert update.micro_batch == cfg.trainer.train_batch_size  # the tiny model: the whole batch fits a 4090
+    assert cfg.actor.micro_batch_tokens == update.token_budget == update.micro_batch * cfg.sft.max_length
+    assert cfg.actor.forward_micro_batch_tokens == plan.phases["forward"].token_budget
+    assert any("SIMULATED now" in n for n in notes) and any(n.startswith("SFT: the actor alone") for n in plan.notes)
+    rl = load_config("countdown-tiny", ["trainer.device=cuda"])  # the same model as an RL step: other phases
+    assert "rollout" in mp.plan_for_config(rl, GPUS["rtx4090"]).phases

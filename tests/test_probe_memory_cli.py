@@ -85,6 +85,22 @@ def test_05b_full_ppo_plan_and_an_18_gib_budget(monkeypatch, capsys):
     assert whole["phases"]["actor_update"]["micro_batch"] >= capped["phases"]["actor_update"]["micro_batch"]
 
 
+def test_retool_sft_plans_its_16k_conversations_not_an_rl_step(monkeypatch, capsys):
+    """retool-sft-4090 (1.5B LoRA, conversations up to 16,384 tokens) was planned as an RL step at
+    256 + 1,024 tokens with vLLM and a critic, and said "`tinyrl train` reads it"."""
+    r = probe_json(monkeypatch, capsys, "--preset", "retool-sft-4090", "--gpu", "rtx4090", "--simulate")
+    assert r["fits"] and set(r["phases"]) == {"forward", "actor_update"}
+    assert r["vllm"]["gpu_memory_utilization"] == 0 and r["vllm"]["max_num_seqs"] == 0
+    update = r["phases"]["actor_update"]
+    assert update["micro_batch"] >= 1 and update["token_budget"] == update["micro_batch"] * 16384
+    assert update["categories"]["gradients"] > 0 and update["categories"]["vLLM KV cache"] == 0
+    check_consistent(r)
+    code, stdout, _ = cli(monkeypatch, capsys, "probe-memory", "--preset", "retool-sft-4090", "--gpu", "rtx4090",
+                          "--simulate")
+    assert code == 0 and "settings sft will use" in stdout and "`tinyrl sft --preset retool-sft-4090`" in stdout
+    assert "rollout (vLLM)" not in stdout and "critic" not in stdout and "no rollout engine" in stdout
+
+
 def test_text_report_says_simulated_and_where_the_plan_is(monkeypatch, capsys, tmp_path):
     out_file = tmp_path / "plan.json"
     code, stdout, _ = cli(monkeypatch, capsys, "probe-memory", "--preset", "countdown-4090",

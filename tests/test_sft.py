@@ -230,6 +230,19 @@ def test_changing_tokens_outside_the_assistant_turns_leaves_the_loss_alone(tmp_p
 # ------------------------------------------------------------------ the trainer
 
 
+def test_a_packed_sft_micro_batch_holds_no_more_rows_than_the_plan_priced(tmp_path, sft_files):
+    """The plan prices b rows of sft.max_length tokens; packed, short rows would fit many more
+    into the same token budget, each with its [rows, width] tensors: capped as the RL trainer's."""
+    from tinyrl.sft.trainer import SFTTrainer
+
+    cfg = sft_config(sft_files[0])
+    cfg.actor.micro_batch_tokens = 2 * cfg.sft.max_length
+    trainer = SFTTrainer(cfg, tmp_path / "run")
+    short = [10] * 8  # eight rows of 10 real tokens: 80 tokens, far under the budget
+    slices = trainer.budgets.slices("actor_update", 8, cfg.sft.max_length, short)
+    assert [s.stop - s.start for s in slices] == [2, 2, 2, 2]
+
+
 @pytest.mark.parametrize("finetune", ["lora", "full"])
 def test_every_trainable_tensor_gets_a_gradient_and_changes(tmp_path, sft_files, finetune):
     from tinyrl.sft.trainer import SFTTrainer

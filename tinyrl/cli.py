@@ -226,7 +226,7 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
     from tinyrl.preflight import preflight
 
     with err.status("checking the card, the disk and the memory plan ..."):
-        notes = preflight(cfg, run_dir, memory_plan=command != "sft")  # fills 0 settings from the plan before config.json is written
+        notes = preflight(cfg, run_dir)  # fills 0 settings from the plan before config.json is written
     if command == "sft":
         from tinyrl.sft.trainer import SFTTrainer
 

@@ -33,16 +33,13 @@ RUN_LOGS_BYTES = 64 * MiB
 CHECKPOINTS_NEEDED = 2  # the newest plus the one being written (or kept while it is written)
 
 
-def preflight(cfg: Config, run_dir: Path, memory_plan: bool = True) -> list[str]:
+def preflight(cfg: Config, run_dir: Path) -> list[str]:
     """Raises TinyRLError for what would fail later; returns notes worth showing. May fill
-    cfg's micro-batch budgets and vLLM settings (only those left at 0) from the memory plan.
-    memory_plan=False (`tinyrl sft`: the plan models RL's phases): the card and the disk only."""
+    cfg's micro-batch budgets and vLLM settings (only those left at 0) from the memory plan of
+    the preset's command (an RL step, or an SFT step: tinyrl.memory.plan.build_plan)."""
     check_writable(run_dir)
     gpu = _card(cfg)
     notes = check_disk(cfg, run_dir, cuda=gpu is not None)
-    if gpu is not None and not memory_plan:
-        return notes + [f"sft: no memory plan (it models RL's phases); micro-batches of "
-                        f"{cfg.actor.micro_batch_tokens or 'the default'} tokens, halved on out-of-memory"]
     if gpu is None:
         if cfg.trainer.device == "auto" and nvidia_driver_version():
             notes.append(f"WARNING: this machine has an NVIDIA driver but the run is on the CPU: {why_no_cuda()}")

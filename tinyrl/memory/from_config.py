@@ -21,7 +21,7 @@ from tinyrl.hardware import GPU
 from tinyrl.memory import formulas as fm
 from tinyrl.memory.plan import MemoryPlan, PhasePlan, build_plan
 from tinyrl.model_specs import load_spec, param_count
-from tinyrl.phases import BUDGETED_PHASES
+from tinyrl.phases import BUDGETED_PHASES, PLANNED_PHASES, Phase
 from tinyrl.roles import Role
 from tinyrl.tasks import get_task
 
@@ -33,7 +33,7 @@ MEMORY_FIELDS = ("model.name", "model.finetune", "model.lora_rank", "model.lora_
                  "data.max_prompt_length", "rollout.max_response_length", "rollout.n",
                  "rollout.engine", "trainer.train_batch_size", "actor.ppo_mini_batch_size",
                  "algorithm.adv_estimator", "algorithm.kl_in_reward", "algorithm.use_kl_loss",
-                 "trainer.memory_budget_gib", "task.name")
+                 "trainer.memory_budget_gib", "task.name", "command", "sft.max_length")
 
 # The plan's training phases and the trace phase each one is searched with.
 TRAINING_PHASES = {str(p): str(p) for p in BUDGETED_PHASES}
@@ -45,15 +45,32 @@ def role_flags(cfg: Config) -> dict[str, bool]:
     return {"critic": Role.CRITIC in roles, "reference": Role.REFERENCE in roles}
 
 
+def planned_phases(cfg: Config) -> list[str]:
+    """The phases build_plan plans for this config, in a step's order: an SFT step's update and
+    validation forward; an RL step's rollout, forward, actor update and, with a critic, its update."""
+    if cfg.command == "sft":
+        return [str(Phase.FORWARD), str(Phase.ACTOR_UPDATE)]
+    return [str(p) for p in PLANNED_PHASES if p != Phase.CRITIC_UPDATE or role_flags(cfg)["critic"]]
+
+
 def _engine(cfg: Config) -> str:
     # "auto" means vLLM on CUDA, and a card plan is only ever made for CUDA.
     return "hf" if cfg.rollout.engine == "hf" else "vllm"
 
 
+def row_shape(cfg: Config) -> tuple[int, int]:
+    """(prompt, response) tokens every row is planned at. RL: the longest prompt and response.
+    SFT: a whole row of sft.max_length tokens, log-probs over all but its first (the loss mask
+    is narrower; the log-probs are computed over the whole response region, so this is the most)."""
+    if cfg.command == "sft":
+        return 1, cfg.sft.max_length - 1
+    return cfg.data.max_prompt_length, cfg.rollout.max_response_length
+
+
 def row_width(cfg: Config) -> int:
     """The padded row width every phase is planned at; the trainer caps a packed micro-batch's
     rows at budget // row_width (tinyrl.microbatch) so that no micro-batch outgrows the plan."""
-    return cfg.data.max_prompt_length + cfg.rollout.max_response_length
+    return sum(row_shape(cfg))
 
 
 def plan_for_config(cfg: Config, gpu: GPU, *, simulate: bool = True,
@@ -63,16 +80,18 @@ def plan_for_config(cfg: Config, gpu: GPU, *, simulate: bool = True,
     m = cfg.model
     if budget_bytes is None and cfg.trainer.memory_budget_gib > 0:
         budget_bytes = int(cfg.trainer.memory_budget_gib * GiB)
+    prompt_len, response_len = row_shape(cfg)
+    sft = cfg.command == "sft"
     return build_plan(
-        load_spec(m.name), gpu=gpu, model=m.name,
-        prompt_len=cfg.data.max_prompt_length, response_len=cfg.rollout.max_response_length,
-        prompts_per_step=cfg.trainer.train_batch_size, rollout_n=cfg.rollout.n,
-        mini_batch_prompts=cfg.actor.ppo_mini_batch_size, **role_flags(cfg),
+        load_spec(m.name), gpu=gpu, model=m.name, prompt_len=prompt_len, response_len=response_len,
+        prompts_per_step=cfg.trainer.train_batch_size, rollout_n=1 if sft else cfg.rollout.n,
+        mini_batch_prompts=0 if sft else cfg.actor.ppo_mini_batch_size, **role_flags(cfg),
         finetune=m.finetune, lora_rank=m.lora_rank, lora_targets=tuple(m.lora_targets),
         quantize=None if m.quantize == "none" else m.quantize,
         gradient_checkpointing=m.gradient_checkpointing, logprob_chunk=m.logprob_chunk,
-        engine=_engine(cfg), with_entropy=True, budget_bytes=budget_bytes, simulate=simulate,
-        multi_turn=bool(get_task(cfg.task.name).tools))  # a task with tools: episodes of turns
+        engine=_engine(cfg), with_entropy=not sft, budget_bytes=budget_bytes, simulate=simulate,
+        multi_turn=not sft and bool(get_task(cfg.task.name).tools),  # a task with tools: episodes of turns
+        sft=sft)
 
 
 # ------------------------------------------------------------------------------- settings
@@ -87,7 +106,7 @@ def apply_plan(cfg: Config, plan: MemoryPlan) -> list[str]:
                  _budget(plan, "critic_update"), "tokens"),
                 ("actor.forward_micro_batch_tokens", cfg.actor, "forward_micro_batch_tokens",
                  _budget(plan, "forward"), "tokens")]
-    if _engine(cfg) == "vllm":
+    if _engine(cfg) == "vllm" and cfg.command != "sft":
         settings += [("rollout.vllm.gpu_memory_utilization", cfg.rollout.vllm, "gpu_memory_utilization",
                       plan.vllm_gpu_memory_utilization, "of the card"),
                      ("rollout.vllm.max_num_seqs", cfg.rollout.vllm, "max_num_seqs",
@@ -126,7 +145,9 @@ def advice(cfg: Config, plan: MemoryPlan) -> list[str]:
     if not out:
         return out
     m, resp = cfg.model, cfg.rollout.max_response_length
-    tips = [f"lower rollout.max_response_length (now {resp}), e.g. {max(64, resp // 2)}"]
+    tips = ([f"lower sft.max_length (now {cfg.sft.max_length}: a longer row is an error, so drop or split the longest "
+             "rows first)"] if cfg.command == "sft"
+            else [f"lower rollout.max_response_length (now {resp}), e.g. {max(64, resp // 2)}"])
     if m.finetune == "full":
         tips.append("model.finetune=lora (one frozen base + adapters instead of three full models)")
     if m.quantize == "none" and m.finetune == "lora":
@@ -170,7 +191,7 @@ def categories(cfg: Config, plan: MemoryPlan) -> dict[str, dict[str, int]]:
         chunk = 0
         if name in ("forward", "actor_update") and "activations" in ph.parts:
             # parts are for max(micro_batch, 1): a phase where nothing fits shows one sequence
-            tokens = min(cfg.model.logprob_chunk, max(ph.micro_batch, 1) * cfg.rollout.max_response_length)
+            tokens = min(cfg.model.logprob_chunk, max(ph.micro_batch, 1) * row_shape(cfg)[1])
             chunk = min(act, fm.logprob_chunk_bytes(tokens, spec["vocab_size"],
                                                     backward=name == "actor_update"))
         c["activations"], c["log-prob chunk"] = act - chunk, chunk
@@ -273,9 +294,10 @@ def parse_size(text: str) -> int:
 def _step(cfg: Config, phase: str, dtype: str):
     from tinyrl.memory.simulate import Step
 
-    m = cfg.model
-    return Step(phase, 1, row_width(cfg), cfg.rollout.max_response_length, m.finetune, m.lora_rank,
-                tuple(m.lora_targets), m.gradient_checkpointing, dtype, m.logprob_chunk, True, **role_flags(cfg))
+    m, sft = cfg.model, cfg.command == "sft"
+    return Step(phase, 1, row_width(cfg), row_shape(cfg)[1], m.finetune, m.lora_rank,
+                tuple(m.lora_targets), m.gradient_checkpointing, dtype, m.logprob_chunk, not sft, **role_flags(cfg),
+                sft=sft)
 
 
 def _resident_bytes(spec: dict, cfg: Config, dtype_bytes: int) -> int:
@@ -340,6 +362,8 @@ def cpu_probe(cfg: Config, limit_bytes: int, phase: str = "actor_update") -> dic
 
 def _caps(cfg: Config) -> dict[str, int]:
     """Sequences per micro-batch worth trying: one optimizer step's, or the whole step's."""
+    if cfg.command == "sft":  # one optimizer step over the whole batch of rows
+        return {"forward": cfg.trainer.train_batch_size, "actor_update": cfg.trainer.train_batch_size}
     per_update = cfg.actor.ppo_mini_batch_size * cfg.rollout.n
     return {"forward": cfg.trainer.train_batch_size * cfg.rollout.n,
             "actor_update": per_update, "critic_update": per_update}

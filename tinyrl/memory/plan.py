@@ -83,7 +83,7 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
                budget_bytes: int | None = None, engine: str = "vllm",
                offload_optimizer_in_rollout: bool = False, vllm_max_batched_tokens: int = 8192,
                micro_batch: int | None = None, simulate: bool = True, model: str = "",
-               multi_turn: bool = False) -> MemoryPlan:
+               multi_turn: bool = False, sft: bool = False) -> MemoryPlan:
     """Plan every phase against `budget_bytes` (default: the card less `margin_fraction`, which
     covers allocator fragmentation and what the trace does not see).
 
@@ -94,7 +94,11 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
     `multi_turn` (a task with tools): an episode's tokens after the prompt, tool turns included,
     are bounded by `response_len` (rollout.max_response_length), so every phase is already priced
     at prompt_len + response_len per episode; what the turns add is the hf engine's prefill of a
-    tool turn on top of each episode's own kept cache (_hf_generate_parts)."""
+    tool turn on top of each episode's own kept cache (_hf_generate_parts).
+
+    `sft` (`tinyrl sft`): the actor alone, no rollout engine, rows of prompt_len + response_len
+    tokens with log-probs over response_len of them; the phases are its update and the no-grad
+    forward of its validation loss, traced through the SFT trainer's own loss (simulate.Step.sft)."""
     if quantize not in (None, "nf4") or (quantize == "nf4" and finetune != "lora"):
         raise TinyRLError(f"quantize={quantize!r} with finetune={finetune!r} cannot be planned",
                           hint="NF4 (QLoRA) quantises a frozen base: use it with finetune=lora")
@@ -108,11 +112,14 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
     common = {"response_len": response_len, "finetune": finetune, "lora_rank": lora_rank,
               "lora_targets": tuple(lora_targets), "gradient_checkpointing": gradient_checkpointing,
               "dtype": "bf16", "logprob_chunk": logprob_chunk, "with_entropy": with_entropy,
-              "critic": critic, "reference": reference}  # the roles (tinyrl.roles): no critic, no critic parts
+              "critic": critic, "reference": reference,  # the roles (tinyrl.roles): no critic, no critic parts
+              "sft": sft}
+    if sft and (critic or reference):
+        raise TinyRLError("an SFT plan has the actor alone", hint="critic=False, reference=False")
     notes = [f"budget {budget / GiB:.2f} GiB of {gpu.memory_bytes / GiB:.2f} GiB on {gpu.name}",
              f"CUDA context {fm.CUDA_CONTEXT_BYTES / GiB:.2f} GiB in every phase (approximate)"]
     outside = {"cuda_context": fm.CUDA_CONTEXT_BYTES}  # on the card beside the trainer's tensors
-    if engine == "vllm":
+    if engine == "vllm" and not sft:
         outside["vllm_asleep"] = VLLM_ASLEEP_BYTES
         notes.append(f"vLLM asleep (level 1) keeps ~{VLLM_ASLEEP_BYTES / GiB:.2f} GiB during training")
     # The trace holds a bf16 base: with NF4 the searched budget grows by what NF4 saves.
@@ -133,6 +140,11 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
         peak = sum(parts.values())
         phases[str(phase)] = PhasePlan(peak, parts, b, b * seq, fits=b >= 1 and peak <= budget)
 
+    if sft:
+        notes.append(f"SFT: the actor alone, no rollout engine; every row priced at {seq} tokens, "
+                     f"log-probs over {response_len} of them; forward = the validation loss (no grad)")
+        return MemoryPlan(model, gpu.name, gpu.memory_bytes, budget, phases, 0.0, 0, {},
+                          all(p.fits for p in phases.values()), simulate, notes)
     rollout, util, max_seqs, share, rollout_notes = _rollout(
         spec, gpu, budget, seq, per_step, engine, quantize, vllm_max_batched_tokens,
         _trainer_parts(spec, Phase.FORWARD, 1, seq, common, simulate, quantize),

@@ -25,7 +25,8 @@ def render_plan(cfg: Config, plan: MemoryPlan, path: Path, out_path: Path | None
     g = lambda n: f"{n / GiB:.2f}" if n else "-"  # noqa: E731
     head = Text(f"{plan.model} on {plan.gpu}: card {plan.card_bytes / GiB:.2f} GiB, every phase must stay "
                 f"under {plan.budget_bytes / GiB:.2f} GiB ({plan.budget_bytes / plan.card_bytes:.0%} of it)\n")
-    head.append(_SIM if plan.simulated else "MEASURED on this card (training phases); rollout from formulas",
+    head.append(_SIM if plan.simulated else "MEASURED on this card (training phases)"
+                + ("" if "rollout" not in plan.phases else "; rollout from formulas"),
                 style="bold yellow")
     head.append(f"  ·  planned in {seconds:.1f} s")
     cats = categories(cfg, plan)
@@ -40,14 +41,15 @@ def render_plan(cfg: Config, plan: MemoryPlan, path: Path, out_path: Path | None
     table.add_row("[bold]total (peak)[/]", *(f"[bold {'green' if p.fits else 'red'}]{g(p.peak)}[/]"
                                              for p in plan.phases.values()))
     table.add_row("margin to the card", *(g(plan.card_bytes - p.peak) for p in plan.phases.values()))
-    chosen = Table(title="settings train will use")
+    command = cfg.command  # `tinyrl train` or `tinyrl sft` reads the plan
+    chosen = Table(title=f"settings {command} will use")
     chosen.add_column("phase")
     chosen.add_column("micro-batch (sequences)", justify="right")
     chosen.add_column("token budget", justify="right")
     for name, ph in plan.phases.items():
         if name in TRAINING_PHASES:
             chosen.add_row(name, str(ph.micro_batch), f"{ph.token_budget:,}")
-    if plan.vllm_gpu_memory_utilization:
+    if plan.vllm_gpu_memory_utilization and "rollout" in plan.phases:
         chosen.add_row("rollout (vLLM)", f"{plan.vllm_max_num_seqs} at once",
                        f"gpu_memory_utilization {plan.vllm_gpu_memory_utilization:.2f}")
     parts = [head, table, chosen]
@@ -58,9 +60,9 @@ def render_plan(cfg: Config, plan: MemoryPlan, path: Path, out_path: Path | None
     probe_cfg = copy.deepcopy(cfg)
     filled = apply_plan(probe_cfg, plan)
     if filled:
-        parts.append(Text("train sets:\n" + "\n".join(f"- {line}" for line in filled)))
+        parts.append(Text(f"{command} sets:\n" + "\n".join(f"- {line}" for line in filled)))
     where = f"plan written to {path}" + (f" and {out_path}" if out_path else "")
-    parts.append(Text(f"{where}\n`tinyrl train --preset {cfg.preset}` with the same --set options reads it.",
+    parts.append(Text(f"{where}\n`tinyrl {command} --preset {cfg.preset}` with the same --set options reads it.",
                       style="dim"))
     parts.append(Text("\n".join(f"- {n}" for n in plan.notes), style="dim"))
     return parts

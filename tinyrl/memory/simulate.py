@@ -70,6 +70,9 @@ class Step:
     # Each row's prompt as a number (tinyrl.packing.prompt_groups): rows with the same number share
     # one prompt, which the packed pass computes once (GRPO's n answers); None: every prompt distinct.
     groups: tuple[int, ...] | None = None
+    # `tinyrl sft`'s step (the actor alone): its update's loss is tinyrl.sft.trainer.sft_loss_fn's
+    # (log-probs without entropy, NLL over the mask) instead of PPO's policy loss.
+    sft: bool = False
 
     def prompt_sources(self) -> list[int]:
         """[micro_batch] the row whose prompt each row carries: its group's first row."""
@@ -85,6 +88,8 @@ class Step:
             raise TinyRLError(f"unknown phase {self.phase!r}", hint=f"choose from {PHASES}")
         if self.phase == Phase.CRITIC_UPDATE and not self.critic:
             raise TinyRLError("a critic_update phase without a critic", hint="critic=True, or another phase")
+        if self.sft and (self.critic or self.reference):
+            raise TinyRLError("an SFT step trains the actor alone", hint="critic=False, reference=False")
         if self.finetune not in ("lora", "full"):
             raise TinyRLError(f"unknown finetune {self.finetune!r}", hint="use lora or full")
         if not 1 <= self.response_len < self.seq_len or self.micro_batch < 1:
@@ -363,7 +368,13 @@ def run_phase(models, opts: dict, step: Step, batch,
     adv = torch.ones_like(mask)                                            # [B, R], on the batch's device
     role = "actor" if step.phase == Phase.ACTOR_UPDATE else "critic"
     with models.role(role):  # held through backward: the critic adapter's grads count
-        if role == "actor":
+        if step.sft:
+            from tinyrl.sft.data import SFTBatch
+            from tinyrl.sft.trainer import sft_loss_fn
+
+            loss, _ = sft_loss_fn()(models, SFTBatch(batch, mask))         # the SFT trainer's own loss
+            params = models.actor_parameters()
+        elif role == "actor":
             lp, ent = models.token_logprobs("actor", batch, 1.0, with_entropy=True)
             pg, _ = losses.policy_loss(lp, lp.detach(), adv, mask)
             ent_term = losses.agg_loss(ent, mask) if step.with_entropy else None
@@ -427,9 +438,13 @@ def _cache_path(spec: dict, step: Step, layers: int) -> Path:
 
     # The traced step is this file plus the trainer's model, loss, optimizer and log-prob code:
     # a change to any invalidates cached traces without anyone remembering to bump a version.
-    code = b"".join(Path(f).read_bytes() for f in (__file__, tinyrl.rl.logprobs.__file__, tinyrl.models.__file__,
-                                                   tinyrl.optim.__file__, tinyrl.rl.losses.__file__,
-                                                   tinyrl.packing.__file__))
+    files = [__file__, tinyrl.rl.logprobs.__file__, tinyrl.models.__file__, tinyrl.optim.__file__,
+             tinyrl.rl.losses.__file__, tinyrl.packing.__file__]
+    if step.sft:  # its loss function
+        import tinyrl.sft.trainer
+
+        files.append(tinyrl.sft.trainer.__file__)
+    code = b"".join(Path(f).read_bytes() for f in files)
     key = json.dumps({"spec": spec, "step": asdict(step), "layers": layers,
                       "code": hashlib.sha256(code).hexdigest(), "torch": torch.__version__,
                       "transformers": transformers.__version__, "peft": peft.__version__},
@@ -474,18 +489,18 @@ def simulate_phase(spec: dict, phase: str, micro_batch: int, seq_len: int, *,
                    dtype: str = "bf16", logprob_chunk: int = 1024, with_entropy: bool = True,
                    critic: bool = True, reference: bool = True, layers: int | None = None,
                    rows: tuple[tuple[int, int], ...] | None = None,
-                   groups: tuple[int, ...] | None = None) -> dict[str, int]:
+                   groups: tuple[int, ...] | None = None, sft: bool = False) -> dict[str, int]:
     """Bytes by category at the phase's peak, for the full depth (or `layers`):
     base_weights, adapters (all trainable weights: adapters + value head, or the full models),
     gradients, optimizer (state + step temporaries), activations (everything else, the
     log-prob chunk included), logprob_chunk (of which: one chunk's traced working set), peak.
     The passes are packed, as the trainer's; `rows` (Step.rows) gives each row's real tokens,
     else every token is real (the worst case the plan needs); `groups` (Step.groups) which rows
-    share a prompt, else none does (also the plan's worst case)."""
+    share a prompt, else none does (also the plan's worst case); `sft` (Step.sft) the SFT step."""
     step = Step(phase, micro_batch, seq_len, response_len or seq_len - 1, finetune, lora_rank,
                 tuple(lora_targets), gradient_checkpointing, dtype, logprob_chunk, with_entropy,
                 tuple(map(tuple, rows)) if rows is not None else None, critic, reference,
-                tuple(groups) if groups is not None else None)
+                tuple(groups) if groups is not None else None, sft)
     depth = layers or spec["num_hidden_layers"]
     if depth <= BASE_LAYERS + 1:
         cats = extrapolate(trace_step(spec, step, depth), trace_step(spec, step, depth), depth, depth)

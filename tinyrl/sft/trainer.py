@@ -28,6 +28,7 @@ import torch
 
 from tinyrl.config import Config, resolve_path
 from tinyrl.learners import Learner
+from tinyrl.memory.from_config import row_width
 from tinyrl.microbatch import BudgetKeeper
 from tinyrl.models import PolicyModels
 from tinyrl.phases import Phase
@@ -74,7 +75,8 @@ class SFTTrainer(Trainer):
         self.engine = self._validation_engine() if cfg.trainer.test_every and cfg.sft.val_generate else None
         tokens = cfg.actor.micro_batch_tokens or DEFAULT_MICRO_TOKENS
         self.budgets = BudgetKeeper({Phase.ACTOR_UPDATE: tokens,
-                                     Phase.FORWARD: cfg.actor.forward_micro_batch_tokens or 2 * tokens})
+                                     Phase.FORWARD: cfg.actor.forward_micro_batch_tokens or 2 * tokens},
+                                    row_width=row_width(cfg))  # packed: no more rows than the plan priced
         self.learners = {"actor": Learner("actor", Phase.ACTOR_UPDATE, sft_learner_config(cfg), self.models,
                                           self.models.actor_parameters(), sft_loss_fn(), self.budgets,
                                           self._notice)}
