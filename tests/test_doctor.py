@@ -98,6 +98,34 @@ def test_doctor_compares_like_for_like_when_answers_share_their_prompt(tiny_mode
         assert "prompts shared by" in rows[f"memory: {phase}"]["found"]
 
 
+def test_an_sft_preset_runs_two_sft_steps_against_its_sft_plan(tiny_model_dir):
+    """`tinyrl doctor --preset countdown-demo-sft` ran two PPO steps with a critic on the SFT
+    preset's data: it never tried what `tinyrl sft` does. Now: two real SFT steps, no engine rows,
+    and the SFT update's live tensors against the simulation of the same micro-batch through the
+    SFT trainer's own loss (simulate.Step.sft)."""
+    from tinyrl.config import load_config
+    from tinyrl.doctor.cpu_memory import planned_step_bytes
+    from tinyrl.doctor.sft_trial import NO_ENGINE
+
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "doctor", "--preset", "countdown-tiny-sft", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = _rows(json.loads(done.stdout))
+    run = rows["two-step run"]
+    assert run["status"] == "pass" and run["found"].startswith("SFT on cpu, 2 steps of 4 rows")
+    assert [set(m) >= {"sft/loss", "sft/grad_norm"} for m in run["data"]["metrics"]] == [True, True]
+    for name in ("sleep / wake", "rollout parity", "adapter sync"):
+        assert rows[name]["status"] == "skipped" and rows[name]["reason"] == NO_ENGINE
+    assert rows["non-finite grads"]["found"].startswith("sft: 0 optimizer steps skipped")
+    assert "memory: rollout" not in rows and "memory: critic_update" not in rows  # the SFT plan has neither
+    assert rows["memory: forward"]["status"] == "skipped"  # the trial runs no validation loss
+    mem = rows["memory: actor_update"]
+    d = mem["data"]
+    assert d["planned_bytes"] == planned_step_bytes(load_config("countdown-tiny-sft"), "fp32", "actor_update",
+                                                    tuple(map(tuple, d["rows"])), d["seq_len"], d["response_len"])
+    assert 0.85 <= d["ratio"] <= 1.15 and mem["status"] == "pass", mem
+
+
 def test_tensor_peaks_count_live_tensor_bytes_per_phase_weights_included():
     """The measured side alone, on tensors of known sizes: each phase's peak of live tensor bytes,
     the largest over its runs, with the tracked weights in every phase (not RSS, not a total)."""

@@ -10,7 +10,8 @@ skipped row. Sections:
                   transformers versions (exercised.py), free disk for the run dir, RAM   (env.py)
     trial         two real training steps of the preset at a small batch, in a temporary run
                   dir, with the configured engine: sleep/wake timings, the parity check, an
-                  explicit adapter-sync check, measured peak memory per phase vs the plan (trial.py)
+                  explicit adapter-sync check, measured peak memory per phase vs the plan (trial.py);
+                  an SFT preset's two `tinyrl sft` steps against its SFT plan (sft_trial.py)
     bench         (--bench) a few steps of `tinyrl train` at the preset's planned settings in a
                   child process: seconds per phase, tokens/s, and estimate-cost from them (bench.py)
 
@@ -48,7 +49,8 @@ def run_doctor(preset: str, overrides: list[str] | None = None, *, bench: bool =
         report.rows.append(Row("device", "warn", f"preset {cfg.preset} pins trainer.device = cpu: the trial below "
                                "does not use the card", fix="--set trainer.device=cuda, or a card preset such as "
                                "--preset countdown-4090", basis="read"))
-    say(f"two real steps of {cfg.preset} ({cfg.model.name}, engine {cfg.rollout.engine}) at a small batch ...")
+    what = "SFT, no engine" if cfg.command == "sft" else f"engine {cfg.rollout.engine}"
+    say(f"two real steps of {cfg.preset} ({cfg.model.name}, {what}) at a small batch ...")
     report.rows += trial.trial_rows(preset, overrides, report)
     if bench:
         from tinyrl.doctor import bench as bench_mod

@@ -20,7 +20,7 @@ from typing import Any
 
 from tinyrl.checkpoint import human_bytes
 from tinyrl.doctor.report import Row, skipped
-from tinyrl.phases import BUDGETED_PHASES, PLANNED_PHASES, Phase
+from tinyrl.phases import BUDGETED_PHASES, Phase
 
 MEASURED_AS = "live tensor bytes (MemTracker)"
 # Same tracker, same shapes: the two differ by what the trace cannot see (kernel temporaries of
@@ -122,27 +122,27 @@ def planned_step_bytes(cfg, dtype: str, phase: str, rows: tuple[tuple[int, int],
     from tinyrl.memory import simulate as sim
     from tinyrl.memory.from_config import load_spec, role_flags
 
-    m = cfg.model
+    m, sft = cfg.model, cfg.command == "sft"
     parts = sim.simulate_phase(load_spec(m.name), phase, len(rows), seq_len, response_len=response_len,
                                finetune=m.finetune, lora_rank=m.lora_rank, lora_targets=tuple(m.lora_targets),
                                gradient_checkpointing=m.gradient_checkpointing, dtype=dtype,
-                               logprob_chunk=m.logprob_chunk, with_entropy=True, rows=rows, groups=groups,
-                               **role_flags(cfg))
+                               logprob_chunk=m.logprob_chunk, with_entropy=not sft, rows=rows, groups=groups,
+                               sft=sft, **role_flags(cfg))
     return parts["peak"] - parts["allocator"]  # the allocator's headroom is the CUDA cache's
 
 
 def cpu_memory_rows(cfg, peaks: TensorPeaks, dtype: str) -> list[Row]:
     rows = []
-    from tinyrl.config import has_critic
+    from tinyrl.memory.from_config import planned_phases
 
     budgeted = {str(p) for p in BUDGETED_PHASES}
-    for phase in map(str, PLANNED_PHASES):
-        if phase == Phase.CRITIC_UPDATE and not has_critic(cfg):
-            continue  # no critic in this algorithm (tinyrl.roles): no row, as the plan has no phase
+    for phase in planned_phases(cfg):  # no critic, or an SFT step: no row, as the plan has no phase
         got = peaks.peaks.get(phase)
         name = f"memory: {phase}"
         if got is None:
-            rows.append(skipped(name, "the phase did not run"))
+            why = ("the SFT trial runs no validation (this phase is its validation loss)"
+                   if cfg.command == "sft" and phase == Phase.FORWARD else "the phase did not run")
+            rows.append(skipped(name, why))
             continue
         data: dict[str, Any] = {"measured_bytes": got, "measured_as": MEASURED_AS, "dtype": dtype}
         if phase not in budgeted:

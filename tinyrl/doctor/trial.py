@@ -76,8 +76,13 @@ def trial_rows(preset: str, overrides: list[str] | None, report: Report) -> list
 
     cfg = trial_config(preset, overrides)
     workdir = Path(tempfile.mkdtemp(prefix="tinyrl-doctor-"))
+    cuda = torch.cuda.is_available() and cfg.trainer.device != "cpu"
     try:
-        return _trial(cfg, workdir, torch.cuda.is_available() and cfg.trainer.device != "cpu")
+        if cfg.command == "sft":
+            from tinyrl.doctor.sft_trial import sft_trial
+
+            return sft_trial(cfg, workdir, cuda, STEPS)
+        return _trial(cfg, workdir, cuda)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
