@@ -107,8 +107,8 @@ def test_an_sft_preset_runs_two_sft_steps_against_its_sft_plan(tiny_model_dir):
     from tinyrl.doctor.cpu_memory import planned_step_bytes
     from tinyrl.doctor.sft_trial import NO_ENGINE
 
-    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "doctor", "--preset", "countdown-tiny-sft", "--json"],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "doctor", "--preset", "countdown-tiny-sft", "--json",
+                           "--bench", "--bench-steps", "3"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = _rows(json.loads(done.stdout))
     run = rows["two-step run"]
@@ -124,6 +124,10 @@ def test_an_sft_preset_runs_two_sft_steps_against_its_sft_plan(tiny_model_dir):
     assert d["planned_bytes"] == planned_step_bytes(load_config("countdown-tiny-sft"), "fp32", "actor_update",
                                                     tuple(map(tuple, d["rows"])), d["seq_len"], d["response_len"])
     assert 0.85 <= d["ratio"] <= 1.15 and mem["status"] == "pass", mem
+    bench = rows["bench: step"]  # `tinyrl sft` in a child process (train would refuse the preset)
+    assert bench["status"] == "pass" and bench["data"]["command"].startswith("tinyrl sft --preset countdown-tiny-sft")
+    assert set(bench["data"]["phases"]) == {"actor_update"} and "generated tokens/s" not in bench["found"]
+    assert rows["bench: cost"]["data"]["estimate"]["unit"] == "rows"
 
 
 def test_tensor_peaks_count_live_tensor_bytes_per_phase_weights_included():

@@ -12,7 +12,7 @@ skipped row. Sections:
                   dir, with the configured engine: sleep/wake timings, the parity check, an
                   explicit adapter-sync check, measured peak memory per phase vs the plan (trial.py);
                   an SFT preset's two `tinyrl sft` steps against its SFT plan (sft_trial.py)
-    bench         (--bench) a few steps of `tinyrl train` at the preset's planned settings in a
+    bench         (--bench) a few steps of `tinyrl train` (or `sft`) at the planned settings in a
                   child process: seconds per phase, tokens/s, and estimate-cost from them (bench.py)
 
 Exit codes: 0 every row passed (warnings and skipped rows included), 1 a row failed,
@@ -55,6 +55,6 @@ def run_doctor(preset: str, overrides: list[str] | None = None, *, bench: bool =
     if bench:
         from tinyrl.doctor import bench as bench_mod
 
-        say(f"bench: {bench_steps} steps of `tinyrl train --preset {cfg.preset}` at its planned settings ...")
+        say(f"bench: {bench_steps} steps of `tinyrl {cfg.command} --preset {cfg.preset}` at its planned settings ...")
         report.rows += bench_mod.bench_rows(preset, overrides, bench_steps, report)
     return report

@@ -1,7 +1,7 @@
 """`tinyrl doctor --bench`: a few steps of the preset at its planned settings, timed on this
 machine, and what an epoch costs from them.
 
-The steps are a real `tinyrl train` in a child process (its own vLLM engine: one per process;
+The steps are a real `tinyrl train` (an SFT preset: `tinyrl sft`) in a child process (its own vLLM engine: one per process;
 preflight fills the micro-batches and vLLM's share from the memory plan exactly as a real run
 does), into a temporary run directory. Its metrics.jsonl is then read as `estimate-cost
 --from-run` reads it (tinyrl.cost.estimate_cost): the first step is warm-up, the median of the
@@ -23,8 +23,9 @@ from tinyrl.doctor.report import Report, Row
 from tinyrl.errors import TinyRLError
 
 
-def bench_command(preset: str, overrides: list[str] | None, steps: int, run_dir: Path, extra: list[str]) -> list[str]:
-    args = [sys.executable, "-m", "tinyrl.cli", "train", "--preset", preset, "--max-steps", str(steps),
+def bench_command(preset: str, overrides: list[str] | None, steps: int, run_dir: Path, extra: list[str],
+                  command: str = "train") -> list[str]:
+    args = [sys.executable, "-m", "tinyrl.cli", command, "--preset", preset, "--max-steps", str(steps),
             "--out", str(run_dir), "--no-dashboard"]
     # No validation or mid-run checkpoints: the bench times training steps.
     for item in list(overrides or []) + extra + ["trainer.test_every=0", "trainer.save_every=0"]:
@@ -40,13 +41,15 @@ def bench_rows(preset: str, overrides: list[str] | None, steps: int, report: Rep
     try:
         extra = []
         if not resolve_path(cfg.data.train_path).exists():  # the doctor writes nothing outside its temp dir
+            from tinyrl.doctor.sft_trial import ensure_sft_data
             from tinyrl.doctor.trial import ensure_data
 
             probe = load_config(preset, overrides)
-            ensure_data(probe, workdir, rows=max(256, cfg.trainer.train_batch_size * (steps + 1)))
+            make = ensure_sft_data if cfg.command == "sft" else ensure_data
+            make(probe, workdir, rows=max(256, cfg.trainer.train_batch_size * (steps + 1)))
             extra.append(f"data.train_path={probe.data.train_path}")
         run_dir = workdir / "run"
-        args = bench_command(preset, overrides, steps, run_dir, extra)
+        args = bench_command(preset, overrides, steps, run_dir, extra, cfg.command)
         done = subprocess.run(args, capture_output=True, text=True)
         shown = shlex.join(["tinyrl", *args[3:]])
         if done.returncode != 0:
@@ -74,8 +77,9 @@ def _rows(cfg, run_dir: Path, shown: str, cuda: bool, report: Report) -> list[Ro
     warmup = set(timing.warmup_steps)
     steady = [m for m in steps if m["step"] not in warmup]
     tokens = statistics.median(m["perf/tokens_per_s"] for m in steady)
-    gen = statistics.median(m["response_length/mean"] * cfg.trainer.train_batch_size * cfg.rollout.n
-                            / max(m["timing/rollout"], 1e-9) for m in steady)
+    gen = None if cfg.command == "sft" else statistics.median(  # an SFT step generates nothing
+        m["response_length/mean"] * cfg.trainer.train_batch_size * cfg.rollout.n / max(m["timing/rollout"], 1e-9)
+        for m in steady)
     from tinyrl.phases import STEP_PHASES
 
     order = [str(p) for p in STEP_PHASES]
@@ -85,7 +89,8 @@ def _rows(cfg, run_dir: Path, shown: str, cuda: bool, report: Report) -> list[Ro
     step_row = Row("bench: step", "pass",
                    f"{est.sec_per_step:.2f} s/step on {where} (median of {timing.steady_steps} steps after "
                    f"{len(warmup)} warm-up); per phase (s): {phases}; "
-                   f"{tokens:,.0f} tokens/s (prompt + response), rollout {gen:,.0f} generated tokens/s",
+                   f"{tokens:,.0f} tokens/s (prompt + response)"
+                   + (f", rollout {gen:,.0f} generated tokens/s" if gen is not None else ""),
                    basis="measured", data={"command": shown, "sec_per_step": est.sec_per_step, "phases": est.phases,
                                            "tokens_per_s": tokens, "rollout_tokens_per_s": gen})
     price = (f", {est.price_per_epoch:,.2f} {est.currency}/epoch at {est.price_per_hour} {est.currency}/h "
