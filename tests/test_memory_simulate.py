@@ -95,9 +95,9 @@ def test_bad_shapes_are_user_errors():
 def test_an_sft_step_is_traced_through_the_sft_trainers_own_loss(monkeypatch):
     """The SFT plan (`tinyrl sft` on a card, probe-memory of an SFT preset) traces the pass the SFT
     trainer runs: its loss function, log-probs without PPO's entropy, the actor alone."""
-    import tinyrl.sft.trainer as sft_trainer
+    import tinyrl.learners as learners
 
-    real, calls = sft_trainer.sft_loss_fn, []
+    real, calls = learners.sft_loss_fn, []
 
     def counting():
         loss = real()
@@ -107,7 +107,7 @@ def test_an_sft_step_is_traced_through_the_sft_trainers_own_loss(monkeypatch):
             return loss(models, part)
         return counted
 
-    monkeypatch.setattr(sft_trainer, "sft_loss_fn", counting)
+    monkeypatch.setattr(learners, "sft_loss_fn", counting)
     alone = dict(critic=False, reference=False, **KW)
     sft = sim.simulate_phase(SMALL, "actor_update", 4, 256, sft=True, with_entropy=False, **alone)
     assert calls == [(4, 128)] * 2  # one micro-step, at each of the two traced depths (fresh cache)

@@ -171,7 +171,7 @@ def test_the_loss_equals_transformers_own_loss_over_the_same_labels(tmp_path, ti
     loss with every non-trained label set to -100: an independent computation."""
     from tinyrl.models import PolicyModels
     from tinyrl.sft.data import load_sft
-    from tinyrl.sft.trainer import sft_loss_fn
+    from tinyrl.learners import sft_loss_fn
 
     chat = multiturn_file(tmp_path / "chat.parquet", rows=2)
     cfg = sft_config(chat, f"model.custom_chat_template={json.dumps(TEMPLATE)}")
@@ -199,7 +199,7 @@ def test_changing_tokens_outside_the_assistant_turns_leaves_the_loss_alone(tmp_p
     padding), cannot change the loss; a token inside an assistant turn does (the mutation check)."""
     from tinyrl.models import PolicyModels
     from tinyrl.sft.data import load_sft
-    from tinyrl.sft.trainer import sft_loss_fn
+    from tinyrl.learners import sft_loss_fn
 
     chat = multiturn_file(tmp_path / "chat.parquet", rows=2)
     cfg = sft_config(chat, f"model.custom_chat_template={json.dumps(TEMPLATE)}")

@@ -55,6 +55,16 @@ def critic_loss_fn(cfg: Config) -> LossFn:
     return loss
 
 
+def sft_loss_fn() -> LossFn:
+    """`tinyrl sft`'s loss: log-probs at temperature 1, no entropy, the token-mean NLL over the
+    loss mask (losses.sft_loss). Here, beside the RL losses, so that the memory simulation traces
+    this very function without importing the SFT trainer."""
+    def loss(models: PolicyModels, part):
+        lp = models.token_logprobs("actor", part.batch)  # [B, R], temperature 1
+        return losses.sft_loss(lp, part.mask)
+    return loss
+
+
 class Learner:
     def __init__(self, role: str, phase: Phase, cfg: LearnerConfig, models: PolicyModels,
                  params: list[torch.nn.Parameter], loss_fn: LossFn, budgets: BudgetKeeper,

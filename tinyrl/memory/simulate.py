@@ -70,7 +70,7 @@ class Step:
     # Each row's prompt as a number (tinyrl.packing.prompt_groups): rows with the same number share
     # one prompt, which the packed pass computes once (GRPO's n answers); None: every prompt distinct.
     groups: tuple[int, ...] | None = None
-    # `tinyrl sft`'s step (the actor alone): its update's loss is tinyrl.sft.trainer.sft_loss_fn's
+    # `tinyrl sft`'s step (the actor alone): its update's loss is tinyrl.learners.sft_loss_fn's
     # (log-probs without entropy, NLL over the mask) instead of PPO's policy loss.
     sft: bool = False
 
@@ -369,8 +369,8 @@ def run_phase(models, opts: dict, step: Step, batch,
     role = "actor" if step.phase == Phase.ACTOR_UPDATE else "critic"
     with models.role(role):  # held through backward: the critic adapter's grads count
         if step.sft:
+            from tinyrl.learners import sft_loss_fn
             from tinyrl.sft.data import SFTBatch
-            from tinyrl.sft.trainer import sft_loss_fn
 
             loss, _ = sft_loss_fn()(models, SFTBatch(batch, mask))         # the SFT trainer's own loss
             params = models.actor_parameters()
@@ -441,9 +441,9 @@ def _cache_path(spec: dict, step: Step, layers: int) -> Path:
     files = [__file__, tinyrl.rl.logprobs.__file__, tinyrl.models.__file__, tinyrl.optim.__file__,
              tinyrl.rl.losses.__file__, tinyrl.packing.__file__]
     if step.sft:  # its loss function
-        import tinyrl.sft.trainer
+        import tinyrl.learners
 
-        files.append(tinyrl.sft.trainer.__file__)
+        files.append(tinyrl.learners.__file__)
     code = b"".join(Path(f).read_bytes() for f in files)
     key = json.dumps({"spec": spec, "step": asdict(step), "layers": layers,
                       "code": hashlib.sha256(code).hexdigest(), "torch": torch.__version__,

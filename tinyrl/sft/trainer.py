@@ -27,22 +27,14 @@ from pathlib import Path
 import torch
 
 from tinyrl.config import Config, resolve_path
-from tinyrl.learners import Learner
+from tinyrl.learners import Learner, sft_loss_fn
 from tinyrl.memory.from_config import row_width
 from tinyrl.microbatch import BudgetKeeper
 from tinyrl.models import PolicyModels
 from tinyrl.phases import Phase
-from tinyrl.rl import losses
 from tinyrl.runlog import memory_reading
-from tinyrl.sft.data import SFTBatch, SFTRows, load_sft
+from tinyrl.sft.data import SFTRows, load_sft
 from tinyrl.trainer import DEFAULT_MICRO_TOKENS, Trainer, _Timer
-
-
-def sft_loss_fn():
-    def loss(models: PolicyModels, part: SFTBatch):
-        lp = models.token_logprobs("actor", part.batch)  # [B, R], temperature 1
-        return losses.sft_loss(lp, part.mask)
-    return loss
 
 
 def sft_learner_config(cfg: Config):
