@@ -72,7 +72,8 @@ def test_second_process_is_refused_and_a_sigkill_frees_the_directory(tmp_path, d
         err = " ".join(second.stderr.replace("│", " ").split())
         assert second.returncode == 2, second.stderr[-3000:]
         assert f"pid {first.pid}" in err and "in use by another tinyrl process" in err and "Traceback" not in err
-        sft = run(data, out, "--max-steps", "1", verb="sft")  # the same run-directory code
+        # the same run-directory code; countdown-tiny made an SFT config as a user's own would be
+        sft = run(data, out, "--max-steps", "1", verb="sft", sets=("command=sft",))
         assert sft.returncode == 2 and f"pid {first.pid}" in " ".join(sft.stderr.replace("│", " ").split()), sft.stderr[-3000:]
         if config_before is not None:  # the refused runs wrote nothing
             assert (out / "config.json").read_text() == config_before
