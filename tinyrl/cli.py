@@ -167,6 +167,8 @@ def sft(
     """Supervised fine-tuning on parquet in verl's SFT formats: prompt/response columns, or
     multi-turn `messages` (loss on assistant turns only, `tools` handed to the chat template).
 
+    An SFT preset (command = "sft"): probe-memory, estimate-cost and doctor of it plan, price and try this step.
+
     The same loop, checkpoints, --resume, dashboard, metrics and `tinyrl report` as `train`
     (train/val loss, every trainer.test_every steps on data.test_path). Then RL from it:
     `tinyrl train --preset P --set model.init_from=RUN_DIR`; `tinyrl export RUN_DIR` merges it.
