@@ -41,12 +41,10 @@ def bench_rows(preset: str, overrides: list[str] | None, steps: int, report: Rep
     try:
         extra = []
         if not resolve_path(cfg.data.train_path).exists():  # the doctor writes nothing outside its temp dir
-            from tinyrl.doctor.sft_trial import ensure_sft_data
             from tinyrl.doctor.trial import ensure_data
 
             probe = load_config(preset, overrides)
-            make = ensure_sft_data if cfg.command == "sft" else ensure_data
-            make(probe, workdir, rows=max(256, cfg.trainer.train_batch_size * (steps + 1)))
+            ensure_data(probe, workdir, rows=max(256, cfg.trainer.train_batch_size * (steps + 1)))
             extra.append(f"data.train_path={probe.data.train_path}")
         run_dir = workdir / "run"
         args = bench_command(preset, overrides, steps, run_dir, extra, cfg.command)

@@ -120,14 +120,13 @@ def planned_step_bytes(cfg, dtype: str, phase: str, rows: tuple[tuple[int, int],
     tokens in a [len(rows), seq_len] batch; `groups`: the rows that shared a prompt, which the
     packed pass computed once): tensor bytes at the phase's peak."""
     from tinyrl.memory import simulate as sim
-    from tinyrl.memory.from_config import load_spec, role_flags
+    from tinyrl.memory.from_config import load_spec, step_flags
 
-    m, sft = cfg.model, cfg.command == "sft"
+    m = cfg.model
     parts = sim.simulate_phase(load_spec(m.name), phase, len(rows), seq_len, response_len=response_len,
                                finetune=m.finetune, lora_rank=m.lora_rank, lora_targets=tuple(m.lora_targets),
                                gradient_checkpointing=m.gradient_checkpointing, dtype=dtype,
-                               logprob_chunk=m.logprob_chunk, with_entropy=not sft, rows=rows, groups=groups,
-                               sft=sft, **role_flags(cfg))
+                               logprob_chunk=m.logprob_chunk, rows=rows, groups=groups, **step_flags(cfg))
     return parts["peak"] - parts["allocator"]  # the allocator's headroom is the CUDA cache's
 
 

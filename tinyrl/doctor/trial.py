@@ -28,7 +28,9 @@ import statistics
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from tinyrl.checkpoint import human_bytes
 from tinyrl.config import Config, load_config, resolve_path
@@ -56,17 +58,19 @@ def trial_config(preset: str, overrides: list[str] | None) -> Config:
 
 def ensure_data(cfg: Config, workdir: Path, rows: int = 64) -> str:
     """The preset's training file when it exists; else a small set generated into `workdir` (the
-    doctor writes nothing outside its temporary directory). -> where the data came from"""
+    doctor writes nothing outside its temporary directory), as the preset's command reads it: RL
+    prompts, or an SFT preset's prompts with responses. -> where the data came from"""
     if resolve_path(cfg.data.train_path).exists():
         return cfg.data.train_path
-    from tinyrl.tasks import get_task, template_of
+    from tinyrl.tasks import data_hint, get_task, template_of
 
-    task = get_task(cfg.task.name)
-    if task.generate is None:
+    task, sft = get_task(cfg.task.name), cfg.command == "sft"
+    make = task.generate_sft if sft else task.generate
+    if make is None:
         raise TinyRLError(f"data.train_path = {cfg.data.train_path} does not exist and the {task.name} task "
-                          "does not generate data", hint=f"make it first: {task.data_hint}")
-    train, _ = task.generate(workdir / "data", rows, 16, seed=cfg.data.generate_seed, template=template_of(cfg.task),
-                             **task.generate_options(cfg.task))
+                          f"does not generate {'SFT ' if sft else ''}data", hint=f"make it first: {data_hint(cfg)}")
+    train, _ = make(workdir / "data", rows, 16, seed=cfg.data.generate_seed, template=template_of(cfg.task),
+                    progress=False, **task.generate_options(cfg.task))
     missing, cfg.data.train_path = cfg.data.train_path, str(train)
     return f"{rows} rows generated for the check ({missing} does not exist yet)"
 
@@ -81,60 +85,89 @@ def trial_rows(preset: str, overrides: list[str] | None, report: Report) -> list
         if cfg.command == "sft":
             from tinyrl.doctor.sft_trial import sft_trial
 
-            return sft_trial(cfg, workdir, cuda, STEPS)
+            return sft_trial(cfg, workdir, cuda)
         return _trial(cfg, workdir, cuda)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _trial(cfg: Config, workdir: Path, cuda: bool) -> list[Row]:
-    rows: list[Row] = []
+@dataclass
+class TwoSteps:
+    """What run_two_steps ran: the trainer, each step's metrics, the error it stopped with."""
+
+    trainer: Any
+    history: list[dict]
+    error: BaseException | None
+    seconds: float                 # from the trainer's construction to the end of the steps
+    setup_s: float                 # of which: building the trainer
+    data_note: str                 # where the data came from (ensure_data)
+    run_dir: Path
+    peaks: Any                     # cpu_memory.TensorPeaks on the CPU; None on CUDA
+
+
+def run_two_steps(cfg: Config, workdir: Path, cuda: bool, make_trainer: Callable, label: str,
+                  on_built: Callable = lambda trainer: None) -> TwoSteps | Row:
+    """The trial's run, for `train` and `sft` alike: data and preflight as the command has them,
+    then make_trainer(cfg, run_dir) trained for STEPS steps (on the CPU under the tensor tracker);
+    on_built(trainer) runs before the steps. A Row when it could not start or build."""
     run_dir = workdir / "run"
     try:
         data_note = ensure_data(cfg, workdir)
         from tinyrl.preflight import preflight
 
-        preflight(cfg, run_dir)  # as `train`: on CUDA the plan fills the micro-batch budgets
+        preflight(cfg, run_dir)  # as the command: on CUDA the plan fills the micro-batch budgets
     except TinyRLError as exc:
-        return [Row("two-step run", "fail", f"not started: {exc.message}", fix=exc.hint, basis="measured")]
+        return Row("two-step run", "fail", f"not started: {exc.message}", fix=exc.hint, basis="measured")
     _import_heavy(cfg)  # code loaded once is not the run's memory (nor its first step's time)
     from tinyrl.doctor.cpu_memory import TensorPeaks, measuring
 
     peaks = None if cuda else TensorPeaks()
     started = time.perf_counter()
-    trainer, history, error = None, [], None
-    setup_s, sleeps = 0.0, {"sleep": [], "wake": [], "freed": []}
+    trainer, history, error, setup_s = None, [], None, 0.0
     try:
-        from tinyrl.trainer import Trainer
-
-        trainer = Trainer(cfg, run_dir)
+        trainer = make_trainer(cfg, run_dir)
         setup_s = time.perf_counter() - started
-        sleeps = _time_sleep_wake(trainer.engine, cuda)
+        on_built(trainer)
         if peaks is not None:
             peaks.attach(trainer)
         with measuring(peaks):
             history = trainer.train(STEPS)
     except Exception as exc:  # noqa: BLE001  (any failure is the finding; the doctor goes on)
         error = exc
-    seconds = time.perf_counter() - started
     if trainer is None:
-        return [_error_row("two-step run", error, "the trainer could not be built")]
-    try:
-        rows.append(_run_row(cfg, trainer, history, error, seconds, setup_s, data_note))
-        rows.append(cpu_load_row(trainer.device.type, [h["timing/step"] for h in history]))
-        rows.append(_sleep_row(trainer.engine, sleeps, cuda))
-        rows.append(_parity_row(cfg, history, error, trainer.notices))
-        rows.append(sync_row(trainer))
-        rows.append(_nonfinite_row(history))
-        if peaks is None:
-            rows += memory_rows(cfg, run_dir)
-        else:
-            from tinyrl.doctor.cpu_memory import cpu_memory_rows
+        return _error_row("two-step run", error, f"the {label} could not be built")
+    return TwoSteps(trainer, history, error, time.perf_counter() - started, setup_s, data_note, run_dir, peaks)
 
-            rows += cpu_memory_rows(cfg, peaks, _dtype_name(trainer.models.dtype))
+
+def step_memory_rows(cfg: Config, ran: TwoSteps) -> list[Row]:
+    """Each planned phase's measured memory against the plan: CUDA's allocator peaks, or the CPU's
+    live tensors against the simulation of the same micro-batches."""
+    if ran.peaks is None:
+        return memory_rows(cfg, ran.run_dir)
+    from tinyrl.doctor.cpu_memory import cpu_memory_rows
+
+    return cpu_memory_rows(cfg, ran.peaks, _dtype_name(ran.trainer.models.dtype))
+
+
+def _trial(cfg: Config, workdir: Path, cuda: bool) -> list[Row]:
+    from tinyrl.trainer import Trainer
+
+    sleeps = {"sleep": [], "wake": [], "freed": []}
+    ran = run_two_steps(cfg, workdir, cuda, Trainer, "trainer",
+                        on_built=lambda trainer: sleeps.update(_time_sleep_wake(trainer.engine, cuda)))
+    if isinstance(ran, Row):
+        return [ran]
+    trainer, history = ran.trainer, ran.history
+    try:
+        return [_run_row(cfg, trainer, history, ran.error, ran.seconds, ran.setup_s, ran.data_note),
+                cpu_load_row(trainer.device.type, [h["timing/step"] for h in history]),
+                _sleep_row(trainer.engine, sleeps, cuda),
+                _parity_row(cfg, history, ran.error, trainer.notices),
+                sync_row(trainer),
+                _nonfinite_row(history),
+                *step_memory_rows(cfg, ran)]
     finally:
         trainer.engine.close()
-    return rows
 
 
 def _import_heavy(cfg: Config) -> None:
