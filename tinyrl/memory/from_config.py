@@ -45,6 +45,13 @@ def role_flags(cfg: Config) -> dict[str, bool]:
     return {"critic": Role.CRITIC in roles, "reference": Role.REFERENCE in roles}
 
 
+def step_flags(cfg: Config) -> dict[str, bool]:
+    """simulate.Step's flags for this config's step, as build_plan takes them: the roles, whether
+    the actor's pass computes PPO's entropy (an SFT step's does not), and whether it is SFT's."""
+    sft = cfg.command == "sft"
+    return {**role_flags(cfg), "with_entropy": not sft, "sft": sft}
+
+
 def planned_phases(cfg: Config) -> list[str]:
     """The phases build_plan plans for this config, in a step's order: an SFT step's update and
     validation forward; an RL step's rollout, forward, actor update and, with a critic, its update."""
@@ -81,17 +88,17 @@ def plan_for_config(cfg: Config, gpu: GPU, *, simulate: bool = True,
     if budget_bytes is None and cfg.trainer.memory_budget_gib > 0:
         budget_bytes = int(cfg.trainer.memory_budget_gib * GiB)
     prompt_len, response_len = row_shape(cfg)
-    sft = cfg.command == "sft"
+    flags = step_flags(cfg)
+    sft = flags["sft"]
     return build_plan(
         load_spec(m.name), gpu=gpu, model=m.name, prompt_len=prompt_len, response_len=response_len,
         prompts_per_step=cfg.trainer.train_batch_size, rollout_n=1 if sft else cfg.rollout.n,
-        mini_batch_prompts=0 if sft else cfg.actor.ppo_mini_batch_size, **role_flags(cfg),
+        mini_batch_prompts=0 if sft else cfg.actor.ppo_mini_batch_size, **flags,
         finetune=m.finetune, lora_rank=m.lora_rank, lora_targets=tuple(m.lora_targets),
         quantize=None if m.quantize == "none" else m.quantize,
         gradient_checkpointing=m.gradient_checkpointing, logprob_chunk=m.logprob_chunk,
-        engine=_engine(cfg), with_entropy=not sft, budget_bytes=budget_bytes, simulate=simulate,
-        multi_turn=not sft and bool(get_task(cfg.task.name).tools),  # a task with tools: episodes of turns
-        sft=sft)
+        engine=_engine(cfg), budget_bytes=budget_bytes, simulate=simulate,
+        multi_turn=not sft and bool(get_task(cfg.task.name).tools))  # a task with tools: episodes of turns
 
 
 # ------------------------------------------------------------------------------- settings
@@ -106,7 +113,7 @@ def apply_plan(cfg: Config, plan: MemoryPlan) -> list[str]:
                  _budget(plan, "critic_update"), "tokens"),
                 ("actor.forward_micro_batch_tokens", cfg.actor, "forward_micro_batch_tokens",
                  _budget(plan, "forward"), "tokens")]
-    if _engine(cfg) == "vllm" and cfg.command != "sft":
+    if _engine(cfg) == "vllm":
         settings += [("rollout.vllm.gpu_memory_utilization", cfg.rollout.vllm, "gpu_memory_utilization",
                       plan.vllm_gpu_memory_utilization, "of the card"),
                      ("rollout.vllm.max_num_seqs", cfg.rollout.vllm, "max_num_seqs",
@@ -294,10 +301,9 @@ def parse_size(text: str) -> int:
 def _step(cfg: Config, phase: str, dtype: str):
     from tinyrl.memory.simulate import Step
 
-    m, sft = cfg.model, cfg.command == "sft"
+    m = cfg.model
     return Step(phase, 1, row_width(cfg), row_shape(cfg)[1], m.finetune, m.lora_rank,
-                tuple(m.lora_targets), m.gradient_checkpointing, dtype, m.logprob_chunk, not sft, **role_flags(cfg),
-                sft=sft)
+                tuple(m.lora_targets), m.gradient_checkpointing, dtype, m.logprob_chunk, **step_flags(cfg))
 
 
 def _resident_bytes(spec: dict, cfg: Config, dtype_bytes: int) -> int:

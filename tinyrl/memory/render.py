@@ -49,7 +49,7 @@ def render_plan(cfg: Config, plan: MemoryPlan, path: Path, out_path: Path | None
     for name, ph in plan.phases.items():
         if name in TRAINING_PHASES:
             chosen.add_row(name, str(ph.micro_batch), f"{ph.token_budget:,}")
-    if plan.vllm_gpu_memory_utilization and "rollout" in plan.phases:
+    if plan.vllm_gpu_memory_utilization:
         chosen.add_row("rollout (vLLM)", f"{plan.vllm_max_num_seqs} at once",
                        f"gpu_memory_utilization {plan.vllm_gpu_memory_utilization:.2f}")
     parts = [head, table, chosen]
