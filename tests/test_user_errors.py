@@ -119,7 +119,7 @@ def test_write_check_reports_the_os_reason(tmp_path, monkeypatch):
     """Where no filesystem can be mounted: the same check, with the OS's answer given to it."""
     import tempfile
 
-    from tinyrl.preflight import check_writable
+    from tinyrl.writable import check_writable
 
     check_writable(tmp_path / "a" / "b")  # a writable place passes and leaves nothing behind
     assert list(tmp_path.iterdir()) == []
@@ -130,6 +130,61 @@ def test_write_check_reports_the_os_reason(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "mkstemp", refuse)
     with pytest.raises(TinyRLError, match="a read-only filesystem"):
         check_writable(tmp_path / "run")
+
+
+# ------------------------------------------------------------------ --out of the other commands
+
+def _fake_run(where: Path) -> Path:
+    """A run directory as far as the --out checks look (config.json, one metrics line)."""
+    where.mkdir()
+    (where / "config.json").write_text(json.dumps(load_config("countdown-tiny").to_dict()))
+    (where / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.1}\n')
+    return where
+
+
+# command -> (its arguments before --out, what the error says was not done). {run}: a run
+# directory, {src}: a problem/answer table. Until 2026-11-26 each ended in a traceback (exit 1),
+# eval after its whole evaluation.
+DIRECTORY_OUTS = {
+    "data countdown": (["data", "countdown", "--train-size", "8", "--test-size", "4"], "nothing was written"),
+    "data arith": (["data", "arith", "--train-size", "8", "--test-size", "4"], "nothing was written"),
+    "data math": (["data", "math", "--from", "{src}"], "nothing was read or written"),
+    "data retool": (["data", "retool", "--from", "{src}"], "nothing was read or written"),
+    "eval": (["eval", "{run}", "--data", str(TEST_DATA), "--n", "0"], "nothing was evaluated"),
+    "report": (["report", "{run}"], "nothing was written"),
+    "export": (["export", "{run}"], "nothing was written"),
+}
+
+
+@pytest.mark.parametrize("command", DIRECTORY_OUTS)
+def test_an_out_inside_a_file_is_exit_2_before_the_work(tmp_path, command):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine")
+    run = _fake_run(tmp_path / "run")
+    src = tmp_path / "problems.parquet"
+    pd.DataFrame({"problem": ["What is 2 + 3?"], "answer": ["5"]}).to_parquet(src)
+    args, lost = DIRECTORY_OUTS[command]
+    inside = command in ("data math", "eval", "export", "data countdown")  # the others: --out the file itself
+    out = mine / "out" if inside else mine
+    text = one_screen(tinyrl(*[a.format(run=run, src=src) for a in args], "--out", str(out)))
+    said = f"--out {out} is inside {mine}, which is a file" if inside else f"--out {out} is a file, not a directory"
+    assert said in text and lost in text, text
+    assert mine.read_text() == "mine" and sorted(p.name for p in run.iterdir()) == ["config.json", "metrics.jsonl"]
+
+
+@pytest.mark.parametrize("command", ["probe-memory", "doctor"])
+def test_a_file_out_that_cannot_be_written_is_exit_2_before_the_work(tmp_path, command):
+    """probe-memory --out PLAN and doctor --out REPORT write a file: a directory there, or a
+    file where its folder should be, is said before the plan or the two steps."""
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine")
+    lost = {"probe-memory": "nothing was planned", "doctor": "no check was run"}[command]
+    base = [command, "--preset", "countdown-tiny"]
+    text = one_screen(tinyrl(*base, "--out", str(mine / "plan.json")))
+    assert f"--out {mine / 'plan.json'}: {mine} is a file, not a directory; {lost}" in text, text
+    text = one_screen(tinyrl(*base, "--out", str(tmp_path)))
+    assert f"--out {tmp_path} is a directory; {lost}" in text, text
+    assert mine.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 # ------------------------------------------------------------------ tinyrl eval

@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tinyrl.errors import TinyRLError
+from tinyrl.writable import check_file_target, make_dir
 
 app = typer.Typer(
     help="RL for language models (PPO with a critic, GRPO) on ONE GPU: Countdown, then maths.\n\n"
@@ -295,6 +296,8 @@ def probe_memory(
     from tinyrl.memory import render
 
     cfg = load_config(preset, overrides)
+    if plan_out is not None:  # said now, not after the plan
+        check_file_target(plan_out, lost="nothing was planned", example="plan.json")
     mode = mp.choose_mode(simulate, device, memory_limit, torch.cuda.is_available())
     if mode == "cpu":
         with err.status(f"CPU probe of {cfg.model.name}: real passes under a {memory_limit} ceiling ..."):
@@ -476,6 +479,8 @@ def doctor_cmd(
     if bench and bench_steps < 3:
         raise TinyRLError(f"--bench-steps {bench_steps}: the bench needs at least 3 (one warm-up, two timed)",
                           hint="e.g. --bench-steps 3")
+    if out_file is not None:  # said now, not after the two steps
+        check_file_target(out_file, lost="no check was run", example="doctor.json")
     _log_to_stderr()
     with err.status("tinyrl doctor ...") as status:
         report = run_doctor(preset, overrides, bench=bench, bench_steps=bench_steps,
@@ -484,7 +489,7 @@ def doctor_cmd(
     if out_file is not None:  # the file the user named (a re-run replaces its last report), written whole
         from tinyrl.jsonl import write_atomic
 
-        out_file.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(out_file.parent)
         write_atomic(out_file, text + "\n")
     if as_json:
         print(text)

@@ -21,6 +21,7 @@ from tinyrl.errors import TinyRLError
 from tinyrl.eval_metrics import summarize
 from tinyrl.rollout.base import SamplingSettings, response_texts
 from tinyrl.rollout.transcript import transcript
+from tinyrl.writable import check_writable, make_dir
 
 CHUNK_PROMPTS = 16  # prompts per generate() call: the progress bar moves, memory stays flat
 
@@ -195,6 +196,7 @@ def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: i
     out = out_dir or (Path(target) / "eval" if run else Path("eval") / Path(target).name)
     if (out / "eval.json").exists():  # said before a run's checkpoint is merged and a model loaded
         raise TinyRLError(f"{out / 'eval.json'} exists; nothing was changed", hint="give another --out directory")
+    check_writable(out, lost="nothing was evaluated", example="eval/mine")  # not after the evaluation
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     engine = engine if engine != "auto" else ("vllm" if device.type == "cuda" else "hf")
     with tempfile.TemporaryDirectory(prefix="tinyrl-eval-") as tmp:
@@ -245,7 +247,7 @@ def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: i
                            seed, progress, tool_rollout)
         finally:
             eng.close()
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out, example="eval/mine")
     with open(out / "eval_samples.jsonl", "w") as f:
         for r in results:
             for s in r.samples:

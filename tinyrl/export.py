@@ -17,6 +17,7 @@ import torch
 from tinyrl import checkpoint as ckpt
 from tinyrl.config import config_from_dict
 from tinyrl.errors import TinyRLError
+from tinyrl.writable import check_writable
 
 
 def check_out_dir(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
@@ -26,9 +27,7 @@ def check_out_dir(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
         raise TinyRLError(f"--out {out_dir} is the run directory itself: the export would overwrite the "
                           "run's config.json; nothing was written",
                           hint=f"choose another directory, e.g. --out {run_dir / 'export'}")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise TinyRLError(f"--out {out_dir} is a file, not a directory; nothing was written",
-                          hint="choose a new directory")
+    check_writable(out_dir, lost="nothing was written", example="exported-actor")  # a file, inside one, read-only
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
         raise TinyRLError(f"--out {out_dir} is not empty; nothing was written",
                           hint="choose a new or empty directory, or add --overwrite to write the model "

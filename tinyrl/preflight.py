@@ -22,6 +22,7 @@ from tinyrl.errors import TinyRLError
 from tinyrl.hardware import GPU, check_arch_supported, detect_gpu, nvidia_driver_version, why_no_cuda
 from tinyrl.memory import formulas as fm
 from tinyrl.memory import from_config as mp
+from tinyrl.writable import check_writable, nearest_existing
 
 GiB = fm.GiB
 MiB = fm.MiB
@@ -71,38 +72,7 @@ def _card(cfg: Config) -> GPU | None:
 
 def free_disk_bytes(path: Path) -> int:
     """Free bytes in the filesystem that `path` is, or will be, created in."""
-    return shutil.disk_usage(_existing(path)).free
-
-
-def _existing(path: Path) -> Path:
-    path = path.expanduser().absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-def check_writable(run_dir: Path) -> None:
-    """The run directory is (or can be made) a directory this process can write in: --out an
-    existing file, or a read-only disk, used to fail only after the model had loaded. Tried
-    for real (a file made and removed in the nearest existing directory): permission bits
-    do not stop root, and a read-only mount is only seen by a write (or access(2))."""
-    import errno
-    import os
-    import tempfile
-
-    where = _existing(run_dir)
-    if not where.is_dir():
-        what = "is a file" if where == run_dir.expanduser().absolute() else f"is inside {where}, which is a file"
-        raise TinyRLError(f"--out {run_dir} {what}, not a directory; nothing was loaded or written",
-                          hint="give --out a directory (new or a run's), e.g. --out runs/my-run")
-    try:
-        handle, probe = tempfile.mkstemp(prefix=".tinyrl-write-check-", dir=where)
-    except OSError as exc:
-        why = "a read-only filesystem" if exc.errno == errno.EROFS else (exc.strerror or str(exc))
-        raise TinyRLError(f"--out {run_dir}: cannot write in {where} ({why}); nothing was loaded or written",
-                          hint="give --out a directory on a writable disk (e.g. under your home or /tmp)") from exc
-    os.close(handle)
-    os.unlink(probe)
+    return shutil.disk_usage(nearest_existing(path)).free
 
 
 def checkpoint_bytes(cfg: Config, cuda: bool) -> int:
@@ -137,10 +107,10 @@ def check_disk(cfg: Config, run_dir: Path, cuda: bool) -> list[str]:
         load_spec(cfg.model.name)
     except TinyRLError:  # a model we ship no config for: its size is known once it loads
         return [f"disk: no config for {cfg.model.name} here, so checkpoint sizes were not checked"]
-    need = {_existing(run_dir): CHECKPOINTS_NEEDED * checkpoint_bytes(cfg, cuda) + RUN_LOGS_BYTES}
+    need = {nearest_existing(run_dir): CHECKPOINTS_NEEDED * checkpoint_bytes(cfg, cuda) + RUN_LOGS_BYTES}
     data = resolve_path(cfg.data.train_path)
     if not data.exists():  # generated on first use
-        where = _existing(data)
+        where = nearest_existing(data)
         fs = next((p for p in need if p.stat().st_dev == where.stat().st_dev), where)
         need[fs] = need.get(fs, 0) + cfg.data.generate_train_size * DATA_BYTES_PER_ROW
     for where, needed in need.items():

@@ -24,6 +24,7 @@ from tinyrl.dashboard import PHASES, TOOL_METRICS, memory_label, val_files, val_
 from tinyrl.errors import TinyRLError
 from tinyrl.jsonl import read_records
 from tinyrl.memory import versus
+from tinyrl.writable import make_dir
 
 GIB = 1024**3
 # What val/score is (trainer.validate): the task's "solved" share of greedy completions of the
@@ -441,8 +442,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
     notes: list[str] = []
     recs = load_metrics(run_dir, notes)
     matplotlib, Figure = _figure_module()
-    out = Path(out_dir) if out_dir is not None else run_dir / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_dir(Path(out_dir) if out_dir is not None else run_dir / "report", example="report")
 
     written, skipped = [], []
     other_kind = RL_ONLY if series(recs, "sft/loss")[0] else SFT_ONLY

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 from tinyrl.errors import TinyRLError
-from tinyrl.preflight import check_writable
+from tinyrl.writable import check_writable
 
 LOCK_FILE = ".tinyrl.lock"
 RUN_FILE = "run.json"

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from tinyrl.data.templates import countdown_prompt, countdown_response
 from tinyrl.errors import TinyRLError
+from tinyrl.writable import make_dir
 
 MIN_NUMBER, MAX_NUMBER, MAX_TARGET = 1, 100, 1000
 # Tasks are built in memory (~0.5 KB each with the prompt) before writing: 4M rows per split is
@@ -139,11 +140,7 @@ def generate_countdown(out_dir: str | Path, train_size: int, test_size: int, see
             raise TinyRLError(f"{name} must be an integer from 1 to {MAX_ROWS:,}, got {size!r}",
                               hint="TinyZero uses train_size=327680, test_size=1024")
     countdown_prompt([1, 2, 3], 6, template)  # unknown template: fail before any work
-    out = Path(out_dir).expanduser()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TinyRLError(f"cannot create {out}: {e}", hint="choose a writable output directory") from e
+    out = make_dir(Path(out_dir).expanduser())
     paths = out / "train.parquet", out / "test.parquet"
     with _progress_bar(progress) as bar:
         job = bar.add_task("countdown tasks", total=train_size + test_size) if bar else None

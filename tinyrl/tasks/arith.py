@@ -41,6 +41,7 @@ import typer
 from tinyrl.errors import TinyRLError
 from tinyrl.rollout.hermes import final_turn
 from tinyrl.tasks.base import RewardFn, Task
+from tinyrl.writable import make_dir
 
 TOOLS = ("code_interpreter",)
 MIN_NUMBER, MAX_NUMBER = 10, 99      # two-digit factors: a remainder the tiny model cannot compute
@@ -194,11 +195,7 @@ def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: 
         if not 0.0 <= share <= 1.0:
             raise TinyRLError(f"{flag} {share} is not a share from 0 to 1",
                               hint=f"e.g. {flag} 0.3: 30% of the SFT rows")
-    out = Path(out_dir).expanduser()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TinyRLError(f"cannot create {out}: {e}", hint="choose a writable output directory") from e
+    out = make_dir(Path(out_dir).expanduser())
     test = _pairs(random.Random(f"tinyrl-arith:{seed}:test"), test_size, set())
     train = _pairs(random.Random(f"tinyrl-arith:{seed}:train"), train_size, set(test))
     paths = out / "train.parquet", out / "test.parquet"

@@ -24,6 +24,7 @@ import typer
 
 from tinyrl.errors import TinyRLError
 from tinyrl.tasks.base import RewardFn, Task
+from tinyrl.writable import check_writable, make_dir
 
 ANSWER_FORMATS = ("auto", "dapo", "boxed")
 TEMPLATES = {
@@ -140,7 +141,7 @@ def write_rows(rows: list[tuple[str, str]], path: Path, template: str, split: st
         "extra_info": pa.StructArray.from_arrays([pa.array([split] * n), pa.array(range(n), pa.int64())],
                                                  ["split", "index"]),
     })
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     try:
         pq.write_table(table, path)
     except OSError as e:
@@ -269,7 +270,7 @@ def convert(source: str, out_dir: Path, template: str, name: str | None = None,
         path = Path(out_dir).expanduser() / f"{name or default_name}.parquet"
         if path.exists():
             raise TinyRLError(f"{path} already exists; nothing was written", hint="choose another --out or --name")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(path.parent)
         frame.to_parquet(path, index=False)
         return path, len(frame)
     rows = problem_rows(frame, source, problem_key, answer_key)
@@ -295,6 +296,7 @@ def data_command(
     """Convert a maths table into verl's parquet (DAPO-Math-17k's schema), or generate problems."""
     from rich.console import Console
 
+    check_writable(out_dir, lost="nothing was read or written", example="data/math")  # before a download
     if source is None:
         train, test = generate(out_dir, train_size, test_size, seed=seed, template=template)
         Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")

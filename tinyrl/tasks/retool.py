@@ -35,6 +35,7 @@ from tinyrl.errors import TinyRLError
 from tinyrl.rollout.hermes import final_turn
 from tinyrl.tasks import math as maths
 from tinyrl.tasks.base import RewardFn, Task
+from tinyrl.writable import check_writable, make_dir
 
 TOOLS = ("code_interpreter",)
 SYSTEM_PROMPT = (
@@ -245,7 +246,7 @@ def _write(table: Any, path: Path) -> None:
 
     if path.exists():
         raise TinyRLError(f"{path} already exists; nothing was written", hint="choose another --out or --name")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     try:
         pq.write_table(table, path)
     except OSError as e:
@@ -271,6 +272,7 @@ def data_command(
     """Convert ReTool-SFT traces (--sft) or maths problems (DAPO-Math-17k, AIME, ...) for the retool task."""
     from rich.console import Console
 
+    check_writable(out_dir, lost="nothing was read or written", example="data/retool")  # before a download
     if source is None:
         if sft:
             raise TinyRLError("--sft converts ReTool-SFT traces and needs --from", hint="e.g. --from hf:JoeYing/ReTool-SFT")

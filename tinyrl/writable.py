@@ -1,0 +1,71 @@
+"""Where a command writes, checked before its work.
+
+An `--out` that is a file, lies inside a file, or sits on a read-only disk is said at once, exit 2
+with what to set: until 2026-11-26 seven commands (`eval`, `report`, `export`, `data math`,
+`data retool`, `probe-memory --out`, `doctor --out`) ended in a traceback there, `eval` after
+its whole evaluation, `probe-memory` after its plan, `doctor` after its two steps.
+
+Tried for real (a file made and removed in the nearest existing directory): permission bits do
+not stop root, and a read-only mount is only seen by a write (or access(2)).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+
+from tinyrl.errors import TinyRLError
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path` itself, or the closest folder above it that exists (where a mkdir would start)."""
+    path = path.expanduser().absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_writable(path: Path, flag: str = "--out", lost: str = "nothing was loaded or written",
+                   example: str = "runs/my-run") -> None:
+    """`path` is (or can be made) a directory this process can write in; creates nothing.
+    `lost` says what did not happen (the work the check saved), `example` a directory to give."""
+    where = nearest_existing(path)
+    if not where.is_dir():
+        what = "is a file" if where == path.expanduser().absolute() else f"is inside {where}, which is a file"
+        raise TinyRLError(f"{flag} {path} {what}, not a directory; {lost}",
+                          hint=f"give {flag} a directory, e.g. {flag} {example}")
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".tinyrl-write-check-", dir=where)
+    except OSError as exc:
+        why = "a read-only filesystem" if exc.errno == errno.EROFS else (exc.strerror or str(exc))
+        raise TinyRLError(f"{flag} {path}: cannot write in {where} ({why}); {lost}",
+                          hint=f"give {flag} a directory on a writable disk (e.g. under your home or /tmp)") from exc
+    os.close(handle)
+    os.unlink(probe)
+
+
+def check_file_target(path: Path, flag: str = "--out", lost: str = "nothing was written",
+                      example: str = "report.json") -> None:
+    """`path` can be written as a file: not a directory, and its folder can be made and written."""
+    path = path.expanduser()
+    if path.is_dir():
+        raise TinyRLError(f"{flag} {path} is a directory; {lost}",
+                          hint=f"give {flag} a file path, e.g. {flag} {path / example}")
+    where = nearest_existing(path.parent)
+    if not where.is_dir():
+        raise TinyRLError(f"{flag} {path}: {where} is a file, not a directory; {lost}",
+                          hint=f"give {flag} a file path in a directory, e.g. {flag} {example}")
+    check_writable(path.parent, flag, lost, example)  # a read-only disk
+
+
+def make_dir(path: Path, flag: str = "--out", example: str = "data/mine") -> Path:
+    """check_writable, then the directory made (with its parents); -> path."""
+    check_writable(path, flag, "nothing was written", example)
+    try:
+        path.expanduser().mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # made into a file, or the disk filled, since the check
+        raise TinyRLError(f"cannot create {flag} {path}: {exc.strerror or exc}; nothing was written",
+                          hint=f"give {flag} a writable directory, e.g. {flag} {example}") from exc
+    return path
