@@ -43,10 +43,14 @@ def test_load_spec_accepts_hf_ids_instruct_and_local_dirs(tmp_path):
     assert load_spec(str(tmp_path)) == cfg
 
 
-def test_unknown_model_says_what_is_shipped():
+def test_unknown_model_says_what_is_shipped(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # no 20 s of retries: tests have no network
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(TinyRLError) as err:
         load_spec("meta-llama/Llama-3-8B")
-    assert "qwen2.5-3b" in err.value.hint
+    assert "HF_HUB_OFFLINE is set" in err.value.message and "qwen2.5-3b" in err.value.hint
 
 
 def test_tiny_model_spec_is_not_built_on_a_lookup(tmp_path, monkeypatch):

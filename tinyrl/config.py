@@ -639,14 +639,14 @@ def _length_problems(cfg: Config) -> list[str]:
 
 def _max_positions(name: str) -> int | None:
     """The model's context length from its shipped or local config; None when unknown here
-    (an HF id we ship no config for is checked when the model loads)."""
+    (an HF id neither shipped nor in the Hugging Face cache is checked when the model loads)."""
     from tinyrl import model_specs  # local: keeps `tinyrl --help` fast
     from tinyrl.tiny_model import TINY_MODEL_NAME
 
     if name == TINY_MODEL_NAME:
         return 2048  # its recipe's max_position_embeddings; checked without building it
     try:
-        spec = model_specs.load_spec(name)
+        spec = model_specs.load_spec(name, download=False)  # validation never waits on the network
     except TinyRLError:
         return None
     return spec.get("max_position_embeddings")

@@ -1,4 +1,5 @@
-"""Model configs that ship with tinyrl, so memory plans and cost estimates work offline.
+"""Model configs: shipped with tinyrl, so memory plans and cost estimates work offline, or any
+other Hugging Face id's config.json from the Hugging Face cache or downloaded (that file alone).
 
 The JSON files are the config.json of the Hugging Face checkpoints Qwen/Qwen2.5-{0.5B,1.5B,3B,7B}
 (the -Instruct variants share the architecture). Knows: shapes and parameter counts of
@@ -29,11 +30,12 @@ def _shipped_key(name: str) -> str:
     return re.sub(r"-instruct$", "", base)
 
 
-def load_spec(name_or_path: str, build: bool = True) -> dict:
-    """The config dict of a model: a shipped HF id, a local dir with config.json, or the tiny model.
+def load_spec(name_or_path: str, build: bool = True, download: bool = True) -> dict:
+    """The config dict of a model: a local dir with config.json, the tiny model, a shipped HF id,
+    or another HF id's config.json from the Hugging Face cache, else downloaded (`download`).
 
     `build=False` never builds the tiny model (which takes seconds): then its spec is only
-    returned if it was built before, else TinyRLError.
+    returned if it was built before, else TinyRLError. `download=False` never goes to the network.
     """
     path = Path(name_or_path).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
@@ -43,11 +45,62 @@ def load_spec(name_or_path: str, build: bool = True) -> dict:
     key = _shipped_key(name_or_path)
     if key in shipped_names():
         return _read_json(resources.files(__package__) / f"{key}.json")
-    raise TinyRLError(
-        f"no model config for {name_or_path!r}: not a directory with config.json, and not shipped",
-        hint="use a local model directory (with config.json), or one of: "
-        + ", ".join(shipped_names()) + f", {TINY_MODEL_NAME}",
-    )
+    shipped = ", ".join(shipped_names()) + f", {TINY_MODEL_NAME}"
+    if not _looks_like_hub_id(name_or_path):
+        raise TinyRLError(f"no model config for {name_or_path!r}: not a directory with config.json",
+                          hint=f"give model.name a model directory (with config.json), a Hugging Face id "
+                               f"(org/name), or one of: {shipped}")
+    return _hub_spec(name_or_path.strip(), download, shipped)
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    """org/name (huggingface_hub validates the rest): not a path that starts at / . or ~."""
+    name = name.strip()
+    return name.count("/") == 1 and not name.startswith(("/", ".", "~")) and all(name.split("/"))
+
+
+# A failed download, said once per process: the plan and the price read a spec many times, and
+# without a network each try costs huggingface_hub's ~20 s of retries.
+_hub_failures: dict[str, TinyRLError] = {}
+
+
+def _hub_spec(name: str, download: bool, shipped: str) -> dict:
+    """config.json of a Hugging Face id: the cache first (offline, and no request once fetched),
+    then a download of that one file (a gated model needs the user's token: `hf auth login`)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError  # not an OSError in huggingface_hub 1.x/2.x
+
+    try:
+        return _read_json(Path(hf_hub_download(name, "config.json", local_files_only=True)))
+    except (OSError, EntryNotFoundError, ValueError) as cached_miss:
+        reason = cached_miss
+    if download and name not in _hub_failures:
+        try:
+            return _read_json(Path(hf_hub_download(name, "config.json")))
+        except (OSError, EntryNotFoundError, ValueError) as exc:
+            _hub_failures[name] = TinyRLError(
+                f"no model config for {name!r}: not shipped with tinyrl, not in the Hugging Face cache, "
+                f"and its config.json could not be downloaded ({_why(exc)})",
+                hint="check model.name (org/name as on huggingface.co) and the network (a gated model needs "
+                     f"`hf auth login`); offline, fetch it where there is a network (`hf download {name} "
+                     f"config.json`) or give model.name a local model directory; shipped: {shipped}")
+    if name in _hub_failures:
+        raise _hub_failures[name]
+    raise TinyRLError(f"no model config for {name!r}: not shipped with tinyrl and not in the Hugging Face "
+                      f"cache ({type(reason).__name__})",
+                      hint=f"run a command that plans or prices it once with a network (`tinyrl estimate-cost "
+                           f"--set model.name={name}`), fetch it (`hf download {name} config.json`), or give "
+                           f"model.name a local model directory; shipped: {shipped}")
+
+
+def _why(exc: Exception) -> str:
+    """huggingface_hub's reason, its first sentence (its messages run to several lines)."""
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode():
+        return "HF_HUB_OFFLINE is set"
+    first = " ".join(str(exc).split()).split(". ")[0]
+    return f"{type(exc).__name__}: " + (first if len(first) <= 160 else first[:157].rsplit(" ", 1)[0] + " ...")
 
 
 def _tiny_spec(build: bool) -> dict:

@@ -1,0 +1,143 @@
+"""A Hugging Face id tinyrl ships no config for (Qwen2.5-Math-1.5B, a fine-tune of a shipped
+size, ...) is planned and priced from its own config.json: from the Hugging Face cache, else
+downloaded (that file alone). Until 2026-11-26 every such id was refused by probe-memory,
+estimate-cost and, on a card, by `train`'s memory plan ("not shipped").
+
+The download runs huggingface_hub's real code against a local stand-in for the Hub
+(HF_ENDPOINT, a small HTTP server answering HEAD and GET of resolve/main/config.json as the Hub
+does); the real Hub was not reached (this machine has no network)."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tinyrl.errors import TinyRLError
+from tinyrl.model_specs import load_spec
+
+REPO = "someone/Qwen2.5-Math-1.5B-half"
+SHIPPED = Path(__file__).resolve().parent.parent / "tinyrl" / "model_specs" / "qwen2.5-1.5b.json"
+
+
+def served_config() -> dict:
+    """A shape no shipped spec has (the 1.5B at half depth), so its figures are its own."""
+    return {**json.loads(SHIPPED.read_text()), "num_hidden_layers": 14}
+
+
+class FakeHub:
+    """GET/HEAD {endpoint}/REPO/resolve/main/config.json with the headers huggingface_hub reads
+    (X-Repo-Commit, ETag, Content-Length); anything else 404 (EntryNotFound)."""
+
+    def __init__(self, body: bytes):
+        hub = self
+        self.requests: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def answer(self) -> bool:
+                hub.requests.append(f"{self.command} {self.path}")
+                found = self.path == f"/{REPO}/resolve/main/config.json"
+                self.send_response(200 if found else 404)
+                if found:
+                    self.send_header("X-Repo-Commit", "c" * 40)
+                    self.send_header("ETag", f'"{hashlib.sha256(body).hexdigest()}"')
+                else:
+                    self.send_header("X-Error-Code", "EntryNotFound")
+                self.send_header("Content-Length", str(len(body) if found else 0))
+                self.end_headers()
+                return found
+
+            def do_HEAD(self):
+                self.answer()
+
+            def do_GET(self):
+                if self.answer():
+                    self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def config_requests(self) -> list[str]:
+        return [r for r in self.requests if "config.json" in r]
+
+
+@pytest.fixture
+def hub():
+    fake = FakeHub(json.dumps(served_config()).encode())
+    yield fake
+    fake.server.shutdown()
+
+
+def price(model: str, cache: Path, endpoint: str | None, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HUB_CACHE=str(cache), COLUMNS="160", **({"HF_ENDPOINT": endpoint} if endpoint else
+                                                             {"HF_HUB_OFFLINE": "1"}))
+    return subprocess.run([sys.executable, "-m", "tinyrl.cli", "estimate-cost", "--preset", "countdown-4090",
+                           "--set", f"model.name={model}", "--prompts-per-epoch", "1024", "--json"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
+
+
+def test_an_unshipped_hub_model_is_priced_from_its_downloaded_config_then_from_the_cache(tmp_path, hub):
+    cache = tmp_path / "hf"
+    local = tmp_path / "local-model"  # the same config.json as a model directory: the reference
+    local.mkdir()
+    (local / "config.json").write_text(json.dumps(served_config()))
+    want = json.loads(price(str(local), cache, None, tmp_path).stdout)["sec_per_step"]
+    shipped = json.loads(price("Qwen/Qwen2.5-1.5B", cache, None, tmp_path).stdout)["sec_per_step"]
+    assert want < 0.75 * shipped  # half the layers: the served shape, not a shipped one, is priced
+
+    done = price(REPO, cache, hub.endpoint, tmp_path)  # not cached: downloaded
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["sec_per_step"] == want
+    assert hub.config_requests() == [f"HEAD /{REPO}/resolve/main/config.json",
+                                      f"GET /{REPO}/resolve/main/config.json"]
+    assert [p.name for p in (cache / f"models--{REPO.replace('/', '--')}" / "snapshots").glob("*/*")] \
+        == ["config.json"]  # that file alone, in the Hugging Face cache
+
+    for endpoint in (hub.endpoint, None):  # online: no request once cached; offline (HF_HUB_OFFLINE=1) too
+        again = price(REPO, cache, endpoint, tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["sec_per_step"] == want
+    assert len(hub.config_requests()) == 2
+
+
+def test_an_id_that_cannot_be_found_is_one_screen_naming_why_and_what_to_do(tmp_path, hub):
+    done = price("someone/no-such-model", tmp_path / "hf", hub.endpoint, tmp_path)
+    text = " ".join(done.stderr.replace("│", " ").split())
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "no model config for 'someone/no-such-model': not shipped with tinyrl, not in the Hugging Face " \
+           "cache, and its config.json could not be downloaded (RemoteEntryNotFoundError: 404" in text, text
+    assert "hf download someone/no-such-model config.json" in text and "qwen2.5-3b" in text
+    offline = price("someone/no-such-model", tmp_path / "hf", None, tmp_path)
+    assert offline.returncode == 2 and "(HF_HUB_OFFLINE is set)" in offline.stderr.replace("│", " ")
+
+
+def test_a_missing_local_path_is_not_looked_up_on_the_hub():
+    for path in ("/models/mine", "./mine", "~/mine", "a/b/c"):
+        with pytest.raises(TinyRLError, match="not a directory with config.json"):
+            load_spec(path)
+
+
+def test_validation_never_waits_on_the_network(monkeypatch):
+    """load_config reads a context length from the spec when it can: cache only (download=False)."""
+    import tinyrl.model_specs as specs
+
+    def no_download(name, download, shipped):
+        assert not download, "config validation went to the network"
+        raise TinyRLError("not cached")
+
+    monkeypatch.setattr(specs, "_hub_spec", no_download)
+    from tinyrl.config import load_config
+
+    load_config("countdown-4090", ["model.name=someone/not-cached"])
