@@ -187,6 +187,20 @@ def test_a_file_out_that_cannot_be_written_is_exit_2_before_the_work(tmp_path, c
     assert mine.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.parametrize("command, mine", [
+    ("countdown", "train.parquet"), ("countdown --sft", "sft_test.parquet"), ("arith", "test.parquet"),
+    ("arith --sft", "sft_train.parquet"), ("math", "test.parquet"), ("retool", "test.parquet")])
+def test_data_never_replaces_a_file_in_out(tmp_path, command, mine):
+    """A user's own file where `tinyrl data` would write (TinyZero's train.parquet, an earlier
+    SFT set) stays as it was and nothing else is written; countdown and arith replaced it
+    without a word until 2026-11-26, math and retool wrote train.parquet before refusing test."""
+    (tmp_path / mine).write_text("mine")
+    name, *flags = command.split()
+    text = one_screen(tinyrl("data", name, *flags, "--out", str(tmp_path), "--train-size", "8", "--test-size", "4"))
+    assert f"{tmp_path / mine} already exists; nothing was written" in text, text
+    assert [p.name for p in tmp_path.iterdir()] == [mine] and (tmp_path / mine).read_text() == "mine"
+
+
 # ------------------------------------------------------------------ tinyrl eval
 
 def test_eval_of_a_run_without_checkpoints_says_so(tmp_path):

@@ -60,6 +60,16 @@ def check_file_target(path: Path, flag: str = "--out", lost: str = "nothing was 
     check_writable(path.parent, flag, lost, example)  # a read-only disk
 
 
+def refuse_existing(paths, hint: str = "choose another --out or --name") -> None:
+    """Files a command would create that are there already: all named, nothing written. (`tinyrl
+    data countdown` and `data arith` replaced a user's own train.parquet in --out without a word
+    until 2026-11-26; math and retool refused one file at a time.)"""
+    there = [str(p) for p in paths if Path(p).exists()]
+    if there:
+        raise TinyRLError(f"{', '.join(there)} already exist{'s' if len(there) == 1 else ''}; nothing was written",
+                          hint=hint)
+
+
 def make_dir(path: Path, flag: str = "--out", example: str = "data/mine") -> Path:
     """check_writable, then the directory made (with its parents); -> path."""
     check_writable(path, flag, "nothing was written", example)

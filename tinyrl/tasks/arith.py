@@ -41,7 +41,7 @@ import typer
 from tinyrl.errors import TinyRLError
 from tinyrl.rollout.hermes import final_turn
 from tinyrl.tasks.base import RewardFn, Task
-from tinyrl.writable import make_dir
+from tinyrl.writable import make_dir, refuse_existing
 
 TOOLS = ("code_interpreter",)
 MIN_NUMBER, MAX_NUMBER = 10, 99      # two-digit factors: a remainder the tiny model cannot compute
@@ -196,9 +196,11 @@ def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: 
             raise TinyRLError(f"{flag} {share} is not a share from 0 to 1",
                               hint=f"e.g. {flag} 0.3: 30% of the SFT rows")
     out = make_dir(Path(out_dir).expanduser())
+    paths = out / "train.parquet", out / "test.parquet"
+    refuse_existing([*paths, *((out / f"sft_{p.name}" for p in paths) if sft else ())],
+                    hint="choose another --out (or move those files away)")
     test = _pairs(random.Random(f"tinyrl-arith:{seed}:test"), test_size, set())
     train = _pairs(random.Random(f"tinyrl-arith:{seed}:train"), train_size, set(test))
-    paths = out / "train.parquet", out / "test.parquet"
     try:
         for path, pairs, split in ((paths[0], train, "train"), (paths[1], test, "test")):
             table = _prompt_table(pairs, split)

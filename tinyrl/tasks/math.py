@@ -24,7 +24,7 @@ import typer
 
 from tinyrl.errors import TinyRLError
 from tinyrl.tasks.base import RewardFn, Task
-from tinyrl.writable import check_writable, make_dir
+from tinyrl.writable import check_writable, make_dir, refuse_existing
 
 ANSWER_FORMATS = ("auto", "dapo", "boxed")
 TEMPLATES = {
@@ -127,8 +127,7 @@ def write_rows(rows: list[tuple[str, str]], path: Path, template: str, split: st
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if path.exists():
-        raise TinyRLError(f"{path} already exists; nothing was written", hint="choose another --out or --name")
+    refuse_existing([path])
     n = len(rows)
     message = pa.StructArray.from_arrays([pa.array(["user"] * n), pa.array([prompt_of(p, template) for p, _ in rows])],
                                          ["role", "content"])
@@ -187,6 +186,7 @@ def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: 
     prompt_of("", template)
     train, test = generated_problems(train_size, test_size, seed)
     out = Path(out_dir).expanduser()
+    refuse_existing([out / "train.parquet", out / "test.parquet"], hint="choose another --out (or move those files away)")
     return (write_rows(train, out / "train.parquet", template, "train"),
             write_rows(test, out / "test.parquet", template, "test"))
 
@@ -268,8 +268,7 @@ def convert(source: str, out_dir: Path, template: str, name: str | None = None,
     cols = list(frame.columns)
     if "prompt" in cols and "reward_model" in cols:  # verl's schema already (DAPO-Math-17k): kept as it is
         path = Path(out_dir).expanduser() / f"{name or default_name}.parquet"
-        if path.exists():
-            raise TinyRLError(f"{path} already exists; nothing was written", hint="choose another --out or --name")
+        refuse_existing([path])
         make_dir(path.parent)
         frame.to_parquet(path, index=False)
         return path, len(frame)

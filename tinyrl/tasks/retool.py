@@ -35,7 +35,7 @@ from tinyrl.errors import TinyRLError
 from tinyrl.rollout.hermes import final_turn
 from tinyrl.tasks import math as maths
 from tinyrl.tasks.base import RewardFn, Task
-from tinyrl.writable import check_writable, make_dir
+from tinyrl.writable import check_writable, make_dir, refuse_existing
 
 TOOLS = ("code_interpreter",)
 SYSTEM_PROMPT = (
@@ -143,6 +143,7 @@ def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: 
     prompts: out_dir/train.parquet and test.parquet (tests, and a first look without a download)."""
     train, test = maths.generated_problems(train_size, test_size, seed)
     out = Path(out_dir).expanduser()
+    refuse_existing([out / "train.parquet", out / "test.parquet"], hint="choose another --out (or move those files away)")
     return (write_rl([(p, a, DATA_SOURCE) for p, a in train], out / "train.parquet", "train"),
             write_rl([(p, a, DATA_SOURCE) for p, a in test], out / "test.parquet", "test"))
 
@@ -233,9 +234,7 @@ def convert_sft(source: str, out_dir: Path, name: str | None = None, test_size: 
     out = Path(out_dir).expanduser()
     cut = len(rows) - test_size
     parts = [(out / f"{name}.parquet", rows[:cut])] + ([(out / f"{name}-test.parquet", rows[cut:])] if test_size else [])
-    for path, _ in parts:
-        if path.exists():
-            raise TinyRLError(f"{path} already exists; nothing was written", hint="choose another --out or --name")
+    refuse_existing([path for path, _ in parts])
     for path, these in parts:
         _write(pa.Table.from_pylist(these), path)
     return [p for p, _ in parts], len(rows), skipped
@@ -244,8 +243,7 @@ def convert_sft(source: str, out_dir: Path, name: str | None = None, test_size: 
 def _write(table: Any, path: Path) -> None:
     import pyarrow.parquet as pq
 
-    if path.exists():
-        raise TinyRLError(f"{path} already exists; nothing was written", hint="choose another --out or --name")
+    refuse_existing([path])
     make_dir(path.parent)
     try:
         pq.write_table(table, path)
