@@ -216,3 +216,27 @@ def test_shipped_demo_split_is_the_documented_generation(tmp_path):
     generate_countdown(tmp_path, 1, 1024, seed=0, operands=(2,), max_number=50, sft=True, progress=False)
     for name in ("test.parquet", "sft_test.parquet"):
         assert pq.read_table(demo / name).equals(pq.read_table(tmp_path / name)), name
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, OSError])
+def test_an_interrupted_generation_leaves_no_file_in_out(tmp_path, monkeypatch, stop):
+    """Ctrl-C (or a full disk) after train.parquet is written but before test.parquet: --out holds
+    neither, nor the hidden staging folder, so a rerun is not refused and train never reads half
+    a set. A second run then writes both."""
+    import tinyrl.data.countdown as countdown
+
+    real, calls = countdown.pq.write_table, []
+
+    def write_then_stop(table, where, **kwargs):
+        calls.append(Path(where).name)
+        if len(calls) == 2:
+            raise stop(28, "No space left on device") if stop is OSError else stop()
+        real(table, where, **kwargs)
+
+    monkeypatch.setattr(countdown.pq, "write_table", write_then_stop)
+    with pytest.raises(TinyRLError if stop is OSError else KeyboardInterrupt):
+        generate_countdown(tmp_path, 16, 4, progress=False)
+    assert calls == ["train.parquet", "test.parquet"] and list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(countdown.pq, "write_table", real)
+    generate_countdown(tmp_path, 16, 4, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test.parquet", "train.parquet"]

@@ -18,6 +18,7 @@ import torch
 
 from tinyrl.config import Config, resolve_path
 from tinyrl.errors import TinyRLError
+from tinyrl.writable import place_new
 
 log = logging.getLogger(__name__)
 
@@ -112,25 +113,11 @@ def ensure_train_data(cfg: Config) -> Path:
     try:
         train, test = make(fresh, cfg.data.generate_train_size, 1024, seed=cfg.data.generate_seed,
                            template=template_of(cfg.task), **task.generate_options(cfg.task))
-        _place(train, path)
-        _place(test, path.parent / "test.parquet")  # its held-out tasks, if that name is free
+        place_new(train, path)
+        place_new(test, path.parent / "test.parquet")  # its held-out tasks, if that name is free
     finally:
         shutil.rmtree(fresh, ignore_errors=True)
     return path
-
-
-def _place(src: Path, dst: Path) -> None:
-    """Move src to dst unless dst exists (then leave dst alone). os.link fails instead of
-    replacing, so even a file that appears meanwhile is never overwritten."""
-    import os
-
-    try:
-        os.link(src, dst)
-    except FileExistsError:
-        return
-    except OSError:  # a filesystem without hard links: check, then rename
-        if not dst.exists():
-            os.replace(src, dst)
 
 
 def load_tokenizer(model_path: str, chat_template: str = ""):

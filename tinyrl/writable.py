@@ -11,10 +11,13 @@ not stop root, and a read-only mount is only seen by a write (or access(2)).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from tinyrl.errors import TinyRLError
 
@@ -79,3 +82,36 @@ def make_dir(path: Path, flag: str = "--out", example: str = "data/mine") -> Pat
         raise TinyRLError(f"cannot create {flag} {path}: {exc.strerror or exc}; nothing was written",
                           hint=f"give {flag} a writable directory, e.g. {flag} {example}") from exc
     return path
+
+
+def place_new(src: Path, dst: Path) -> bool:
+    """Move src to dst unless dst exists (then leave dst alone; -> False). os.link fails instead of
+    replacing, so even a file that appears meanwhile is never overwritten."""
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        return False
+    except OSError:  # a filesystem without hard links: check, then rename
+        if dst.exists():
+            return False
+        os.replace(src, dst)
+        return True
+    os.unlink(src)
+    return True
+
+
+@contextlib.contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A hidden folder in `out` to write a command's files into; they move into `out` when the body
+    ends without an error, and the folder goes in any case (Ctrl-C included). So an interrupted
+    `tinyrl data` leaves no half-written parquet in --out, which train would fail to read and a
+    rerun would refuse to replace."""
+    stage = Path(tempfile.mkdtemp(prefix=".tinyrl-writing-", dir=out))
+    try:
+        yield stage
+        for done in sorted(stage.iterdir()):
+            if not place_new(done, out / done.name):
+                raise TinyRLError(f"{out / done.name} appeared while it was written; it was kept",
+                                  hint="another command writes into the same --out: give each its own")
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)

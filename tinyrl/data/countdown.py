@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from tinyrl.data.templates import countdown_prompt, countdown_response
 from tinyrl.errors import TinyRLError
-from tinyrl.writable import make_dir, refuse_existing
+from tinyrl.writable import make_dir, refuse_existing, staged
 
 MIN_NUMBER, MAX_NUMBER, MAX_TARGET = 1, 100, 1000
 # Tasks are built in memory (~0.5 KB each with the prompt) before writing: 4M rows per split is
@@ -153,11 +153,12 @@ def generate_countdown(out_dir: str | Path, train_size: int, test_size: int, see
         held_out = {(tuple(sorted(t[0])), t[1]) for t in test}
         train = _tasks(random.Random(f"tinyrl-countdown:{seed}:train"), train_size, held_out, **draw)
     try:
-        for path, tasks, split in ((paths[0], train, "train"), (paths[1], test, "test")):
-            table = _table(tasks, split, template)
-            pq.write_table(table, path, compression="zstd")
-            if sft:
-                pq.write_table(_with_responses(table, tasks), out / f"sft_{path.name}", compression="zstd")
+        with staged(out) as stage:  # an interrupted run leaves no half-written file
+            for path, tasks, split in ((paths[0], train, "train"), (paths[1], test, "test")):
+                table = _table(tasks, split, template)
+                pq.write_table(table, stage / path.name, compression="zstd")
+                if sft:
+                    pq.write_table(_with_responses(table, tasks), stage / f"sft_{path.name}", compression="zstd")
     except OSError as e:
         raise TinyRLError(f"cannot write countdown data to {out}: {e}",
                           hint="check free disk space and permissions") from e

@@ -41,7 +41,7 @@ import typer
 from tinyrl.errors import TinyRLError
 from tinyrl.rollout.hermes import final_turn
 from tinyrl.tasks.base import RewardFn, Task
-from tinyrl.writable import make_dir, refuse_existing
+from tinyrl.writable import make_dir, refuse_existing, staged
 
 TOOLS = ("code_interpreter",)
 MIN_NUMBER, MAX_NUMBER = 10, 99      # two-digit factors: a remainder the tiny model cannot compute
@@ -202,13 +202,14 @@ def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: 
     test = _pairs(random.Random(f"tinyrl-arith:{seed}:test"), test_size, set())
     train = _pairs(random.Random(f"tinyrl-arith:{seed}:train"), train_size, set(test))
     try:
-        for path, pairs, split in ((paths[0], train, "train"), (paths[1], test, "test")):
-            table = _prompt_table(pairs, split)
-            pq.write_table(table, path, compression="zstd")
-            if sft:
-                rng = random.Random(f"tinyrl-arith:{seed}:{split}:tool-share")
-                pq.write_table(_sft_table(table, pairs, rng, tool_share, drill_share), out / f"sft_{path.name}",
-                               compression="zstd")
+        with staged(out) as stage:  # an interrupted run leaves no half-written file
+            for path, pairs, split in ((paths[0], train, "train"), (paths[1], test, "test")):
+                table = _prompt_table(pairs, split)
+                pq.write_table(table, stage / path.name, compression="zstd")
+                if sft:
+                    rng = random.Random(f"tinyrl-arith:{seed}:{split}:tool-share")
+                    pq.write_table(_sft_table(table, pairs, rng, tool_share, drill_share), stage / f"sft_{path.name}",
+                                   compression="zstd")
     except OSError as e:
         raise TinyRLError(f"cannot write arith data to {out}: {e}", hint="check free disk space and permissions") from e
     return paths

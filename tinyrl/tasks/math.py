@@ -24,7 +24,7 @@ import typer
 
 from tinyrl.errors import TinyRLError
 from tinyrl.tasks.base import RewardFn, Task
-from tinyrl.writable import check_writable, make_dir, refuse_existing
+from tinyrl.writable import check_writable, make_dir, refuse_existing, staged
 
 ANSWER_FORMATS = ("auto", "dapo", "boxed")
 TEMPLATES = {
@@ -140,9 +140,9 @@ def write_rows(rows: list[tuple[str, str]], path: Path, template: str, split: st
         "extra_info": pa.StructArray.from_arrays([pa.array([split] * n), pa.array(range(n), pa.int64())],
                                                  ["split", "index"]),
     })
-    make_dir(path.parent)
     try:
-        pq.write_table(table, path)
+        with staged(make_dir(path.parent)) as stage:
+            pq.write_table(table, stage / path.name)
     except OSError as e:
         raise TinyRLError(f"cannot write {path}: {e}", hint="check free disk space and permissions") from e
     return path
@@ -269,8 +269,8 @@ def convert(source: str, out_dir: Path, template: str, name: str | None = None,
     if "prompt" in cols and "reward_model" in cols:  # verl's schema already (DAPO-Math-17k): kept as it is
         path = Path(out_dir).expanduser() / f"{name or default_name}.parquet"
         refuse_existing([path])
-        make_dir(path.parent)
-        frame.to_parquet(path, index=False)
+        with staged(make_dir(path.parent)) as stage:
+            frame.to_parquet(stage / path.name, index=False)
         return path, len(frame)
     rows = problem_rows(frame, source, problem_key, answer_key)
     path = write_rows(rows, Path(out_dir).expanduser() / f"{name or default_name}.parquet", template,

@@ -35,7 +35,7 @@ from tinyrl.errors import TinyRLError
 from tinyrl.rollout.hermes import final_turn
 from tinyrl.tasks import math as maths
 from tinyrl.tasks.base import RewardFn, Task
-from tinyrl.writable import check_writable, make_dir, refuse_existing
+from tinyrl.writable import check_writable, make_dir, refuse_existing, staged
 
 TOOLS = ("code_interpreter",)
 SYSTEM_PROMPT = (
@@ -244,9 +244,9 @@ def _write(table: Any, path: Path) -> None:
     import pyarrow.parquet as pq
 
     refuse_existing([path])
-    make_dir(path.parent)
     try:
-        pq.write_table(table, path)
+        with staged(make_dir(path.parent)) as stage:
+            pq.write_table(table, stage / path.name)
     except OSError as e:
         raise TinyRLError(f"cannot write {path}: {e}", hint="check free disk space and permissions") from e
 
