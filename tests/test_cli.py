@@ -44,6 +44,10 @@ def test_wrong_set_key_is_one_screen_and_exit_2():
     assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) < 25
     train = tinyrl("train", "--preset", "countdown-tiny", "--set", "rollout.nn=2")
     assert train.returncode == 2 and "rollout.n" in train.stderr
+    # every problem at once, a wrong key's and a wrong value's together (presets show listed the
+    # first kind only until 2026-11-26, so a user fixed them in two rounds)
+    both = tinyrl("presets", "show", "countdown-4090", "--set", "actor.lrr=1e-6", "--set", "trainer.max_steps=-1")
+    assert both.returncode == 2 and "2 problem(s)" in both.stderr and "trainer.max_steps = -1" in both.stderr
 
 
 def test_debug_shows_the_traceback():

@@ -265,7 +265,7 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
     problems = _apply_dict(cfg, raw, prefix="")
     for item in overrides or []:
         problems += _apply_override(cfg, item)
-    if check:
+    if check or problems:  # a parse problem raises below: with every other problem, not the first kind only
         problems += problems_of(cfg)
     if notes is not None:
         given = {f"{sec}.{k}" for sec, keys in raw.items() if isinstance(keys, dict) for k in keys}
