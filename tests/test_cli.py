@@ -151,3 +151,21 @@ def test_a_preset_runs_only_under_its_own_command_and_nothing_is_written(tmp_pat
         assert done.returncode == 2, done.stderr
         assert says in " ".join(done.stderr.split()) and "Traceback" not in done.stderr
         assert not (tmp_path / command).exists() and not any(cwd.iterdir())  # no run dir, no generated data
+
+
+def test_max_steps_ends_the_run_there_before_or_past_the_presets_end(tmp_path):
+    """--max-steps N ends at step N even past trainer.max_steps, and `--resume --max-steps M` takes
+    a finished run further (it ended at once, silently, until 2026-11-26)."""
+    from tinyrl import jsonl
+
+    run = tmp_path / "run"
+    base = ["train", "--preset", "countdown-tiny", "--out", str(run), "--no-dashboard",
+            "--set", "trainer.max_steps=1", "--set", "trainer.test_every=0", "--set", "trainer.train_batch_size=8",
+            "--set", "actor.ppo_mini_batch_size=8", "--set", "critic.ppo_mini_batch_size=8",
+            "--set", "rollout.max_response_length=16"]
+    first = tinyrl(*base, "--max-steps", "2")
+    assert first.returncode == 0, first.stderr
+    assert "run finished at step 2" in first.stdout
+    more = tinyrl(*base, "--resume", "--max-steps", "3")
+    assert more.returncode == 0, more.stderr
+    assert [m["step"] for m in jsonl.read_records(run / "metrics.jsonl")] == [1, 2, 3]

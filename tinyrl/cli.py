@@ -56,7 +56,7 @@ PresetOpt = typer.Option(..., "--preset", "-p", help="Preset name (see `tinyrl p
 SetOpt = typer.Option(None, "--set", "-s", help="Override a setting, e.g. --set actor.lr=1e-6 (repeatable).")
 # train and sft
 RunDirOpt = typer.Option(None, "--out", help="Run directory (default: runs/PRESET).")
-MaxStepsOpt = typer.Option(None, help="Stop at this global step (a resumed run counts on).")
+MaxStepsOpt = typer.Option(None, help="End at this global step, before or past the preset's end (a resumed run counts on).")
 ResumeOpt = typer.Option(False, "--resume", help="Continue from the latest checkpoint in the run directory.")
 NoDashboardOpt = typer.Option(False, "--no-dashboard", help="Plain lines instead of the live dashboard.")
 

@@ -158,8 +158,14 @@ class Trainer:
         return kwargs
 
     def total_steps(self, max_steps: int | None = None) -> int:
-        total = self.cfg.trainer.max_steps or self.cfg.trainer.total_epochs * self.steps_per_epoch
-        return min(total, max_steps) if max_steps else total
+        """The global step the run ends at: --max-steps when given, before or past the preset's end
+        (until 2026-11-26 only before: `--resume --max-steps 60` of a finished 40-step run did
+        nothing, silently); else trainer.max_steps, else total_epochs x steps_per_epoch. Past an
+        epoch the data is seen again in the next epoch's order; the learning rate is constant
+        after warm-up, so no schedule depends on where the run ends."""
+        if max_steps:
+            return max_steps
+        return self.cfg.trainer.max_steps or self.cfg.trainer.total_epochs * self.steps_per_epoch
 
     def _phase(self, name: str) -> None:
         closed = self.run.close_phase()  # the previous phase's peak (tinyrl.runlog)

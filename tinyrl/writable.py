@@ -1,4 +1,4 @@
-"""Where a command writes, checked before its work.
+"""Where a command writes: checked before its work, never over a user's file, never half-written.
 
 An `--out` that is a file, lies inside a file, or sits on a read-only disk is said at once, exit 2
 with what to set: until 2026-11-26 seven commands (`eval`, `report`, `export`, `data math`,
@@ -7,6 +7,9 @@ its whole evaluation, `probe-memory` after its plan, `doctor` after its two step
 
 Tried for real (a file made and removed in the nearest existing directory): permission bits do
 not stop root, and a read-only mount is only seen by a write (or access(2)).
+
+Files a command creates (`tinyrl data`) are refused when already there (`refuse_existing`) and
+written through a hidden staging folder (`staged`), so Ctrl-C or a full disk leaves none behind.
 """
 
 from __future__ import annotations
