@@ -182,7 +182,7 @@ def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: i
     from tinyrl.config import TaskConfig
     from tinyrl.data.io import chat_text, load_prompts, prompt_text
     from tinyrl.setup import load_tokenizer
-    from tinyrl.tasks import get_task
+    from tinyrl.tasks import check_rows, get_task
 
     ks = sorted(set(ks or [1, 8, 32]))
     if n < 0 or any(k < 1 for k in ks) or (n == 0 and not greedy):
@@ -209,6 +209,10 @@ def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: i
                 f"{target}, which is no directory here and is taken as a Hugging Face model id"
             raise TinyRLError(f"--task is needed for {what}", hint="e.g. --task math (`tinyrl tasks`)")
         task = get_task(task_cfg.name)
+        rows_of = {}
+        for name, path in files:  # another task's file: said before a model loads, not after its evaluation
+            rows_of[name] = load_prompts(path).to_dict("records")
+            check_rows(task, rows_of[name], path)
         max_new = max_new_tokens or (cfg.rollout.max_response_length if cfg is not None else 1024)
         with_tools = bool(task.tools) if tools is None else tools
         if with_tools and not task.tools:
@@ -231,7 +235,7 @@ def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: i
         schemas = tool_schemas(task.tools if with_tools else ())
         loaded = []
         for name, path in files:
-            rows = load_prompts(path).to_dict("records")
+            rows = rows_of[name]
             texts = [chat_text(r, tokenizer, schemas) if chat else prompt_text(r) for r in rows]
             loaded.append((name, tokenizer(texts, add_special_tokens=False)["input_ids"], rows))
         longest = max(len(p) for _, prompts, _ in loaded for p in prompts)

@@ -197,7 +197,7 @@ def prepare_inputs(cfg: Config, run_dir: Path | None = None) -> RunInputs:
     """`run_dir`: where model.init_from's starting model is written (tinyrl.init_from)."""
     from tinyrl.init_from import model_path_of
     from tinyrl.tasks import get_task
-    from tinyrl.tasks.rewards import build_rewards
+    from tinyrl.tasks.rewards import build_rewards, check_reward_rows
 
     device = pick_device(cfg.trainer.device)
     reward_fn = build_rewards(cfg)  # user functions get reward.timeout_s (tinyrl.rewards.limits)
@@ -207,10 +207,13 @@ def prepare_inputs(cfg: Config, run_dir: Path | None = None) -> RunInputs:
     tools = get_task(cfg.task.name).tools
     chat = dict(chat=cfg.data.chat_template, tools=tools)
     train_prompts, train_rows = tokenize_rows(train_path, tok, cfg.data.max_prompt_length, **chat)
+    check_reward_rows(cfg, train_rows, train_path)  # another task's file: said before the first rollout
     test_prompts, test_rows = [], []
     if cfg.trainer.test_every:
-        test_prompts, test_rows = tokenize_rows(resolve_path(cfg.data.test_path), tok, cfg.data.max_prompt_length,
+        test_path = resolve_path(cfg.data.test_path)
+        test_prompts, test_rows = tokenize_rows(test_path, tok, cfg.data.max_prompt_length,
                                                 max_rows=cfg.data.max_test_prompts, **chat)
+        check_reward_rows(cfg, test_rows, test_path)
     val_sets = []
     if cfg.trainer.test_every:
         from tinyrl.eval import parse_data_args
@@ -218,5 +221,6 @@ def prepare_inputs(cfg: Config, run_dir: Path | None = None) -> RunInputs:
         for name, path in parse_data_args(cfg.data.val_files):
             val_sets.append((name, *tokenize_rows(resolve_path(str(path)), tok, cfg.data.max_prompt_length,
                                                   max_rows=cfg.data.max_test_prompts, **chat)))
+            check_reward_rows(cfg, val_sets[-1][2], path)
     return RunInputs(device, model_path, tok, tok.pad_token_id, train_prompts, train_rows,
                      test_prompts, test_rows, reward_fn, val_sets, tools)

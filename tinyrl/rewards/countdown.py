@@ -88,7 +88,7 @@ def evaluate_expression(expr: str) -> Fraction | None:
         return None
 
 
-def _unpack(ground_truth: dict) -> tuple[Fraction, list[int]]:
+def unpack_truth(ground_truth: dict) -> tuple[Fraction, list[int]]:
     """Target and sorted numbers as plain Python values (parquet hands back numpy types)."""
     try:
         target = Fraction(ground_truth["target"].item() if hasattr(ground_truth["target"], "item")
@@ -105,7 +105,7 @@ def _unpack(ground_truth: dict) -> tuple[Fraction, list[int]]:
 def compute_score(solution_str: str, ground_truth: dict, strict: bool = False,
                   format_score: float = 0.1, score: float = 1.0) -> float:
     """Score one completion (prompt + response when `strict`); see the module docstring."""
-    target, numbers = _unpack(ground_truth)
+    target, numbers = unpack_truth(ground_truth)
     region = _strict_region(solution_str) if strict else solution_str
     answer = last_answer(region) if region is not None else None
     if answer is None:

@@ -15,7 +15,7 @@ from functools import cache
 from tinyrl.errors import TinyRLError
 from tinyrl.tasks.base import RewardFn, Task
 
-__all__ = ["RewardFn", "Task", "all_tasks", "get_task", "task_problems", "template_of", "task_line", "answer_patterns"]
+__all__ = ["RewardFn", "Task", "all_tasks", "check_rows", "get_task", "task_problems", "template_of", "task_line", "answer_patterns"]
 
 _MODULES = ("countdown", "math", "retool", "arith")
 
@@ -32,6 +32,22 @@ def get_task(name: str) -> Task:
         raise TinyRLError(f"unknown task {name!r}", hint=(f"did you mean {near[0]!r}? " if near else "")
                           + f"tasks: {', '.join(tasks)} (`tinyrl tasks`)")
     return tasks[name]
+
+
+def check_rows(task: Task, rows: list, path) -> None:
+    """Every row's ground truth as the task's reward reads it, before anything is generated: a
+    file of another task's data failed after a whole rollout or evaluation (Countdown's reward on
+    maths rows) or was scored 0 without a word (maths on Countdown's {"target", "numbers"})."""
+    bad = [(i, why) for i, row in enumerate(rows) if (why := task.row_problem(row))]
+    if not bad:
+        return
+    first, why = bad[0]
+    source = rows[first].get("data_source") if isinstance(rows[first], dict) else None
+    raise TinyRLError(f"{path}: {len(bad):,} of {len(rows):,} rows cannot be scored by the {task.name} task's reward "
+                      f"(first at row {first}, counting from 0: {why})",
+                      hint=(f"their data_source is {source!r}: " if source else "")
+                      + "if the file is another task's data, set that task (task.name, or eval's --task; "
+                      "`tinyrl tasks`); else fix those rows' reward_model.ground_truth")
 
 
 def task_problems(cfg) -> list[str]:

@@ -89,6 +89,15 @@ def extract_answer(completion: str, task_cfg: Any = None) -> str | None:
     return found[-1] if found else None
 
 
+def row_problem(row: Any) -> str | None:
+    try:
+        int(row["reward_model"]["ground_truth"]["answer"])
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        return (f"reward_model.ground_truth has no integer answer ({type(exc).__name__}: {exc}); "
+                "it is {'a', 'b', 'answer'}")
+    return None
+
+
 def reward() -> RewardFn:
     def score(completion: str, example: Any) -> float:
         answer = extract_answer(completion)
@@ -257,6 +266,7 @@ TASK = Task(
                 "answer in <answer></answer>; 1 / 0",
     templates=("chat",),
     make_reward=lambda t: reward(),
+    row_problem=row_problem,
     solved_at=lambda t: 1.0,
     extract_answer=extract_answer,
     data_command=data_command,

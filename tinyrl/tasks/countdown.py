@@ -40,6 +40,19 @@ def reward(format_score: float = 0.1, strict: bool = False) -> RewardFn:
     return strict_score
 
 
+def row_problem(row: Any) -> str | None:
+    """The reward's own reading of the ground truth ({"target": int, "numbers": [int, ...]})."""
+    from tinyrl.rewards.countdown import unpack_truth
+
+    try:
+        unpack_truth(row["reward_model"]["ground_truth"])
+    except (KeyError, TypeError) as exc:
+        return f"no reward_model.ground_truth ({type(exc).__name__}: {exc})"
+    except TinyRLError as exc:
+        return exc.message
+    return None
+
+
 def extract_answer(completion: str, task_cfg: Any = None) -> str | None:
     from tinyrl.rewards.countdown import last_answer
 
@@ -130,5 +143,6 @@ TASK = Task(
     task_line=_task_line,
     answer_patterns=(r"<answer>.*?</answer>",),
     config_problems=_config_problems,
+    row_problem=row_problem,
     generate_options=_generate_options,
 )

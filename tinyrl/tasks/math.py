@@ -105,6 +105,20 @@ def compute_score(solution_str: str, ground_truth: Any, answer_format: str = "au
     return correct_score if shared_verifier(timeout_s).equivalent(answer, truth) else wrong_score
 
 
+def row_problem(row: Any) -> str | None:
+    """The reward compares str(ground truth) with the answer: a dict or a list (another task's
+    truth, several answers) would be compared as its repr and never match."""
+    from tinyrl.data.io import ground_truth
+
+    try:
+        truth = ground_truth(row)
+    except TinyRLError as exc:
+        return exc.message
+    if isinstance(truth, bool) or not isinstance(truth, (str, int, float)) or not str(truth).strip():
+        return f"reward_model.ground_truth is {truth!r:.120}, not a maths answer (a string or a number)"
+    return None
+
+
 def reward(task_cfg: Any) -> RewardFn:
     from tinyrl.data.io import ground_truth
 
@@ -334,4 +348,5 @@ TASK = Task(
     task_line=dapo_problem,
     answer_patterns=(r"(?i:answer)\s*:[^\n]*", r"\\boxed\{[^\n]*?\}"),
     config_problems=_config_problems,
+    row_problem=row_problem,
 )

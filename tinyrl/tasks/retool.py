@@ -318,5 +318,6 @@ TASK = Task(
     task_line=_task_line,
     # answer_patterns: the maths task's (\\boxed{}, "Answer:") already cover this task's answers
     config_problems=_config_problems,
+    row_problem=maths.row_problem,
     tools=TOOLS,
 )

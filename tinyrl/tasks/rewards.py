@@ -13,7 +13,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-from tinyrl.tasks import all_tasks, get_task
+from tinyrl.tasks import all_tasks, check_rows, get_task
 from tinyrl.tasks.base import RewardFn
 
 
@@ -77,10 +77,26 @@ class RewardSet:
         return out
 
 
+def _task_of(spec: str, task_cfg: Any):
+    """The Task whose reward a spec names ("task": [task]'s, or a task name); None: a user's function."""
+    if spec == "task" or spec in all_tasks():
+        return get_task(task_cfg.name if spec == "task" else spec)
+    return None
+
+
+def check_reward_rows(cfg, rows: list, path) -> None:
+    """`rows` against every task reward of the run (reward.fn, reward.extra_fns): tinyrl.tasks.check_rows.
+    A user's function reads rows its own way and is not checked."""
+    for spec in (cfg.reward.fn, *cfg.reward.extra_fns):
+        task = _task_of(spec, cfg.task)
+        if task is not None:
+            check_rows(task, rows, path)
+
+
 def _one(spec: str, task_cfg: Any, timeout_s: float) -> tuple[str, RewardFn, float]:
     """(metric name, function, solved_at) of one reward spec."""
-    if spec == "task" or spec in all_tasks():
-        task = get_task(task_cfg.name if spec == "task" else spec)
+    task = _task_of(spec, task_cfg)
+    if task is not None:
         return task.name, task.make_reward(task_cfg), task.solved_at(task_cfg)
     from tinyrl.rewards.registry import load_reward_fn
 

@@ -1,0 +1,82 @@
+"""Each task checks every row's ground truth as its reward reads it, before anything is generated.
+Until 2026-11-26 a file of another task's data failed after a whole rollout or evaluation
+(Countdown's reward on maths rows) or was scored 0 without a word (maths on Countdown rows)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tinyrl.config import load_config
+from tinyrl.data.io import load_prompts
+from tinyrl.errors import TinyRLError
+from tinyrl.tasks import all_tasks, check_rows, get_task
+from tinyrl.tasks.rewards import check_reward_rows
+
+ENV = {**os.environ, "COLUMNS": "160", "HF_HUB_OFFLINE": "1"}
+COUNTDOWN_TEST = Path(__file__).resolve().parent.parent / "data" / "countdown" / "test.parquet"
+SAME_TRUTH = {frozenset({"math", "retool"})}  # one answer format: each reads the other's rows
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> dict[str, list[dict]]:
+    """Each task's own generated test rows."""
+    out = {}
+    for name, task in all_tasks().items():
+        where = tmp_path_factory.mktemp(name)
+        _, test = task.generate(where, 8, 8, seed=0, progress=False)
+        out[name] = load_prompts(test).to_dict("records")
+    return out
+
+
+def test_every_task_reads_its_own_rows_and_refuses_every_other_tasks(generated):
+    for name, task in all_tasks().items():
+        for other, rows in generated.items():
+            if other == name or frozenset({name, other}) in SAME_TRUTH:
+                check_rows(task, rows, f"{other}.parquet")  # its own: no problem
+                continue
+            with pytest.raises(TinyRLError, match=rf"{other}.parquet: 8 of 8 rows cannot be scored by the {name} "):
+                check_rows(task, rows, f"{other}.parquet")
+
+
+def test_one_bad_row_is_named_by_its_place(generated):
+    rows = [dict(r) for r in generated["math"]]
+    rows[5] = {**rows[5], "reward_model": {"style": "rule", "ground_truth": ["3", "3.0"]}}
+    with pytest.raises(TinyRLError) as err:
+        check_rows(get_task("math"), rows, "mine.parquet")
+    assert "1 of 8 rows" in err.value.message and "first at row 5" in err.value.message
+    assert "['3', '3.0'], not a maths answer" in err.value.message
+
+
+def test_a_users_reward_function_reads_rows_its_own_way(generated, tmp_path):
+    fn = tmp_path / "mine.py"
+    fn.write_text("def score(completion, row):\n    return 0.0\n")
+    mine = load_config("math-tiny", [f"reward.fn={fn}:score"])
+    check_reward_rows(mine, generated["countdown"], "countdown.parquet")  # not checked: no error
+    extra = load_config("math-tiny", [f"reward.fn={fn}:score", "reward.extra_fns=[\"countdown\"]"])
+    with pytest.raises(TinyRLError, match="countdown task.s reward"):  # a task among the extra functions: checked
+        check_reward_rows(extra, generated["math"], "math.parquet")
+
+
+def tinyrl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tinyrl.cli", *args], capture_output=True, text=True,
+                          timeout=300, env=ENV)
+
+
+def test_train_and_eval_on_another_tasks_file_stop_before_generating(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    done = tinyrl("train", "--preset", "math-tiny", "--out", str(run), "--no-dashboard", "--max-steps", "1",
+                  "--set", f"data.train_path={COUNTDOWN_TEST}")
+    said = " ".join(done.stderr.replace("│", " ").split())
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "1,024 of 1,024 rows cannot be scored by the math task's reward" in said
+    assert "data_source is 'countdown'" in said and not (run / "metrics.jsonl").exists()
+    done = tinyrl("eval", str(tiny_model_dir), "--task", "math", "--data", str(COUNTDOWN_TEST), "--n", "0",
+                  "--out", str(tmp_path / "eval"))
+    said = " ".join(done.stderr.replace("│", " ").split())
+    assert done.returncode == 2 and "cannot be scored by the math task's reward" in said, done.stderr
+    assert not (tmp_path / "eval").exists()
