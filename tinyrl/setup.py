@@ -219,8 +219,9 @@ def prepare_inputs(cfg: Config, run_dir: Path | None = None) -> RunInputs:
         from tinyrl.eval import parse_data_args
 
         for name, path in parse_data_args(cfg.data.val_files):
-            val_sets.append((name, *tokenize_rows(resolve_path(str(path)), tok, cfg.data.max_prompt_length,
-                                                  max_rows=cfg.data.max_test_prompts, **chat)))
-            check_reward_rows(cfg, val_sets[-1][2], path)
+            prompts, rows = tokenize_rows(resolve_path(str(path)), tok, cfg.data.max_prompt_length,
+                                          max_rows=cfg.data.max_test_prompts, **chat)
+            check_reward_rows(cfg, rows, path)
+            val_sets.append((name, prompts, rows))
     return RunInputs(device, model_path, tok, tok.pad_token_id, train_prompts, train_rows,
                      test_prompts, test_rows, reward_fn, val_sets, tools)

@@ -66,6 +66,9 @@ def check_file_target(path: Path, flag: str = "--out", lost: str = "nothing was 
     check_writable(path.parent, flag, lost, example)  # a read-only disk
 
 
+ANOTHER_OUT = "choose another --out (or move those files away)"  # the generators' files have fixed names
+
+
 def refuse_existing(paths, hint: str = "choose another --out or --name") -> None:
     """Files a command would create that are there already: all named, nothing written. (`tinyrl
     data countdown` and `data arith` replaced a user's own train.parquet in --out without a word

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from tinyrl.data.templates import countdown_prompt, countdown_response
 from tinyrl.errors import TinyRLError
-from tinyrl.writable import make_dir, refuse_existing, staged
+from tinyrl.writable import ANOTHER_OUT, make_dir, refuse_existing, staged
 
 MIN_NUMBER, MAX_NUMBER, MAX_TARGET = 1, 100, 1000
 # Tasks are built in memory (~0.5 KB each with the prompt) before writing: 4M rows per split is
@@ -142,8 +142,7 @@ def generate_countdown(out_dir: str | Path, train_size: int, test_size: int, see
     countdown_prompt([1, 2, 3], 6, template)  # unknown template: fail before any work
     out = make_dir(Path(out_dir).expanduser())
     paths = out / "train.parquet", out / "test.parquet"
-    refuse_existing([*paths, *((out / f"sft_{p.name}" for p in paths) if sft else ())],
-                    hint="choose another --out (or move those files away)")
+    refuse_existing([*paths, *((out / f"sft_{p.name}" for p in paths) if sft else ())], hint=ANOTHER_OUT)
     with _progress_bar(progress) as bar:
         job = bar.add_task("countdown tasks", total=train_size + test_size) if bar else None
         tick = (lambda k: bar.advance(job, k)) if bar else (lambda k: None)

@@ -42,7 +42,7 @@ def check_rows(task: Task, rows: list, path) -> None:
     if not bad:
         return
     first, why = bad[0]
-    source = rows[first].get("data_source") if isinstance(rows[first], dict) else None
+    source = rows[first].get("data_source")  # rows are records (load_prompts(...).to_dict("records"))
     raise TinyRLError(f"{path}: {len(bad):,} of {len(rows):,} rows cannot be scored by the {task.name} task's reward "
                       f"(first at row {first}, counting from 0: {why})",
                       hint=(f"their data_source is {source!r}: " if source else "")

@@ -41,7 +41,7 @@ import typer
 from tinyrl.errors import TinyRLError
 from tinyrl.rollout.hermes import final_turn
 from tinyrl.tasks.base import RewardFn, Task
-from tinyrl.writable import make_dir, refuse_existing, staged
+from tinyrl.writable import ANOTHER_OUT, make_dir, refuse_existing, staged
 
 TOOLS = ("code_interpreter",)
 MIN_NUMBER, MAX_NUMBER = 10, 99      # two-digit factors: a remainder the tiny model cannot compute
@@ -91,7 +91,7 @@ def extract_answer(completion: str, task_cfg: Any = None) -> str | None:
 
 def row_problem(row: Any) -> str | None:
     try:
-        int(row["reward_model"]["ground_truth"]["answer"])
+        int(row["reward_model"]["ground_truth"]["answer"])  # as the reward reads it
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         return (f"reward_model.ground_truth has no integer answer ({type(exc).__name__}: {exc}); "
                 "it is {'a', 'b', 'answer'}")
@@ -206,8 +206,7 @@ def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: 
                               hint=f"e.g. {flag} 0.3: 30% of the SFT rows")
     out = make_dir(Path(out_dir).expanduser())
     paths = out / "train.parquet", out / "test.parquet"
-    refuse_existing([*paths, *((out / f"sft_{p.name}" for p in paths) if sft else ())],
-                    hint="choose another --out (or move those files away)")
+    refuse_existing([*paths, *((out / f"sft_{p.name}" for p in paths) if sft else ())], hint=ANOTHER_OUT)
     test = _pairs(random.Random(f"tinyrl-arith:{seed}:test"), test_size, set())
     train = _pairs(random.Random(f"tinyrl-arith:{seed}:train"), train_size, set(test))
     try:

@@ -24,7 +24,7 @@ import typer
 
 from tinyrl.errors import TinyRLError
 from tinyrl.tasks.base import RewardFn, Task
-from tinyrl.writable import check_writable, make_dir, refuse_existing, staged
+from tinyrl.writable import ANOTHER_OUT, check_writable, make_dir, refuse_existing, staged
 
 ANSWER_FORMATS = ("auto", "dapo", "boxed")
 TEMPLATES = {
@@ -198,9 +198,9 @@ def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: 
              progress: bool = True) -> tuple[Path, Path]:
     """Generated problems into out_dir/train.parquet and test.parquet (test held out from train)."""
     prompt_of("", template)
-    train, test = generated_problems(train_size, test_size, seed)
     out = Path(out_dir).expanduser()
-    refuse_existing([out / "train.parquet", out / "test.parquet"], hint="choose another --out (or move those files away)")
+    refuse_existing([out / "train.parquet", out / "test.parquet"], hint=ANOTHER_OUT)  # before any work
+    train, test = generated_problems(train_size, test_size, seed)
     return (write_rows(train, out / "train.parquet", template, "train"),
             write_rows(test, out / "test.parquet", template, "test"))
 

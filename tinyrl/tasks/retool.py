@@ -35,7 +35,7 @@ from tinyrl.errors import TinyRLError
 from tinyrl.rollout.hermes import final_turn
 from tinyrl.tasks import math as maths
 from tinyrl.tasks.base import RewardFn, Task
-from tinyrl.writable import check_writable, make_dir, refuse_existing, staged
+from tinyrl.writable import ANOTHER_OUT, check_writable, make_dir, refuse_existing, staged
 
 TOOLS = ("code_interpreter",)
 SYSTEM_PROMPT = (
@@ -141,9 +141,9 @@ def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: 
              progress: bool = True) -> tuple[Path, Path]:
     """The maths task's generated problems (tinyrl.tasks.math.generated_problems) as ReTool
     prompts: out_dir/train.parquet and test.parquet (tests, and a first look without a download)."""
-    train, test = maths.generated_problems(train_size, test_size, seed)
     out = Path(out_dir).expanduser()
-    refuse_existing([out / "train.parquet", out / "test.parquet"], hint="choose another --out (or move those files away)")
+    refuse_existing([out / "train.parquet", out / "test.parquet"], hint=ANOTHER_OUT)  # before any work
+    train, test = maths.generated_problems(train_size, test_size, seed)
     return (write_rl([(p, a, DATA_SOURCE) for p, a in train], out / "train.parquet", "train"),
             write_rl([(p, a, DATA_SOURCE) for p, a in test], out / "test.parquet", "test"))
 
