@@ -11,6 +11,7 @@ import pytest
 
 import tinyrl  # noqa: F401  (before transformers/peft)
 from tinyrl.cli import main
+from tinyrl.errors import TinyRLError
 from tinyrl.hardware import GiB
 from tinyrl.memory.plan import MemoryPlan
 
@@ -173,6 +174,28 @@ def test_bad_input_is_one_screen_and_exit_2(monkeypatch, capsys, args, words):
     assert code == 2
     assert words in " ".join(stderr.split())
     assert "Traceback" not in stderr and stdout == ""
+
+
+def test_a_budget_above_the_card_is_refused_and_no_plan_is_left_for_train(monkeypatch, capsys):
+    """`--budget 30GiB` on a 24 GB card planned every phase under 30 GiB, printed FITS beside
+    negative margins, and cached the plan, whose micro-batches `train` then took onto the card."""
+    from tinyrl.config import load_config
+    from tinyrl.hardware import GPUS
+    from tinyrl.memory import from_config as mp
+
+    train_reads = mp.plan_path(load_config("countdown-4090"), GPUS["rtx4090"])
+    before = train_reads.read_bytes() if train_reads.exists() else None
+    code, stdout, stderr = cli(monkeypatch, capsys, "probe-memory", "--preset", "countdown-4090", "--gpu", "rtx4090",
+                               "--simulate", "--budget", "30GiB")
+    said = " ".join(stderr.split())
+    assert code == 2 and stdout == "" and "Traceback" not in stderr
+    assert "30.00 GiB" in said and "rtx4090's 23.98 GiB" in said and "--budget 21.59GiB" in said
+    assert (train_reads.read_bytes() if train_reads.exists() else None) == before
+    code, _, _ = cli(monkeypatch, capsys, "probe-memory", "--preset", "countdown-4090", "--gpu", "rtx4090",
+                     "--simulate", "--budget", "23.98GiB")  # up to the whole card is the user's choice
+    assert code == 0 and mp.read_plan(train_reads).budget_bytes == int(23.98 * GiB)
+    with pytest.raises(TinyRLError, match="more than the rtx4090's"):  # train's preflight plans the same way
+        mp.plan_for_config(load_config("countdown-4090", ["trainer.memory_budget_gib=25"]), GPUS["rtx4090"])
 
 
 def test_cuda_probe_puts_measured_micro_batches_into_the_plan(monkeypatch):

@@ -87,6 +87,13 @@ def plan_for_config(cfg: Config, gpu: GPU, *, simulate: bool = True,
     m = cfg.model
     if budget_bytes is None and cfg.trainer.memory_budget_gib > 0:
         budget_bytes = int(cfg.trainer.memory_budget_gib * GiB)
+    if budget_bytes is not None and budget_bytes > gpu.memory_bytes:  # its plan "fits" with negative margins
+        raise TinyRLError(
+            f"a memory budget of {budget_bytes / GiB:.2f} GiB (--budget or trainer.memory_budget_gib) is more than "
+            f"the {gpu.name}'s {int(gpu.memory_bytes / GiB * 100) / 100:.2f} GiB: a plan under it would not fit the card; "
+            "nothing was planned",
+            hint=f"give at most the card's memory, e.g. --budget {gpu.memory_bytes * 0.9 / GiB:.2f}GiB (90% of it, "
+                 "the default without a budget), or plan for a bigger card with --gpu")
     prompt_len, response_len = row_shape(cfg)
     flags = step_flags(cfg)
     sft = flags["sft"]
