@@ -94,12 +94,11 @@ def math_run(tmp_path_factory, tiny_model_dir):
 
 def test_eval_run_dir_on_the_hf_engine(math_run):
     run, tmp = math_run
-    summary, out = ev.evaluate(str(run), [f"{tmp}/data/test.parquet"], n=2, ks=[1, 2, 8], progress=False,
+    summary, out = ev.evaluate(str(run), [f"{tmp}/data/test.parquet"], n=2, ks=[1, 2], progress=False,
                                engine="hf")
     assert out == run / "eval" and "step 1" in summary["model"] and summary["task"] == "math"
     m = summary["files"]["test"]
     assert set(m) >= {"greedy_acc", "mean@2", "pass@1", "pass@2", "maj@2", "response_length", "tokens_per_s"}
-    assert "pass@8" not in m  # k > n
     assert ev.metrics_from_samples(out / "eval_samples.jsonl", [1, 2])["test"]["pass@2"] == m["pass@2"]
 
 
@@ -141,3 +140,27 @@ def test_eval_cli_errors_are_one_screen(tmp_path):
     done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "eval", str(tmp_path), "--data", "nope.parquet"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "not found" in done.stderr
+
+
+def test_a_k_above_n_is_refused_before_the_model_loads_and_the_default_ks_stop_at_n(tmp_path, tiny_model_dir,
+                                                                                      monkeypatch):
+    """`--n 4 --k 1,8` printed pass@1 alone: pass@8 was dropped without a word (its help says
+    each k <= n). Said now, before anything loads; the default ks are those up to --n."""
+    import pandas as pd
+
+    data = tmp_path / "test.parquet"  # 16 of the shipped Countdown test rows
+    pd.read_parquet(Path(__file__).resolve().parent.parent / "data" / "countdown" / "test.parquet")[:16].to_parquet(data)
+
+    def loaded(*_, **__):
+        raise AssertionError("the tokenizer was loaded before the refusal")
+
+    monkeypatch.setattr("tinyrl.setup.load_tokenizer", loaded)
+    for ks, hint in (([1, 8], "raise --n to 8, or ask only for k <= 4: --k 1"), ([8, 32], "raise --n to 32, or leave --k out")):
+        with pytest.raises(TinyRLError) as caught:
+            ev.evaluate(str(tiny_model_dir), [str(data)], task_name="countdown", n=4, ks=ks, out_dir=tmp_path / "ev")
+        assert "nothing was evaluated" in caught.value.message and hint in caught.value.hint
+    assert not (tmp_path / "ev").exists()
+    monkeypatch.undo()
+    summary, _ = ev.evaluate(str(tiny_model_dir), [str(data)], task_name="countdown", n=8, greedy=False,
+                             engine="hf", max_new_tokens=4, out_dir=tmp_path / "ev", progress=False)
+    assert summary["k"] == [1, 8] and {"pass@1", "pass@8"} <= set(summary["files"]["test"])

@@ -420,7 +420,7 @@ def eval_cmd(
     data: list[str] = typer.Option(..., "--data", help="Parquet file(s) of the task, name=FILE or FILE (repeatable)."),
     task: Optional[str] = typer.Option(None, "--task", help="Task (`tinyrl tasks`); default: the run's."),
     n: int = typer.Option(32, "--n", help="Sampled completions per problem (0: greedy only)."),
-    k: str = typer.Option("1,8,32", "--k", help="pass@k / maj@k for these k (each <= n)."),
+    k: Optional[str] = typer.Option(None, "--k", help="pass@k / maj@k for these k, each <= n (default: 1,8,32, those <= n)."),
     temperature: float = typer.Option(0.6, "--temperature", help="Sampling temperature of the n samples."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling of the n samples."),
     greedy: bool = typer.Option(True, "--greedy/--no-greedy", help="Also one greedy completion per problem (greedy accuracy)."),
@@ -436,7 +436,7 @@ def eval_cmd(
     from tinyrl.eval import evaluate
 
     try:
-        ks = [int(x) for x in k.split(",") if x.strip()]
+        ks = [int(x) for x in k.split(",") if x.strip()] if k is not None else None
     except ValueError as e:
         raise TinyRLError(f"--k {k!r} is not a list of integers", hint="e.g. --k 1,8,32") from e
     if engine not in ("auto", "hf", "vllm"):

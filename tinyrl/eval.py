@@ -169,6 +169,9 @@ def _engine(kind: str, model_path: str, tokenizer, device, max_model_len: int, s
                        max_model_len=max_model_len, seed=seed, **extra)
 
 
+DEFAULT_KS = (1, 8, 32)  # eval's --k: those up to --n
+
+
 def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: int = 32,
              ks: list[int] | None = None, temperature: float = 0.6, top_p: float = 1.0, greedy: bool = True,
              engine: str = "auto", max_new_tokens: int | None = None, out_dir: Path | None = None,
@@ -184,10 +187,17 @@ def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: i
     from tinyrl.setup import load_tokenizer
     from tinyrl.tasks import check_rows, get_task
 
-    ks = sorted(set(ks or [1, 8, 32]))
-    if n < 0 or any(k < 1 for k in ks) or (n == 0 and not greedy):
+    if n < 0 or any(k < 1 for k in ks or []) or (n == 0 and not greedy):
         raise TinyRLError(f"--n {n} --k {ks}: need n >= 1 (or --greedy with n = 0) and every k >= 1",
                           hint="e.g. --n 32 --k 1,8,32")
+    beyond = sorted(k for k in ks or [] if k > n)
+    if beyond:  # an asked-for pass@k was left out of the results without a word
+        raise TinyRLError(f"--k {','.join(map(str, beyond))}: pass@k and maj@k need k of the --n {n} samples per "
+                          "problem; nothing was evaluated",
+                          hint=f"raise --n to {beyond[-1]}"
+                               + (f", or ask only for k <= {n}: --k {','.join(str(k) for k in ks if k <= n)}"
+                                  if any(k <= n for k in ks) else ", or leave --k out"))
+    ks = sorted(set(ks or [k for k in DEFAULT_KS if k <= n]))
     files = parse_data_args(data)
     for name, path in files:
         if not path.is_file():
