@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tinyrl.errors import TinyRLError
-from tinyrl.report import load_metrics, write_report
+from tinyrl.report import REPORT_MARK, load_metrics, write_report
 from tinyrl.sinks import TensorBoardSink, WandbSink, make_sinks
 
 GIB = 1024**3
@@ -277,6 +278,29 @@ def test_cli_report_prints_the_files_written(tmp_path):
     assert str(tmp_path / "out" / "reward.png") in result.output
     assert str(tmp_path / "out" / "summary.txt") in result.output
     assert "final val score: 0.3000 (step 3)" in result.output
+
+
+def test_report_never_replaces_a_users_files_in_out_but_updates_its_own(tmp_path):
+    """`--out figures` wrote reward.png and summary.txt over the user's own files of those names."""
+    run = make_run(tmp_path / "run", steps=3, critic=False, val_every=3)
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    for name in ("reward.png", "val_aime_at_k.png", "notes.txt"):
+        (figures / name).write_text(f"the user's {name}")
+    proc = subprocess.run([sys.executable, "-c", "from tinyrl.cli import main; main()", "report", str(run),
+                           "--out", str(figures)], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    said = " ".join(proc.stderr.replace("│", " ").split())
+    assert proc.returncode == 2 and "already holds reward.png, val_aime_at_k.png" in said and "notes.txt" not in said
+    assert sorted(p.name for p in figures.iterdir()) == ["notes.txt", "reward.png", "val_aime_at_k.png"]
+    assert all((figures / n).read_text() == f"the user's {n}" for n in ("reward.png", "val_aime_at_k.png"))
+    (figures / "reward.png").unlink()
+    (figures / "val_aime_at_k.png").unlink()
+    first = write_report(run, figures)  # beside the user's notes.txt, then again over its own files
+    assert (figures / "notes.txt").read_text() == "the user's notes.txt"
+    assert [p.name for p in write_report(run, figures)] == [p.name for p in first]
+    assert write_report(run)  # RUN_DIR/report: its own, also when named and written before the mark was
+    (run / "report" / REPORT_MARK).unlink()
+    assert write_report(run, run / "report")
 
 
 def test_cli_report_on_a_missing_run_is_one_error_screen_with_exit_code_2(tmp_path):

@@ -434,6 +434,22 @@ def _plot_memory_vs_plan(ax, rows: list[dict]) -> None:
     _legend_below(ax)
 
 
+REPORT_MARK = ".tinyrl-report"  # in a directory report wrote: a rerun may replace its own files there
+
+
+def check_not_replacing(out: Path) -> None:
+    """--out: a directory of the user's keeps its own reward.png, summary.txt, ... (report wrote
+    over them); one that report wrote before (its mark) is updated, as RUN_DIR/report is."""
+    if not out.is_dir() or (out / REPORT_MARK).exists():
+        return
+    ours = set(PLOTS) | {"timeline.png", "memory_vs_plan.png", "summary.txt"}
+    taken = sorted(p.name for p in out.iterdir() if p.name in ours or (p.name.startswith("val_") and p.suffix == ".png"))
+    if taken:
+        raise TinyRLError(f"--out {out} already holds {', '.join(taken)}, which tinyrl report did not write; "
+                          "nothing was written",
+                          hint="give a new or empty directory, or leave --out out (RUN_DIR/report)")
+
+
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Write the plots and summary.txt; returns the files written (summary.txt last)."""
     run_dir = Path(run_dir)
@@ -442,7 +458,11 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
     notes: list[str] = []
     recs = load_metrics(run_dir, notes)
     matplotlib, Figure = _figure_module()
-    out = make_dir(Path(out_dir) if out_dir is not None else run_dir / "report", example="report")
+    own = run_dir / "report"
+    if out_dir is not None and Path(out_dir).resolve() != own.resolve():
+        check_not_replacing(Path(out_dir))
+    out = make_dir(Path(out_dir) if out_dir is not None else own, example="report")
+    (out / REPORT_MARK).touch()
 
     written, skipped = [], []
     other_kind = RL_ONLY if series(recs, "sft/loss")[0] else SFT_ONLY
