@@ -170,6 +170,10 @@ def test_an_out_inside_a_file_is_exit_2_before_the_work(tmp_path, command):
     said = f"--out {out} is inside {mine}, which is a file" if inside else f"--out {out} is a file, not a directory"
     assert said in text and lost in text, text
     assert mine.read_text() == "mine" and sorted(p.name for p in run.iterdir()) == ["config.json", "metrics.jsonl"]
+    named = tmp_path / "new" / "aime.parquet"  # a file's name for the directory: it was made, as a directory
+    text = one_screen(tinyrl(*[a.format(run=run, src=src) for a in args], "--out", str(named)))
+    assert f"--out {named} names a directory to create, but aime.parquet looks like a file name; {lost}" in text, text
+    assert f"--out {tmp_path / 'new' / 'aime'}" in text and not (tmp_path / "new").exists()
 
 
 @pytest.mark.parametrize("command", ["probe-memory", "doctor"])

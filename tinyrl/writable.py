@@ -33,6 +33,10 @@ def nearest_existing(path: Path) -> Path:
     return path
 
 
+# A directory --out that does not exist yet and ends so is a file name given by mistake.
+FILE_SUFFIXES = {".parquet", ".jsonl", ".json", ".csv", ".png", ".txt", ".toml", ".py", ".safetensors", ".bin", ".pt"}
+
+
 def check_writable(path: Path, flag: str = "--out", lost: str = "nothing was loaded or written",
                    example: str = "runs/my-run") -> None:
     """`path` is (or can be made) a directory this process can write in; creates nothing.
@@ -42,6 +46,13 @@ def check_writable(path: Path, flag: str = "--out", lost: str = "nothing was loa
         what = "is a file" if where == path.expanduser().absolute() else f"is inside {where}, which is a file"
         raise TinyRLError(f"{flag} {path} {what}, not a directory; {lost}",
                           hint=f"give {flag} a directory, e.g. {flag} {example}")
+    if where != path.expanduser().absolute() and path.suffix.lower() in FILE_SUFFIXES:
+        # `data math --out data/aime.parquet` made a directory of that name, which train then
+        # read as "a directory, not a parquet file"
+        raise TinyRLError(f"{flag} {path} names a directory to create, but {path.name} looks like a file name; {lost}",
+                          hint=f"give {flag} a directory, e.g. {flag} {path.parent / path.stem}"
+                               + (f" (`data math` and `data retool`: --name {path.stem} names the file)"
+                                  if path.suffix.lower() == ".parquet" else ""))
     try:
         handle, probe = tempfile.mkstemp(prefix=".tinyrl-write-check-", dir=where)
     except OSError as exc:
