@@ -80,3 +80,31 @@ def test_train_and_eval_on_another_tasks_file_stop_before_generating(tmp_path, t
     said = " ".join(done.stderr.replace("│", " ").split())
     assert done.returncode == 2 and "cannot be scored by the math task's reward" in said, done.stderr
     assert not (tmp_path / "eval").exists()
+
+
+@pytest.mark.parametrize("command, preset, key", [("train", "math-tiny", "data.train_path"),
+                                                  ("train", "math-tiny", "data.val_files"),
+                                                  ("sft", "countdown-tiny-sft", "data.test_path")])
+def test_another_tasks_file_is_said_before_the_memory_plan_and_any_model(tmp_path, monkeypatch, capsys,
+                                                                       command, preset, key):
+    """On a card the plan (and model.init_from's merge of an SFT run) came first, then the row
+    check; `sft` checked its test file after loading the model. Now nothing of that is reached."""
+    from tinyrl.cli import main
+
+    maths = tmp_path / "maths.parquet"
+    get_task("math").generate(tmp_path / "m", 8, 8, seed=0, progress=False)[1].rename(maths)
+    other = COUNTDOWN_TEST if command == "train" else maths  # the maths task on Countdown; Countdown on maths
+    value = f'["c={other}"]' if key == "data.val_files" else str(other)
+
+    def reached(*_, **__):
+        raise AssertionError("the memory plan was reached")
+
+    monkeypatch.setattr("tinyrl.preflight.preflight", reached)
+    monkeypatch.setattr(sys, "argv", ["tinyrl", command, "--preset", preset, "--out", str(tmp_path / "run"),
+                                      "--no-dashboard", "--set", f"{key}={value}"])
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit) as exited:
+        main()
+    said = " ".join(capsys.readouterr().err.replace("│", " ").split())
+    assert exited.value.code == 2 and f"{other}: " in said and "cannot be scored by the" in said, said
+    assert not (tmp_path / "run" / "config.json").exists()

@@ -182,7 +182,7 @@ def _run_command(command: str, preset: str, overrides: Optional[list[str]], out_
     """`train` and `sft`: the same checks, loop and endings; only the trainer differs."""
     from tinyrl import interrupts, rundir
     from tinyrl.config import check_command, load_config
-    from tinyrl.setup import check_train_path
+    from tinyrl.setup import check_data_rows, check_train_path
 
     interrupts.install()  # from here on, Ctrl-C/SIGTERM end cleanly (see tinyrl.interrupts)
     config_notes: list[str] = []
@@ -192,6 +192,7 @@ def _run_command(command: str, preset: str, overrides: Optional[list[str]], out_
     if max_steps is not None and max_steps < 1:
         raise TinyRLError(f"--max-steps {max_steps} must be at least 1", hint="e.g. --max-steps 3")
     check_train_path(cfg)  # a mistyped data path fails here, before anything is loaded or written
+    check_data_rows(cfg)  # another task's data too: before the memory plan, init_from's merge, the model
     resume_cmd = _resume_command(preset, overrides, run_dir, max_steps, command)
     # The run directory's owner until this command ends (a second process: exit 2 with this pid);
     # taken before anything is written into it, and before looking at what it holds.

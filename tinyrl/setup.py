@@ -87,6 +87,27 @@ def check_train_path(cfg: Config) -> Path:
         "(generated on first use)")
 
 
+def check_data_rows(cfg: Config) -> None:
+    """Every row the run scores, in the files there now (training, test, data.val_files; an SFT
+    run's test file when it samples), as the task's reward reads its ground truth
+    (tinyrl.tasks.check_rows). Called before the memory plan, model.init_from's merge and the
+    model load: another task's file was found after them. A file tinyrl generates is the task's own."""
+    from tinyrl.data.io import load_prompts
+    from tinyrl.eval import parse_data_args
+    from tinyrl.tasks.rewards import check_reward_rows
+
+    rl = cfg.command != "sft"
+    scored = [(cfg.data.train_path, None)] if rl else []
+    if cfg.trainer.test_every and (rl or cfg.sft.val_generate):
+        scored.append((cfg.data.test_path, cfg.data.max_test_prompts))
+        if rl:
+            scored += [(str(path), cfg.data.max_test_prompts) for _, path in parse_data_args(cfg.data.val_files)]
+    for name, max_rows in scored:
+        path = resolve_path(name)
+        if path.is_file():
+            check_reward_rows(cfg, load_prompts(path, max_rows=max_rows).to_dict("records"), path)
+
+
 def ensure_train_data(cfg: Config) -> Path:
     """The training file; the preset's own Countdown file is generated on first use, into a
     fresh temporary directory, then linked into place without replacing any existing file.
@@ -197,7 +218,7 @@ def prepare_inputs(cfg: Config, run_dir: Path | None = None) -> RunInputs:
     """`run_dir`: where model.init_from's starting model is written (tinyrl.init_from)."""
     from tinyrl.init_from import model_path_of
     from tinyrl.tasks import get_task
-    from tinyrl.tasks.rewards import build_rewards, check_reward_rows
+    from tinyrl.tasks.rewards import build_rewards
 
     device = pick_device(cfg.trainer.device)
     reward_fn = build_rewards(cfg)  # user functions get reward.timeout_s (tinyrl.rewards.limits)
@@ -207,13 +228,11 @@ def prepare_inputs(cfg: Config, run_dir: Path | None = None) -> RunInputs:
     tools = get_task(cfg.task.name).tools
     chat = dict(chat=cfg.data.chat_template, tools=tools)
     train_prompts, train_rows = tokenize_rows(train_path, tok, cfg.data.max_prompt_length, **chat)
-    check_reward_rows(cfg, train_rows, train_path)  # another task's file: said before the first rollout
     test_prompts, test_rows = [], []
     if cfg.trainer.test_every:
         test_path = resolve_path(cfg.data.test_path)
         test_prompts, test_rows = tokenize_rows(test_path, tok, cfg.data.max_prompt_length,
                                                 max_rows=cfg.data.max_test_prompts, **chat)
-        check_reward_rows(cfg, test_rows, test_path)
     val_sets = []
     if cfg.trainer.test_every:
         from tinyrl.eval import parse_data_args
@@ -221,7 +240,6 @@ def prepare_inputs(cfg: Config, run_dir: Path | None = None) -> RunInputs:
         for name, path in parse_data_args(cfg.data.val_files):
             prompts, rows = tokenize_rows(resolve_path(str(path)), tok, cfg.data.max_prompt_length,
                                           max_rows=cfg.data.max_test_prompts, **chat)
-            check_reward_rows(cfg, rows, path)
             val_sets.append((name, prompts, rows))
     return RunInputs(device, model_path, tok, tok.pad_token_id, train_prompts, train_rows,
                      test_prompts, test_rows, reward_fn, val_sets, tools)

@@ -79,13 +79,12 @@ class SFTTrainer(Trainer):
         renders them, the task's reward, and the hf engine sampling from the actor itself."""
         from tinyrl.rollout.factory import make_engine
         from tinyrl.setup import RunInputs, tokenize_rows
-        from tinyrl.tasks.rewards import build_rewards, check_reward_rows
+        from tinyrl.tasks.rewards import build_rewards
 
         cfg = self.cfg
         test_path = resolve_path(cfg.data.test_path)
         prompts, rows = tokenize_rows(test_path, self.tokenizer, cfg.data.max_prompt_length,
                                       max_rows=cfg.data.max_test_prompts, chat=cfg.data.chat_template)
-        check_reward_rows(cfg, rows, test_path)
         self.inputs = RunInputs(self.device, self.model_path, self.tokenizer, self.pad_id, [], [], prompts, rows,
                                 build_rewards(cfg))
         return make_engine("hf", model=self.models.actor, tokenizer=self.tokenizer, device=self.device)
