@@ -147,3 +147,23 @@ def countdown_train(tmp_path_factory):
             made[n] = generate_countdown(tmp_path_factory.mktemp(f"countdown-{n}"), n, 1024, progress=False)[0]
         return made[n]
     return make
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """tmpfs(size_bytes) -> a real, small, mounted filesystem (unmounted after the test), for
+    full-disk tests (tests/helpers/small_disk.py: root with CAP_SYS_ADMIN, as in CI)."""
+    from helpers.small_disk import mount_tmpfs, unmount
+
+    mounted: list[Path] = []
+
+    def make(size_bytes: int) -> Path:
+        where = tmp_path / f"disk{len(mounted)}"
+        if not mount_tmpfs(where, size_bytes):
+            pytest.skip("mounting a tmpfs is not allowed here (needs root with CAP_SYS_ADMIN, as CI has)")
+        mounted.append(where)
+        return where
+
+    yield make
+    for where in mounted:
+        unmount(where)

@@ -164,3 +164,21 @@ def test_a_k_above_n_is_refused_before_the_model_loads_and_the_default_ks_stop_a
     summary, _ = ev.evaluate(str(tiny_model_dir), [str(data)], task_name="countdown", n=8, greedy=False,
                              engine="hf", max_new_tokens=4, out_dir=tmp_path / "ev", progress=False)
     assert summary["k"] == [1, 8] and {"pass@1", "pass@8"} <= set(summary["files"]["test"])
+
+
+def test_a_full_disk_after_the_evaluation_keeps_its_figures_and_writes_neither_file(tmp_path, tiny_model_dir, tmpfs):
+    """eval writes at the end: on a full disk that was a traceback after the whole evaluation (on a
+    card, an AIME n=32 run lost), with eval_samples.jsonl half-written and no eval.json."""
+    import pandas as pd
+    from helpers.small_disk import fill
+
+    data = tmp_path / "test.parquet"
+    pd.read_parquet(Path(__file__).resolve().parent.parent / "data" / "countdown" / "test.parquet")[:16].to_parquet(data)
+    disk = tmpfs(2**20)
+    fill(disk, leave_bytes=8192)  # the directory fits; ~40 KB of samples do not
+    with pytest.raises(TinyRLError) as caught:
+        ev.evaluate(str(tiny_model_dir), [str(data)], task_name="countdown", n=2, ks=[1, 2], engine="hf",
+                    max_new_tokens=16, out_dir=disk / "ev", progress=False)
+    assert "No space left on device; nothing was written there" in caught.value.message
+    assert "The evaluation's figures: test: problems 16, greedy_acc " in caught.value.message
+    assert "pass@2 " in caught.value.message and list((disk / "ev").iterdir()) == []

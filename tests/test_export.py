@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -15,10 +16,17 @@ from tinyrl.trainer import Trainer
 from test_trainer import tiny_config
 
 
-def test_export_merges_the_actor(tmp_path, tiny_model_dir):
-    run = tmp_path / "run"
-    trainer = Trainer(tiny_config(tmp_path, "actor.lr=1e-2"), run)
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_model_dir):
+    """(trainer, run directory) of two tiny steps that move the adapter."""
+    tmp = tmp_path_factory.mktemp("export")
+    trainer = Trainer(tiny_config(tmp, "actor.lr=1e-2"), tmp / "run")
     trainer.train()
+    return trainer, tmp / "run"
+
+
+def test_export_merges_the_actor(tmp_path, trained):
+    trainer, run = trained
     out = tmp_path / "exported"
     done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "export", str(run), "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
@@ -46,3 +54,34 @@ def test_export_of_a_directory_without_a_run_exits_2(tmp_path):
     done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "export", str(tmp_path), "--out", str(tmp_path / "x")],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "300"})  # hang guard
     assert done.returncode == 2 and "not a run directory" in done.stderr
+
+
+def test_a_full_disk_is_said_before_writing_and_never_leaves_half_a_model(trained, tmpfs, monkeypatch):
+    """A 3B export is 12 GB (fp32): on a full disk `tinyrl export` ended in a safetensors traceback
+    and left config.json without weights in --out, which from_pretrained failed on and a rerun
+    refused as not empty. Now the room is checked first, and a write that fails anyway (here:
+    the check told there is room) leaves nothing behind."""
+    from helpers.small_disk import fill
+
+    from tinyrl.errors import TinyRLError
+    from tinyrl.export import export_run
+
+    _, run = trained
+    disk = tmpfs(4 * 2**20)
+    fill(disk, leave_bytes=2**20)  # 1 MiB free; the tiny model's weights take ~2 MiB
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "export", str(run), "--out", str(disk / "m")],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "300"})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "the merged model needs ~" in done.stderr and "are free; nothing was written" in done.stderr
+    assert list((disk / "m").iterdir()) == []
+    monkeypatch.setattr("tinyrl.export.shutil.disk_usage", lambda _: shutil_usage(10 * 2**30))
+    for overwrite in (False, True):
+        with pytest.raises(TinyRLError, match="No space left on device.*; nothing was written there"):
+            export_run(run, disk / "m", overwrite=overwrite)
+        assert list((disk / "m").iterdir()) == []
+
+
+def shutil_usage(free: int):
+    import shutil
+
+    return shutil._ntuple_diskusage(free, 0, free)

@@ -21,7 +21,7 @@ from tinyrl.errors import TinyRLError
 from tinyrl.eval_metrics import summarize
 from tinyrl.rollout.base import SamplingSettings, response_texts
 from tinyrl.rollout.transcript import transcript
-from tinyrl.writable import check_writable, make_dir
+from tinyrl.writable import check_writable, make_dir, staged
 
 CHUNK_PROMPTS = 16  # prompts per generate() call: the progress bar moves, memory stays flat
 
@@ -204,8 +204,9 @@ def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: i
             raise TinyRLError(f"--data {name}: {path} not found", hint="make it with `tinyrl data TASK ...`")
     run = is_run_dir(Path(target).expanduser())
     out = out_dir or (Path(target) / "eval" if run else Path("eval") / Path(target).name)
-    if (out / "eval.json").exists():  # said before a run's checkpoint is merged and a model loaded
-        raise TinyRLError(f"{out / 'eval.json'} exists; nothing was changed", hint="give another --out directory")
+    there = [p for p in (out / "eval.json", out / "eval_samples.jsonl") if p.exists()]
+    if there:  # said before a run's checkpoint is merged and a model loaded
+        raise TinyRLError(f"{there[0]} exists; nothing was changed", hint="give another --out directory")
     check_writable(out, lost="nothing was evaluated", example="eval/mine")  # not after the evaluation
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     engine = engine if engine != "auto" else ("vllm" if device.type == "cuda" else "hf")
@@ -261,19 +262,34 @@ def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: i
                            seed, progress, tool_rollout)
         finally:
             eng.close()
-    make_dir(out, example="eval/mine")
-    with open(out / "eval_samples.jsonl", "w") as f:
-        for r in results:
-            for s in r.samples:
-                f.write(json.dumps(s) + "\n")
     summary = {"model": label, "task": task_cfg.name, "engine": engine, "n": n, "k": ks, "temperature": temperature,
                "top_p": top_p, "greedy": greedy, "max_new_tokens": max_new,
                "files": {r.name: {"path": str(p), "problems": len(rows), **r.metrics}
                          for r, (_, p), (_, _, rows) in zip(results, files, loaded)}}
     if with_tools:
         summary["tools"] = list(task.tools)
-    (out / "eval.json").write_text(json.dumps(summary, indent=2))
+    _write(out, summary, results)
     return summary, out
+
+
+def _write(out: Path, summary: dict, results: list) -> None:
+    """eval_samples.jsonl and eval.json, both or neither: a full disk after the whole evaluation was
+    a traceback that lost its figures and left the samples without the summary."""
+    make_dir(out, example="eval/mine")
+    try:
+        with staged(out) as stage:
+            with open(stage / "eval_samples.jsonl", "w") as f:
+                for r in results:
+                    for sample in r.samples:
+                        f.write(json.dumps(sample) + "\n")
+            (stage / "eval.json").write_text(json.dumps(summary, indent=2))
+    except OSError as exc:
+        figures = "; ".join(f"{name}: " + ", ".join(f"{k} {v:.4g}" for k, v in m.items() if isinstance(v, (int, float)))
+                            for name, m in summary["files"].items())
+        raise TinyRLError(f"could not write eval.json and eval_samples.jsonl into {out}: {exc.strerror or exc}; "
+                          f"nothing was written there. The evaluation's figures: {figures}",
+                          hint="free disk space, or give --out a directory on a disk with room, and evaluate "
+                               "again") from exc
 
 
 def _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, greedy, max_new, seed, progress,

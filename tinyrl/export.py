@@ -10,14 +10,17 @@ started with model.init_from is merged into its own starting model (tinyrl.init_
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from tinyrl import checkpoint as ckpt
 from tinyrl.config import config_from_dict
 from tinyrl.errors import TinyRLError
-from tinyrl.writable import check_writable
+from tinyrl.writable import check_writable, make_dir, staged
 
 
 def check_out_dir(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
@@ -74,9 +77,22 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, base_dtype
 
         dtype = getattr(AutoConfig.from_pretrained(model_path), "dtype", None) or torch.float32
         merged = merged.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    merged.save_pretrained(out_dir)
-    load_tokenizer(model_path, cfg.model.custom_chat_template).save_pretrained(out_dir)
-    (out_dir / "tinyrl_export.json").write_text(json.dumps({"run_dir": str(run_dir), "step": state["step"],
-                                                            "base": cfg.model.name}, indent=2))
+    need = sum(t.numel() * t.element_size() for t in merged.state_dict().values())  # tied weights twice: a bound
+    make_dir(out_dir, example="exported-actor")
+    free = shutil.disk_usage(out_dir).free
+    room = ("free disk space, or write to a disk with room (`tinyrl eval` of a run merges it under "
+            f"TMPDIR, now {tempfile.gettempdir()})")
+    if need > free:
+        raise TinyRLError(f"the merged model needs ~{ckpt.human_bytes(need)} in {out_dir} and "
+                          f"{ckpt.human_bytes(free)} are free; nothing was written", hint=room)
+    try:  # a full disk left config.json without weights: from_pretrained failed on it, a rerun refused
+        with staged(out_dir, replace=overwrite) as stage:
+            merged.save_pretrained(stage)
+            load_tokenizer(model_path, cfg.model.custom_chat_template).save_pretrained(stage)
+            (stage / "tinyrl_export.json").write_text(json.dumps({"run_dir": str(run_dir), "step": state["step"],
+                                                                  "base": cfg.model.name}, indent=2))
+    except (OSError, SafetensorError) as exc:  # safetensors reports its own failed writes (ENOSPC) as SafetensorError
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise TinyRLError(f"writing the merged model into {out_dir} failed: {why}; nothing was "
+                          "written there", hint=room) from exc
     return out_dir

@@ -118,16 +118,19 @@ def place_new(src: Path, dst: Path) -> bool:
 
 
 @contextlib.contextmanager
-def staged(out: Path) -> Iterator[Path]:
+def staged(out: Path, replace: bool = False) -> Iterator[Path]:
     """A hidden folder in `out` to write a command's files into; they move into `out` when the body
     ends without an error, and the folder goes in any case (Ctrl-C included). So an interrupted
     `tinyrl data` leaves no half-written parquet in --out, which train would fail to read and a
-    rerun would refuse to replace."""
+    rerun would refuse to replace. `replace`: files of the same names in `out` are replaced
+    (`export --overwrite`); else one that appeared meanwhile is kept and said."""
     stage = Path(tempfile.mkdtemp(prefix=".tinyrl-writing-", dir=out))
     try:
         yield stage
         for done in sorted(stage.iterdir()):
-            if not place_new(done, out / done.name):
+            if replace:
+                os.replace(done, out / done.name)
+            elif not place_new(done, out / done.name):
                 raise TinyRLError(f"{out / done.name} appeared while it was written; it was kept",
                                   hint="another command writes into the same --out: give each its own")
     finally:
