@@ -572,3 +572,36 @@ def test_an_export_that_fails_while_moving_its_files_in_puts_out_back(tmp_path, 
     export_verl(cfg, out, overwrite=True)  # and with nothing in the way it is written
     assert (out / "keep.txt").read_text() == "mine" and (out / "run_verl.sh").read_text() != "an older export"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging directory left
+
+
+def test_from_run_reads_the_runs_relative_paths_from_where_it_was_started(tmp_path, monkeypatch):
+    """A run started in ~/proj with model.init_from=runs/sft and data.train_path=data/train.parquet:
+    `export-verl --from-run ~/proj/runs/rl` from another directory said the SFT run did not exist
+    ("run that first"). run.json keeps the directory a run starts in; the paths are read from there."""
+    import pandas as pd
+
+    from tinyrl.rundir import start_run
+
+    proj = tmp_path / "proj"
+    sft = proj / "runs" / "sft"
+    (sft / "checkpoints" / "step_0000001").mkdir(parents=True)
+    (sft / "checkpoints" / "step_0000001" / "state.pt").write_bytes(b"")
+    shipped = Path(__file__).resolve().parent.parent / "data" / "countdown" / "test.parquet"
+    (proj / "data").mkdir()
+    pd.read_parquet(shipped)[:64].to_parquet(proj / "data" / "train.parquet")
+    cfg = load_config("countdown-tiny", ["data.train_path=data/train.parquet", "trainer.test_every=0"])
+    (sft / "config.json").write_text(json.dumps(cfg.to_dict()))
+    cfg.model.init_from = "runs/sft"
+    run = proj / "runs" / "rl"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(cfg.to_dict()))
+    monkeypatch.chdir(proj)  # where `tinyrl train` ran
+    start_run(run)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "export-verl", "--from-run", str(run), "--out", "o"],
+                          capture_output=True, text=True, timeout=120, cwd=elsewhere, env={**os.environ, "COLUMNS": "300"})
+    assert done.returncode == 0, done.stderr
+    assert len(pd.read_parquet(elsewhere / "o" / "data" / "train.parquet")) == 64
+    saved = json.loads((elsewhere / "o" / "tinyrl_config.json").read_text())
+    assert saved["model"]["init_from"] == str(sft) and saved["data"]["train_path"] == str(proj / "data" / "train.parquet")

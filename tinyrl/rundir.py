@@ -3,7 +3,7 @@
     RUN_DIR/.tinyrl.lock   the owner: an OS lock (flock) held while `tinyrl train|sft` runs; the
                            file holds the owner's pid. The OS drops the lock when the process
                            ends in any way (SIGKILL included), so there is nothing stale to clean.
-    RUN_DIR/run.json       {"run_id", "started"}: written when a run starts; every checkpoint
+    RUN_DIR/run.json       {"run_id", "started", "cwd"}: written when a run starts; every checkpoint
                            carries the same id (its meta.json), so --resume knows the
                            checkpoint is this run's and a new run never adopts another's.
 
@@ -128,7 +128,17 @@ def _new_id() -> str:
 def _write_id(run_dir: Path, run_id: str) -> None:
     from tinyrl.jsonl import write_atomic
 
-    write_atomic(run_dir / RUN_FILE, json.dumps({"run_id": run_id, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}))
+    # cwd: the run's relative paths (data, model.init_from, a reward file) start there (start_dir)
+    write_atomic(run_dir / RUN_FILE, json.dumps({"run_id": run_id, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                                 "cwd": os.getcwd()}))
+
+
+def start_dir(run_dir: Path) -> Path | None:
+    """The directory the run was started in (run.json's cwd); None for a run begun before it was kept."""
+    if not (run_dir / RUN_FILE).is_file():
+        return None
+    where = _read_id(run_dir / RUN_FILE, "cwd")
+    return Path(where) if where else None
 
 
 def _read_id(path: Path, key: str) -> str | None:
