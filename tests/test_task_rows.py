@@ -108,3 +108,26 @@ def test_another_tasks_file_is_said_before_the_memory_plan_and_any_model(tmp_pat
     said = " ".join(capsys.readouterr().err.replace("│", " ").split())
     assert exited.value.code == 2 and f"{other}: " in said and "cannot be scored by the" in said, said
     assert not (tmp_path / "run" / "config.json").exists()
+
+
+@pytest.mark.parametrize("command, preset", [("train", "math-tiny"), ("sft", "countdown-tiny-sft")])
+def test_fewer_rows_than_one_batch_is_said_before_loading_or_writing_anything(tmp_path, monkeypatch, capsys,
+                                                                              command, preset):
+    """`train` said it after the model and the rollout engine (vLLM on a card) had loaded, and both
+    left config.json and run.json in the run directory."""
+    from tinyrl.cli import main
+
+    task = get_task("math" if command == "train" else "countdown")
+    make = task.generate if command == "train" else task.generate_sft
+    small = make(tmp_path / "d", 4, 4, seed=0, progress=False)[0]
+    if command == "train":
+        monkeypatch.setattr("tinyrl.preflight.preflight", lambda *_: (_ for _ in ()).throw(AssertionError("planned")))
+    monkeypatch.setattr(sys, "argv", [
+        "tinyrl", command, "--preset", preset, "--out", str(tmp_path / "run"), "--no-dashboard",
+        "--set", f"data.train_path={small}", "--set", "trainer.test_every=0"])
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit) as exited:
+        main()
+    said = " ".join(capsys.readouterr().err.replace("│", " ").split())
+    assert exited.value.code == 2 and "has 4 " in said and "fewer than one batch" in said, said
+    assert not [p.name for p in (tmp_path / "run").glob("*.json")]

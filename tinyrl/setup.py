@@ -102,10 +102,19 @@ def check_data_rows(cfg: Config) -> None:
         scored.append((cfg.data.test_path, cfg.data.max_test_prompts))
         if rl:
             scored += [(str(path), cfg.data.max_test_prompts) for _, path in parse_data_args(cfg.data.val_files)]
-    for name, max_rows in scored:
+    for i, (name, max_rows) in enumerate(scored):
         path = resolve_path(name)
         if path.is_file():
-            check_reward_rows(cfg, load_prompts(path, max_rows=max_rows).to_dict("records"), path)
+            rows = load_prompts(path, max_rows=max_rows).to_dict("records")
+            check_reward_rows(cfg, rows, path)
+            if rl and i == 0:  # the training file: said here, not after the model and vLLM have loaded
+                check_one_batch(len(rows), "prompts", cfg.trainer.train_batch_size)
+
+
+def check_one_batch(n_rows: int, rows_are: str, batch: int) -> None:
+    if n_rows < batch:
+        raise TinyRLError(f"the training data has {n_rows} {rows_are}, fewer than one batch "
+                          f"(trainer.train_batch_size = {batch})", hint="lower trainer.train_batch_size or use more data")
 
 
 def ensure_train_data(cfg: Config) -> Path:

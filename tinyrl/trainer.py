@@ -47,7 +47,7 @@ from tinyrl.rl.rollout_is import probs_diff, rollout_is_weights
 from tinyrl.rollout.base import SamplingSettings, response_texts
 from tinyrl.trajectory import Trajectory, engine_logprobs, trajectory_of
 from tinyrl.runlog import RunLog, memory_reading
-from tinyrl.setup import RunInputs, prepare_inputs
+from tinyrl.setup import RunInputs, check_one_batch, prepare_inputs
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,8 @@ class Trainer:
     def _start_run(self, run_dir: Path, resume: bool, n_rows: int, rows_are: str) -> None:
         """What every run sets last, once models and learners exist: the run log, the
         checkpoint ledger, the resumed state, and the epoch over `n_rows` training rows."""
+        # before config.json and run.json are written (RL: checked before anything loaded too)
+        check_one_batch(n_rows, rows_are, self.cfg.trainer.train_batch_size)
         # A full disk: loud, once. One channel, the warning on stderr (the CLI's log handler; above
         # the live view in a terminal); echoing it as a dashboard note printed it twice.
         self.run = RunLog(run_dir, self.device, warn=log.warning)
@@ -135,11 +137,6 @@ class Trainer:
             self.run_id = rundir.start_run(run_dir)  # every checkpoint carries it
         self.n_rows = n_rows
         self.steps_per_epoch = n_rows // self.cfg.trainer.train_batch_size
-        if self.steps_per_epoch < 1:
-            raise TinyRLError(
-                f"the training data has {n_rows} {rows_are}, fewer than one batch "
-                f"(trainer.train_batch_size = {self.cfg.trainer.train_batch_size})",
-                hint="lower trainer.train_batch_size or use more data")
 
     # ------------------------------------------------------------------ setup helpers
 
