@@ -289,3 +289,27 @@ def test_bad_input_exits_2_with_a_message(monkeypatch, capsys, tmp_path, args, w
 def test_library_raises_the_one_error_type():
     with pytest.raises(TinyRLError, match="--epochs"):
         estimate_cost(load_config("countdown-4090"), sec_per_step=1.0, epochs=0)
+
+
+def test_a_cpu_run_is_priced_as_the_cpu_and_another_cards_run_is_said(monkeypatch, capsys, tmp_path):
+    """--from-run of the CPU demo said "on rtx4090" and compared its CPU seconds with a 4090's
+    roofline; an H100 run priced as the preset's 4090 passed without a word."""
+    from tinyrl.config import load_config
+
+    config = load_config("countdown-0.5b-4090").to_dict()  # cost.gpu rtx4090, with an example price per hour
+    assert config["cost"]["price_per_hour"] > 0
+    cpu = write_run(tmp_path / "cpu", [30, 10, 12, 11], config=config,
+                    extra={"memory/kind": "ram", "memory/total_bytes": 24 * 2**30})
+    code, stdout, _ = cli(monkeypatch, capsys, "estimate-cost", "--from-run", str(cpu), "--json")
+    est = json.loads(stdout)
+    assert code == 0 and est["gpu"]["name"] == "the CPU the run used" and est["sec_per_step"] == 11
+    assert est["roofline"] is None and est["price_per_hour"] is None  # the preset's price is a card's
+    assert any("ran on the CPU" in a for a in est["assumptions"])
+    h100 = write_run(tmp_path / "h100", [30, 10, 12, 11], config=config,
+                     extra={"memory/kind": "vram", "memory/total_bytes": 85_031_714_816})
+    for gpu, warned in ((None, True), ("rtx4090", True), ("h100", False)):
+        code, stdout, _ = cli(monkeypatch, capsys, "estimate-cost", "--from-run", str(h100), "--json",
+                              *(["--gpu", gpu] if gpu else []))
+        est = json.loads(stdout)
+        assert code == 0 and est["roofline"] is not None and est["gpu"]["name"] == (gpu or "rtx4090")
+        assert any(a.startswith("WARNING: ") and "79.2 GiB, not a rtx4090" in a for a in est["assumptions"]) == warned

@@ -605,3 +605,7 @@ def test_from_run_reads_the_runs_relative_paths_from_where_it_was_started(tmp_pa
     assert len(pd.read_parquet(elsewhere / "o" / "data" / "train.parquet")) == 64
     saved = json.loads((elsewhere / "o" / "tinyrl_config.json").read_text())
     assert saved["model"]["init_from"] == str(sft) and saved["data"]["train_path"] == str(proj / "data" / "train.parquet")
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "timing/step": 2.0}) + "\n" for i in range(1, 5)))
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "estimate-cost", "--from-run", str(run), "--json"],
+                          capture_output=True, text=True, timeout=120, cwd=elsewhere)
+    assert done.returncode == 0 and json.loads(done.stdout)["prompts_per_epoch"] == 64, done.stderr  # not 8,192 made

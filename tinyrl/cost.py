@@ -49,6 +49,8 @@ class RunTiming:
     steady_steps: int
     warmup_steps: list[int]           # the step numbers left out
     config: dict | None               # RUN_DIR/config.json when present
+    memory_kind: str | None = None    # "vram": the run was on a card; "ram": on the CPU (metrics' memory/kind)
+    memory_total: int | None = None   # that card's bytes (memory/total_bytes): which card it was
 
 
 def read_run(run_dir: str | Path) -> RunTiming:
@@ -94,8 +96,11 @@ def read_run(run_dir: str | Path) -> RunTiming:
     phases = {k.removeprefix("timing/"): statistics.median(r[k] for r in steady if k in r) for k in keys}
     config_path = run / "config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else None
+    last = steady[-1]
+    total = last.get("memory/total_bytes")
     return RunTiming(run, float(statistics.median(r["timing/step"] for r in steady)), phases,
-                     len(steady), warm, config)
+                     len(steady), warm, config, last.get("memory/kind"),
+                     int(total) if isinstance(total, (int, float)) else None)
 
 
 def config_from_dict(raw: dict) -> Config:
@@ -293,6 +298,9 @@ def estimate_cost(
             raise TinyRLError("no config to estimate: give --preset NAME, or --from-run RUN_DIR holding config.json",
                               hint="e.g. tinyrl estimate-cost --preset countdown-4090")
         cfg = config_from_dict(run.config)
+        from tinyrl.rundir import rebase_paths
+
+        rebase_paths(cfg, run.run_dir)  # its data file, as seen from where the run was started
         notes.append(f"config (batch size, data, cost defaults) from {run.run_dir / 'config.json'}")
 
     if gpu_name == "auto":
@@ -302,6 +310,15 @@ def estimate_cost(
     else:
         gpu = get_gpu(gpu_name or cfg.cost.gpu)
 
+    on_cpu = run is not None and sec_per_step is None and run.memory_kind == "ram"
+    if on_cpu:  # its seconds are this CPU's: priced as a card's they said a 4090 epoch took CPU hours
+        notes.append(f"{run.run_dir} ran on the CPU: the hours are that machine's, not a card's (no roofline "
+                     "to compare); for a card, leave out --from-run (the roofline) or give a run made on it")
+    elif run is not None and sec_per_step is None and run.memory_kind == "vram" and run.memory_total \
+            and abs(run.memory_total / gpu.memory_bytes - 1) > 0.1:
+        notes.append(f"WARNING: {run.run_dir} ran on a card of {run.memory_total / 2**30:.1f} GiB, not a {gpu.name} "
+                     f"({gpu.memory_bytes / 2**30:.1f} GiB): its seconds are that card's; give --gpu with the card "
+                     "the run used, and its price")
     n_prompts, prompts_source = prompts_per_epoch(cfg, prompts)
     batch = cfg.trainer.train_batch_size
     if batch < 1:
@@ -310,9 +327,10 @@ def estimate_cost(
 
     roof, roof_error = None, ""
     try:
-        r = roofline_for(cfg, gpu, assumptions)
-        roof = {"sec_per_step": r.sec_per_step, "phases": r.phases, "details": r.details,
-                "constants": assumptions.to_dict()}
+        if not on_cpu:  # a card's roofline says nothing of a CPU's seconds
+            r = roofline_for(cfg, gpu, assumptions)
+            roof = {"sec_per_step": r.sec_per_step, "phases": r.phases, "details": r.details,
+                    "constants": assumptions.to_dict()}
     except TinyRLError as exc:
         if sec_per_step is None and run is None:
             raise  # the roofline is the only source: its error is the answer
@@ -332,13 +350,13 @@ def estimate_cost(
         if source != "roofline":  # how far the model is from reality is worth seeing every time
             notes.append(f"{source} seconds/step are {seconds / r.sec_per_step:.2f}x the roofline's {r.sec_per_step:.2f}")
         notes += roofline_assumptions(cfg, assumptions, r)
-    else:
+    elif roof_error:
         notes.append(f"no roofline for comparison: {roof_error}")
 
     if price is not None:
         per_hour, price_source = price, "--price"
     else:
-        per_hour = cfg.cost.price_per_hour
+        per_hour = 0.0 if on_cpu else cfg.cost.price_per_hour  # the preset's is a card's price
         price_source = (f"preset {cfg.preset or 'config'} cost.price_per_hour: an example, not a fact; set yours with --price"
                         if per_hour else "unknown: give --price")
     if per_hour <= 0:
@@ -347,8 +365,9 @@ def estimate_cost(
     hours = steps * seconds / 3600
     return CostEstimate(
         preset=cfg.preset,
-        gpu={"name": gpu.name, "memory_gib": gpu.memory_bytes / 2**30,
-             "bandwidth_gb_per_s": gpu.bandwidth_bytes_per_s / 1e9, "bf16_tflops": gpu.bf16_tflops},
+        gpu={"name": "the CPU the run used", "memory_gib": None, "bandwidth_gb_per_s": None, "bf16_tflops": None}
+        if on_cpu else {"name": gpu.name, "memory_gib": gpu.memory_bytes / 2**30,
+                        "bandwidth_gb_per_s": gpu.bandwidth_bytes_per_s / 1e9, "bf16_tflops": gpu.bf16_tflops},
         prompts_per_epoch=n_prompts,
         prompts_source=prompts_source,
         train_batch_size=batch,

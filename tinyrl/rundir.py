@@ -141,6 +141,36 @@ def start_dir(run_dir: Path) -> Path | None:
     return Path(where) if where else None
 
 
+def rebase_paths(cfg, run_dir: Path) -> None:
+    """The run's relative paths (data files, model.init_from, a local model, a reward file) as seen
+    from the directory it was started in, when they are not found from here: `export-verl
+    --from-run` from another directory said the SFT run the run started from did not exist, and
+    `estimate-cost --from-run` counted the preset's row count instead of the data file's."""
+    from tinyrl.config import resolve_path
+    from tinyrl.eval import parse_data_args
+
+    start = start_dir(run_dir)
+    if start is None or start.resolve() == Path.cwd().resolve():
+        return
+
+    def there(value: str) -> str:
+        if not value or resolve_path(value).exists() or Path(value).expanduser().is_absolute():
+            return value
+        return str(start / value) if (start / value).exists() else value
+
+    d, m, r = cfg.data, cfg.model, cfg.reward
+    d.train_path, d.test_path = there(d.train_path), there(d.test_path)
+    m.init_from, m.name = there(m.init_from), there(m.name)
+    d.val_files = [f"{name}={there(str(path))}" for name, path in parse_data_args(d.val_files)]
+    m.custom_chat_template = there(m.custom_chat_template) if "{" not in m.custom_chat_template else m.custom_chat_template
+
+    def file_spec(spec: str) -> str:  # reward.fn = file.py:func
+        where, _, func = spec.rpartition(":")
+        return f"{there(where)}:{func}" if where.endswith(".py") else spec
+
+    r.fn, r.extra_fns = file_spec(r.fn), [file_spec(s) for s in r.extra_fns]
+
+
 def _read_id(path: Path, key: str) -> str | None:
     try:
         value = json.loads(path.read_text()).get(key)

@@ -99,34 +99,10 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
     return out
 
 
-def rebase_paths(cfg: Config, run_dir: Path) -> None:
-    """The run's relative paths (data files, model.init_from, a local model, a reward file) as seen
-    from the directory it was started in, when they are not found from here: `export-verl
-    --from-run` from another directory said the SFT run the run started from did not exist."""
-    from tinyrl.config import resolve_path
-    from tinyrl.eval import parse_data_args
-    from tinyrl.rundir import start_dir
-
-    start = start_dir(run_dir)
-    if start is None or start.resolve() == Path.cwd().resolve():
-        return
-
-    def there(value: str) -> str:
-        if not value or resolve_path(value).exists() or Path(value).expanduser().is_absolute():
-            return value
-        return str(start / value) if (start / value).exists() else value
-
-    d, m, r = cfg.data, cfg.model, cfg.reward
-    d.train_path, d.test_path, m.init_from, m.name = there(d.train_path), there(d.test_path), there(m.init_from), there(m.name)
-    d.val_files = [f"{name}={there(str(path))}" for name, path in parse_data_args(d.val_files)]
-    m.custom_chat_template = there(m.custom_chat_template) if "{" not in m.custom_chat_template else m.custom_chat_template
-    file_spec = lambda spec: there(spec.rpartition(":")[0]) + ":" + spec.rpartition(":")[2] if spec.rpartition(":")[0].endswith(".py") else spec  # noqa: E731
-    r.fn, r.extra_fns = file_spec(r.fn), [file_spec(s) for s in r.extra_fns]
-
-
 def config_of_run(run_dir: Path, overrides: list[str] | None) -> Config:
     """A run's saved config.json, with --set overrides applied and checked like a preset."""
     from tinyrl.config import _apply_override, config_from_dict, problems_of
+    from tinyrl.rundir import rebase_paths
 
     path = run_dir / "config.json"
     if not path.is_file():
@@ -136,7 +112,7 @@ def config_of_run(run_dir: Path, overrides: list[str] | None) -> Config:
         cfg = config_from_dict(json.loads(path.read_text()))
     except json.JSONDecodeError as e:
         raise TinyRLError(f"{path} is not valid JSON: {e}", hint="the run's config.json is damaged") from e
-    rebase_paths(cfg, run_dir)
+    rebase_paths(cfg, run_dir)  # its relative paths, from where it was started
     problems = [p for item in overrides or [] for p in _apply_override(cfg, item)] + problems_of(cfg)
     if problems:
         raise TinyRLError(f"the run's config has {len(problems)} problem(s):\n"
