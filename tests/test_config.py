@@ -176,3 +176,11 @@ def test_only_shipped_files_are_found_in_the_checkout_from_another_directory(tmp
     (work / "data/demo").mkdir(parents=True)
     (work / "data/demo/test.parquet").write_text("mine")
     assert config.resolve_path("data/demo/test.parquet") == Path("data/demo/test.parquet")  # the user's own first
+
+
+def test_val_files_with_one_name_twice_is_a_config_problem():
+    """A name given twice (or two files of one stem) was `train`'s "two --data files have the
+    same name", pointing at eval's flag, after the model had loaded."""
+    shipped = "data/countdown/test.parquet"
+    message = _problems("countdown-tiny", f'data.val_files=["a={shipped}", "a={shipped}", "b=nowhere.parquet"]')
+    assert "2 problem(s)" in message and "data.val_files names 'a' twice" in message and "b = nowhere" in message

@@ -658,11 +658,16 @@ def _data_problems(cfg: Config) -> list[str]:
     if cfg.trainer.test_every and not test.exists():
         out.append(f"data.test_path = {cfg.data.test_path} does not exist; make it with "
                    f"`tinyrl data {cfg.task.name} --out DIR` or set trainer.test_every=0")
+    seen: set[str] = set()
     for item in cfg.data.val_files:
         name, sep, path = item.partition("=")
         if not sep or not name or "/" in name:
             out.append(f"data.val_files entry {item!r} is not name=path (e.g. aime=data/aime.parquet)")
-        elif cfg.trainer.test_every and not resolve_path(path).exists():
+            continue
+        if name in seen:  # their metrics (val/NAME/...) would be one; said as eval's --data error before
+            out.append(f"data.val_files names {name!r} twice; give each file its own name (e.g. aime=..., math500=...)")
+        seen.add(name)
+        if cfg.trainer.test_every and not resolve_path(path).exists():
             out.append(f"data.val_files: {name} = {path} does not exist")
     return out  # a missing data.train_path is generated (when the task can) on first use
 
