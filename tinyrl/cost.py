@@ -311,7 +311,7 @@ def estimate_cost(
         gpu = get_gpu(gpu_name or cfg.cost.gpu)
 
     on_cpu = run is not None and sec_per_step is None and run.memory_kind == "ram"
-    if on_cpu:  # its seconds are this CPU's: priced as a card's they said a 4090 epoch took CPU hours
+    if on_cpu:  # its seconds are a CPU's: priced as a card's, a 4090 epoch took the CPU's hours
         notes.append(f"{run.run_dir} ran on the CPU: the hours are that machine's, not a card's (no roofline "
                      "to compare); for a card, leave out --from-run (the roofline) or give a run made on it")
     elif run is not None and sec_per_step is None and run.memory_kind == "vram" and run.memory_total \
