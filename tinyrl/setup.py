@@ -96,19 +96,22 @@ def check_data_rows(cfg: Config) -> None:
     from tinyrl.eval import parse_data_args
     from tinyrl.tasks.rewards import check_reward_rows
 
-    rl = cfg.command != "sft"
-    scored = [(cfg.data.train_path, None)] if rl else []
-    if cfg.trainer.test_every and (rl or cfg.sft.val_generate):
-        scored.append((cfg.data.test_path, cfg.data.max_test_prompts))
-        if rl:
-            scored += [(str(path), cfg.data.max_test_prompts) for _, path in parse_data_args(cfg.data.val_files)]
-    for i, (name, max_rows) in enumerate(scored):
+    def check(name: str, max_rows: int | None) -> list | None:
         path = resolve_path(name)
-        if path.is_file():
-            rows = load_prompts(path, max_rows=max_rows).to_dict("records")
-            check_reward_rows(cfg, rows, path)
-            if rl and i == 0:  # the training file: said here, not after the model and vLLM have loaded
-                check_one_batch(len(rows), "prompts", cfg.trainer.train_batch_size)
+        if not path.is_file():
+            return None
+        rows = load_prompts(path, max_rows=max_rows).to_dict("records")
+        check_reward_rows(cfg, rows, path)
+        return rows
+
+    rl = cfg.command != "sft"
+    # the training file's size too: said here, not after the model and vLLM have loaded
+    if rl and (train := check(cfg.data.train_path, None)) is not None:
+        check_one_batch(len(train), "prompts", cfg.trainer.train_batch_size)
+    if cfg.trainer.test_every and (rl or cfg.sft.val_generate):
+        held_out = [cfg.data.test_path] + ([str(p) for _, p in parse_data_args(cfg.data.val_files)] if rl else [])
+        for name in held_out:
+            check(name, cfg.data.max_test_prompts)
 
 
 def check_one_batch(n_rows: int, rows_are: str, batch: int) -> None:
