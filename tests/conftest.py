@@ -157,9 +157,9 @@ def tmpfs(tmp_path):
 
     mounted: list[Path] = []
 
-    def make(size_bytes: int) -> Path:
+    def make(size_bytes: int, read_only: bool = False) -> Path:
         where = tmp_path / f"disk{len(mounted)}"
-        if not mount_tmpfs(where, size_bytes):
+        if not mount_tmpfs(where, size_bytes, read_only=read_only):
             pytest.skip("mounting a tmpfs is not allowed here (needs root with CAP_SYS_ADMIN, as CI has)")
         mounted.append(where)
         return where

@@ -327,43 +327,33 @@ def test_readers_drop_a_torn_last_line_and_the_log_repairs_it(tmp_path):
     assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
 
 
-def test_full_disk_while_logging_keeps_lines_and_warns_once(tmp_path):
+def test_full_disk_while_logging_keeps_lines_and_warns_once(tmpfs):
     from tinyrl.runlog import RunLog
 
-    where = tmp_path / "disk"
-    if not small_disk.mount_tmpfs(where, 64 * 1024):
-        pytest.skip("mounting a tmpfs is not allowed here; test_faults covers a full disk with RLIMIT_FSIZE")
-    try:
-        warnings: list[str] = []
-        log = RunLog(where, torch.device("cpu"), warn=warnings.append)
-        log.metrics({"step": 1, "pad": "x" * 500})
-        filler = small_disk.fill(where)
-        for step in (2, 3, 4):  # each line needs a new page of the file
-            log.metrics({"step": step, "pad": "x" * 5000})  # no exception: training goes on
-        assert len(warnings) == 1 and "DISK PROBLEM" in warnings[0]
-        assert log.unwritten() == {"metrics.jsonl": 3}
-        assert [r["step"] for r in jsonl.read_records(where / "metrics.jsonl")] == [1]  # no torn line
-        filler.unlink()
-        log.metrics({"step": 5})
-        assert [r["step"] for r in jsonl.read_records(where / "metrics.jsonl")] == [1, 2, 3, 4, 5]
-        assert log.unwritten() == {}
-    finally:
-        small_disk.unmount(where)
+    where = tmpfs(64 * 1024)
+    warnings: list[str] = []
+    log = RunLog(where, torch.device("cpu"), warn=warnings.append)
+    log.metrics({"step": 1, "pad": "x" * 500})
+    filler = small_disk.fill(where)
+    for step in (2, 3, 4):  # each line needs a new page of the file
+        log.metrics({"step": step, "pad": "x" * 5000})  # no exception: training goes on
+    assert len(warnings) == 1 and "DISK PROBLEM" in warnings[0]
+    assert log.unwritten() == {"metrics.jsonl": 3}
+    assert [r["step"] for r in jsonl.read_records(where / "metrics.jsonl")] == [1]  # no torn line
+    filler.unlink()
+    log.metrics({"step": 5})
+    assert [r["step"] for r in jsonl.read_records(where / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+    assert log.unwritten() == {}
 
 
-def test_partial_write_on_a_full_disk_leaves_no_half_line(tmp_path):
-    where = tmp_path / "disk"
-    if not small_disk.mount_tmpfs(where, 64 * 1024):
-        pytest.skip("mounting a tmpfs is not allowed here")
-    try:
-        path = where / "metrics.jsonl"
-        jsonl.append_record(path, {"step": 1})
-        small_disk.fill(where, leave_bytes=0)
-        with pytest.raises(OSError):
-            jsonl.append_record(path, {"step": 2, "pad": "y" * 20_000})  # larger than any free page
-        assert path.read_text() == '{"step": 1}\n'
-    finally:
-        small_disk.unmount(where)
+def test_partial_write_on_a_full_disk_leaves_no_half_line(tmpfs):
+    where = tmpfs(64 * 1024)
+    path = where / "metrics.jsonl"
+    jsonl.append_record(path, {"step": 1})
+    small_disk.fill(where, leave_bytes=0)
+    with pytest.raises(OSError):
+        jsonl.append_record(path, {"step": 2, "pad": "y" * 20_000})  # larger than any free page
+    assert path.read_text() == '{"step": 1}\n'
 
 
 def test_float_settings_are_all_checked_for_nan():

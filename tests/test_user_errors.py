@@ -13,7 +13,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from helpers import small_disk
 from tinyrl.config import ANY_INTEGER, AT_LEAST_ONE, OWN_RULE, Config, _settings_of_type, load_config, problems_of
 from tinyrl.errors import TinyRLError
 
@@ -102,17 +101,12 @@ def test_out_an_existing_file_is_exit_2_and_the_file_is_kept(tmp_path):
     assert mine.read_text() == "mine"
 
 
-def test_out_on_a_read_only_filesystem_is_exit_2_before_loading(tmp_path):
-    disk = tmp_path / "ro"
-    if not small_disk.mount_tmpfs(disk, 1 << 20, read_only=True):
-        pytest.skip("cannot mount a read-only tmpfs here (needs root); the check's logic is tested below")
-    try:
-        with pytest.raises(OSError):
-            (disk / "x").write_text("x")  # the mount really is read-only, for root too
-        text = one_screen(train(disk / "run"))
-        assert f"cannot write in {disk} (a read-only filesystem)" in text and "nothing was loaded" in text
-    finally:
-        small_disk.unmount(disk)
+def test_out_on_a_read_only_filesystem_is_exit_2_before_loading(tmpfs):
+    disk = tmpfs(1 << 20, read_only=True)
+    with pytest.raises(OSError):
+        (disk / "x").write_text("x")  # the mount really is read-only, for root too
+    text = one_screen(train(disk / "run"))
+    assert f"cannot write in {disk} (a read-only filesystem)" in text and "nothing was loaded" in text
 
 
 def test_write_check_reports_the_os_reason(tmp_path, monkeypatch):
