@@ -12,7 +12,17 @@ from pathlib import Path
 
 import pytest
 
-import tinyrl  # noqa: F401  (first: hides the broken torchvision/torchaudio before transformers loads)
+# The suite's thread count. pytest-xdist runs two workers on CI's 2 cores and torch computes on as
+# many threads as there are cores in each of them and in every CLI process they start: 4 threads
+# on 2 cores. tinyrl.contention advises OMP_NUM_THREADS=1 to a user running two jobs on 2 cores;
+# the suite takes that advice (without the demos, -n 2 on this 2-core machine, 2026-11-27: 628 s
+# with it, 709 s without). Set before torch loads; a value already set is kept. The learning
+# tests' CLI runs keep the machine's own count (run_cli(..., machine_threads=True)): their
+# margins were measured so, and a run's float sums follow its thread count.
+MACHINE_THREADS = os.environ.get("OMP_NUM_THREADS")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import tinyrl  # noqa: E402,F401  (first: hides the broken torchvision/torchaudio before transformers loads)
 from tinyrl.tiny_model import build_tiny_model
 
 
@@ -23,9 +33,20 @@ def tiny_model_dir() -> Path:
     return build_tiny_model()
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    """`tinyrl ARGS` in a subprocess, as a user runs it; asserts exit 0 (the output if not)."""
-    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", *args], capture_output=True, text=True, timeout=3000)
+def machine_threads_env() -> dict[str, str]:
+    """This environment with the thread count the machine gave the suite (OMP_NUM_THREADS as set
+    before the suite's own, or unset): for runs whose learning margins were measured that way."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    if MACHINE_THREADS is not None:
+        env["OMP_NUM_THREADS"] = MACHINE_THREADS
+    return env
+
+
+def run_cli(*args: str, machine_threads: bool = False) -> subprocess.CompletedProcess:
+    """`tinyrl ARGS` in a subprocess, as a user runs it; asserts exit 0 (the output if not).
+    machine_threads: on the machine's thread count, not the suite's one (machine_threads_env)."""
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", *args], capture_output=True, text=True, timeout=3000,
+                          env=machine_threads_env() if machine_threads else None)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done
 
@@ -57,7 +78,7 @@ def countdown_demo_sft(tmp_path_factory, tiny_model_dir) -> Path:
         run_cli("data", "countdown", "--out", str(home / "data"), "--train-size", "8192", "--test-size", "1024",
                 "--operands", "2", "--max-number", "50", "--sft")
         run_cli("sft", "--preset", "countdown-demo-sft", "--out", str(home / "sft"), "--no-dashboard",
-                "--set", f"data.train_path={home / 'data' / 'sft_train.parquet'}")
+                "--set", f"data.train_path={home / 'data' / 'sft_train.parquet'}", machine_threads=True)
     return made_once(tmp_path_factory, "countdown-demo-sft", make) / "sft"
 
 

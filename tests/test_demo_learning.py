@@ -54,7 +54,8 @@ def rl_records(sft_run: Path, tmp_path: Path, seed: int, preset: str = "countdow
     run = tmp_path / f"{preset}-{seed}"
     done = run_cli("train", "--preset", preset, "--out", str(run), "--no-dashboard",
                    "--max-steps", str(RL_STEPS), "--set", f"model.init_from={sft_run}",
-                   "--set", f"trainer.seed={seed}", "--set", f"data.train_path={sft_run.parent / 'data' / 'train.parquet'}")
+                   "--set", f"trainer.seed={seed}", "--set", f"data.train_path={sft_run.parent / 'data' / 'train.parquet'}",
+                   machine_threads=True)
     records = jsonl.read_records(run / "metrics.jsonl")
     assert records[0]["step"] == 0 and [r for r in records if "val/score" in r][-1]["step"] == RL_STEPS
     assert "before training ->" in done.stdout and "256 held-back test prompts" in done.stdout

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import machine_threads_env
+
 TOY = Path(__file__).parent / "helpers" / "toy_reward.py"
 STEPS, LAST = 30, 10
 COMMON = ["rollout.max_response_length=32", "actor.lr=1e-3", f"trainer.max_steps={STEPS}", "trainer.test_every=0",
@@ -40,7 +42,7 @@ def train(tmp_path: Path, overrides: list[str], data: Path) -> list[dict]:
             "--no-dashboard", "--set", f"data.train_path={data}"]
     for item in COMMON + overrides:
         args += ["--set", item]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=1200)
+    done = subprocess.run(args, capture_output=True, text=True, timeout=1200, env=machine_threads_env())  # as measured
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"step {STEPS}/{STEPS}" in done.stdout  # the plain dashboard line of the last step
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -51,7 +51,7 @@ def tool_sft_run(tmp_path_factory, countdown_demo_sft) -> Path:
         run_cli("data", "arith", "--out", str(home / "data"), "--sft")
         run_cli("sft", "--preset", "countdown-tools-demo-sft", "--out", str(home / "sft"), "--no-dashboard",
                 "--set", f"model.init_from={countdown_demo_sft}",
-                "--set", f"data.train_path={home / 'data' / 'sft_train.parquet'}")
+                "--set", f"data.train_path={home / 'data' / 'sft_train.parquet'}", machine_threads=True)
     return made_once(tmp_path_factory, "countdown-tools-demo-sft", make) / "sft"
 
 
@@ -141,7 +141,8 @@ def test_rl_finds_the_tool_and_raises_greedy_accuracy(tool_sft_run, tmp_path):
         run = tmp_path / f"rl-{seed}"
         done = run_cli("train", "--preset", "countdown-tools-demo", "--out", str(run), "--no-dashboard",
                        "--set", f"model.init_from={tool_sft_run}", "--set", f"trainer.seed={seed}",
-                       "--set", f"data.train_path={tool_sft_run.parent / 'data' / 'train.parquet'}")
+                       "--set", f"data.train_path={tool_sft_run.parent / 'data' / 'train.parquet'}",
+                       machine_threads=True)
         vals = [r for r in jsonl.read_records(run / "metrics.jsonl") if "val/score" in r]
         assert [r["step"] for r in vals] == [0, RL_STEPS], vals
         assert "successful tool call (val/tools/ok_share)" in done.stdout  # the end-of-run line
