@@ -115,13 +115,14 @@ def test_library_deprecation_notices_are_hidden_in_every_command_ours_are_not(tm
         import sys, warnings
         import tinyrl.export
 
-        def merged(run_dir, out_dir, overwrite=False):  # where peft's merge warns through transformers
+        def merged(run_dir, out_dir, overwrite=False, dtype="float32"):  # where peft's merge warns through transformers
             warnings.warn_explicit("LIBRARY-NOTICE", FutureWarning, "modeling_utils.py", 1,
                                    module="transformers.modeling_utils")
             warnings.warn_explicit("TINYRL-NOTICE", FutureWarning, "export.py", 1, module="tinyrl.export")
             return out_dir
 
         tinyrl.export.export_run = merged
+        tinyrl.export.weights_on_disk = lambda model_dir: "no weights"
         from tinyrl.cli import main
         sys.argv = ["tinyrl", "export", "some-run", "--out", "some-out"]
         main()

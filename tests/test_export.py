@@ -50,6 +50,44 @@ def test_export_merges_the_actor(tmp_path, trained):
     assert (exported - reference).abs().max() > 1e-3  # the adapter really moved away from the base
 
 
+
+def test_dtype_base_writes_a_bf16_base_in_half_the_disk(tmp_path, tiny_model_dir):
+    """A 3B export is ~12 GB in fp32; `--dtype base` writes a bf16 base's merge in bf16 (~6 GB),
+    the same function within bf16 rounding. The tiny model is fp32, so the run here trains on a
+    bf16 copy of it."""
+    from tinyrl.errors import TinyRLError
+    from tinyrl.export import export_run
+
+    base = tmp_path / "bf16-base"
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).save_pretrained(base)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(base)
+    trainer = Trainer(tiny_config(tmp_path, "actor.lr=1e-2", "trainer.max_steps=1", f"model.name={base}"),
+                      tmp_path / "run")
+    trainer.train()
+    exact = export_run(tmp_path / "run", tmp_path / "fp32")
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "export", str(tmp_path / "run"), "--out",
+                           str(tmp_path / "half"), "--dtype", "base"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "300"})
+    assert done.returncode == 0 and "of bfloat16 weights" in done.stdout, done.stderr[-2000:]
+
+    def weights(d):
+        return sum(f.stat().st_size for f in d.glob("*.safetensors"))
+
+    assert weights(tmp_path / "half") < 0.55 * weights(exact)
+    half = AutoModelForCausalLM.from_pretrained(tmp_path / "half", dtype="auto")
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    exact_model = AutoModelForCausalLM.from_pretrained(exact, dtype="auto")
+    assert {p.dtype for p in exact_model.parameters()} == {torch.float32}
+    moved = 0.0
+    for (name, h), (_, e) in zip(half.state_dict().items(), exact_model.state_dict().items()):
+        torch.testing.assert_close(h.float(), e, atol=0, rtol=2**-8, msg=name)  # one rounding to bf16
+        moved = max(moved, (e - e.to(torch.bfloat16).float()).abs().max().item())
+    assert moved > 0  # the fp32 export holds the adapter's merge, not the bf16 base alone
+
+    with pytest.raises(TinyRLError, match="--dtype bf16 is not one of float32, base; nothing was written"):
+        export_run(tmp_path / "run", tmp_path / "bad", dtype="bf16")
+    assert not (tmp_path / "bad").exists()
+
 def test_export_of_a_directory_without_a_run_exits_2(tmp_path):
     done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "export", str(tmp_path), "--out", str(tmp_path / "x")],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "300"})  # hang guard

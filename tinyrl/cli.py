@@ -334,12 +334,14 @@ def export(
     run_dir: Path = typer.Argument(..., help="A run directory written by `tinyrl train`."),
     out_dir: Path = typer.Option(..., "--out", help="Where to write the merged Hugging Face model (a new or empty directory)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Write into a non-empty --out (never the run directory)."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32: the merge exactly as trained (a 3B model: ~12 GB). "
+                              "base: the base model's own dtype, bf16 for Qwen2.5 (~6 GB), each merged weight rounded once."),
 ) -> None:
     """Write the run's latest actor as a merged Hugging Face model (base + actor adapter)."""
-    from tinyrl.export import export_run
+    from tinyrl.export import export_run, weights_on_disk
 
-    path = export_run(run_dir, out_dir, overwrite=overwrite)
-    out.print(f"wrote {path}: load it with AutoModelForCausalLM.from_pretrained({str(path)!r})")
+    path = export_run(run_dir, out_dir, overwrite=overwrite, dtype=dtype)
+    out.print(f"wrote {path} ({weights_on_disk(path)}): load it with AutoModelForCausalLM.from_pretrained({str(path)!r})")
 
 
 @app.command("export-verl")

@@ -37,14 +37,21 @@ def check_out_dir(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
                                "files over what is there")
 
 
-def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, base_dtype: bool = False) -> Path:
-    """base_dtype: save in the base model's own dtype (bf16 for most checkpoints; the merge is
-    still computed in fp32), half the disk of fp32. model.init_from's starting model uses it."""
+DTYPES = {"float32": "the merge exactly as trained (the default)",
+          "base": "the base model's own dtype (bf16 for Qwen2.5): half the disk, each merged weight rounded once"}
+
+
+def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, dtype: str = "float32") -> Path:
+    """dtype (a DTYPES key): the merge is computed in fp32 either way; "base" then rounds it to the
+    base model's dtype. model.init_from's starting model uses "base" (the GPU trainer loads bf16)."""
     from transformers import AutoModelForCausalLM
 
     from tinyrl.init_from import base_of_run
     from tinyrl.setup import load_tokenizer
 
+    if dtype not in DTYPES:
+        raise TinyRLError(f"--dtype {dtype} is not one of {', '.join(DTYPES)}; nothing was written",
+                          hint="; ".join(f"{name}: {what}" for name, what in DTYPES.items()))
     config_path = run_dir / "config.json"
     if not config_path.exists():
         raise TinyRLError(f"{run_dir} is not a run directory (no config.json)",
@@ -72,7 +79,7 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, base_dtype
     else:
         base.load_state_dict(actor_state)
         merged = base
-    if base_dtype:
+    if dtype == "base":
         from transformers import AutoConfig
 
         dtype = getattr(AutoConfig.from_pretrained(model_path), "dtype", None) or torch.float32
@@ -96,3 +103,10 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, base_dtype
         raise TinyRLError(f"writing the merged model into {out_dir} failed: {why}; nothing was "
                           "written there", hint=room) from exc
     return out_dir
+
+
+def weights_on_disk(model_dir: Path) -> str:
+    """e.g. "5.8 GiB of bfloat16 weights": what an export wrote, for the line that reports it."""
+    size = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    config = json.loads((model_dir / "config.json").read_text())
+    return f"{ckpt.human_bytes(size)} of {config.get('dtype') or config.get('torch_dtype') or 'float32'} weights"

@@ -126,7 +126,7 @@ def materialize(source: Path, dest: Path) -> Path:
     tmp = dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        export_run(source, tmp, base_dtype=True)  # bf16 bases stay bf16 on disk (the GPU trainer loads bf16)
+        export_run(source, tmp, dtype="base")  # bf16 bases stay bf16 on disk (the GPU trainer loads bf16)
         if dest.exists():
             shutil.rmtree(dest)  # tinyrl's own directory: unfinished, or made from another run
         os.replace(tmp, dest)
