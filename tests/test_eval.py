@@ -102,6 +102,29 @@ def test_eval_run_dir_on_the_hf_engine(math_run):
     assert ev.metrics_from_samples(out / "eval_samples.jsonl", [1, 2])["test"]["pass@2"] == m["pass@2"]
 
 
+
+def test_a_run_without_data_is_evaluated_on_the_files_its_validation_scored(math_run, tmp_path, monkeypatch):
+    """`tinyrl eval RUN` alone: data.test_path (as `test`) and data.val_files, found from any
+    directory when shipped; a run's file that is gone, or a model directory without --data, is
+    refused before anything loads."""
+    run, _ = math_run
+    monkeypatch.chdir(tmp_path)  # not the directory the run was trained in
+    summary, _ = ev.evaluate(str(run), n=0, progress=False, engine="hf", out_dir=tmp_path / "ev")
+    assert {name: m["problems"] for name, m in summary["files"].items()} == {"test": 64, "mini": 64}
+    assert summary["files"]["test"]["path"].endswith("data/math-tiny/test.parquet")
+
+    moved = Path(shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("eval")))
+    config = json.loads((moved / "config.json").read_text())
+    config["data"]["test_path"] = "runs/data/math-tiny/test.parquet"  # a generated file, relative to where it ran
+    (moved / "config.json").write_text(json.dumps(config))
+    monkeypatch.setattr("tinyrl.export.export_run", lambda *_: pytest.fail("merged before the refusal"))
+    with pytest.raises(TinyRLError, match=r"--data test: runs/data/math-tiny/test.parquet not found \(the run's "
+                                          r"data.test_path\)") as refused:
+        ev.evaluate(str(moved), n=0, progress=False, engine="hf")
+    assert "in the directory the run was trained in" in refused.value.hint
+    with pytest.raises(TinyRLError, match="--data is needed for some/model"):
+        ev.evaluate("some/model", task_name="math", n=0, progress=False)
+
 def test_eval_never_overwrites_an_earlier_eval_and_says_so_before_merging(math_run, tmp_path, monkeypatch):
     """A second eval into the same place is refused, its files unchanged, and before the run's
     checkpoint is merged (seconds to minutes for a 3B run): export_run must not be reached."""

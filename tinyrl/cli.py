@@ -420,7 +420,7 @@ def estimate_cost_cmd(
 @app.command("eval")
 def eval_cmd(
     target: str = typer.Argument(..., help="A run directory (its latest checkpoint), or a Hugging Face model directory or id."),
-    data: list[str] = typer.Option(..., "--data", help="Parquet file(s) of the task, name=FILE or FILE (repeatable)."),
+    data: Optional[list[str]] = typer.Option(None, "--data", help="Parquet file(s) of the task, name=FILE or FILE (repeatable). Default for a run directory: the files its validation scored (data.test_path as `test`, data.val_files)."),
     task: Optional[str] = typer.Option(None, "--task", help="Task (`tinyrl tasks`); default: the run's."),
     n: int = typer.Option(32, "--n", help="Sampled completions per problem (0: greedy only)."),
     k: Optional[str] = typer.Option(None, "--k", help="pass@k / maj@k for these k, each <= n (default: 1,8,32, those <= n)."),

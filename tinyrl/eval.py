@@ -113,6 +113,16 @@ def parse_data_args(items: list[str]) -> list[tuple[str, Path]]:
     return out
 
 
+def run_data(run_dir: Path) -> list[str]:
+    """--data's default for a run directory: the held-back files its validation scored, as
+    `name=path`: data.test_path (named `test`) and data.val_files, resolved as the run did."""
+    from tinyrl.config import config_from_dict, resolve_path
+
+    cfg = config_from_dict(json.loads((run_dir / "config.json").read_text()))
+    return [f"test={resolve_path(cfg.data.test_path)}",
+            *(f"{name}={resolve_path(str(path))}" for name, path in parse_data_args(cfg.data.val_files))]
+
+
 def _resolve_target(target: str, tmp: Path):
     """-> (model path, the run's Config or None, a label)"""
     from tinyrl.config import config_from_dict
@@ -172,12 +182,13 @@ def _engine(kind: str, model_path: str, tokenizer, device, max_model_len: int, s
 DEFAULT_KS = (1, 8, 32)  # eval's --k: those up to --n
 
 
-def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: int = 32,
+def evaluate(target: str, data: list[str] | None = None, *, task_name: str | None = None, n: int = 32,
              ks: list[int] | None = None, temperature: float = 0.6, top_p: float = 1.0, greedy: bool = True,
              engine: str = "auto", max_new_tokens: int | None = None, out_dir: Path | None = None,
              chat_template: bool | None = None, seed: int = 0, progress: bool = True,
              tools: bool | None = None) -> tuple[dict, Path]:
     """Evaluate; write OUT/eval.json and OUT/eval_samples.jsonl. -> (eval.json's dict, OUT)
+    `data`: `name=path` or `path` items (None: a run directory's own held-back files, run_data).
     `tools` (default: on when the task declares tools): episodes with the task's tools, with the
     run's rollout limits (rollout.max_turns ...; the defaults for a model directory)."""
     import torch
@@ -198,11 +209,17 @@ def evaluate(target: str, data: list[str], *, task_name: str | None = None, n: i
                                + (f", or ask only for k <= {n}: --k {','.join(str(k) for k in ks if k <= n)}"
                                   if any(k <= n for k in ks) else ", or leave --k out"))
     ks = sorted(set(ks or [k for k in DEFAULT_KS if k <= n]))
-    files = parse_data_args(data)
+    run = is_run_dir(Path(target).expanduser())
+    if not data and not run:
+        raise TinyRLError(f"--data is needed for {target}: only a run directory has held-back files of its own",
+                          hint="e.g. --data aime=data/math/aime_2024.parquet (a task's parquet file: `tinyrl data TASK ...`)")
+    files = parse_data_args(data or run_data(Path(target).expanduser()))
     for name, path in files:
         if not path.is_file():
-            raise TinyRLError(f"--data {name}: {path} not found", hint="make it with `tinyrl data TASK ...`")
-    run = is_run_dir(Path(target).expanduser())
+            source = "" if data else f" (the run's {'data.test_path' if name == 'test' else 'data.val_files'})"
+            raise TinyRLError(f"--data {name}: {path} not found{source}; nothing was evaluated",
+                              hint="make it with `tinyrl data TASK ...`" if data else
+                              "run tinyrl eval in the directory the run was trained in, or give the file: --data FILE")
     out = out_dir or (Path(target) / "eval" if run else Path("eval") / Path(target).name)
     there = [p for p in (out / "eval.json", out / "eval_samples.jsonl") if p.exists()]
     if there:  # said before a run's checkpoint is merged and a model loaded
