@@ -11,6 +11,7 @@ import sys
 from math import comb
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from tinyrl import eval as ev
@@ -122,6 +123,15 @@ def test_a_run_without_data_is_evaluated_on_the_files_its_validation_scored(math
                                           r"data.test_path\)") as refused:
         ev.evaluate(str(moved), n=0, progress=False, engine="hf")
     assert "in the directory the run was trained in" in refused.value.hint
+    conversations = tmp_path / "sft_test.parquet"  # what an SFT run's test file holds: no task prompts
+    pd.DataFrame({"messages": [[{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}]]}
+                 ).to_parquet(conversations)
+    config["data"]["test_path"] = str(conversations)
+    (moved / "config.json").write_text(json.dumps(config))
+    with pytest.raises(TinyRLError, match=r"--data test \(the run's data.test_path\): .*sft_test.parquet lacks "
+                                          r"column\(s\) prompt") as refused:
+        ev.evaluate(str(moved), n=0, progress=False, engine="hf")
+    assert "give the math task's prompts: --data FILE" in refused.value.hint
     with pytest.raises(TinyRLError, match="--data is needed for some/model"):
         ev.evaluate("some/model", task_name="math", n=0, progress=False)
 

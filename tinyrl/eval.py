@@ -113,29 +113,34 @@ def parse_data_args(items: list[str]) -> list[tuple[str, Path]]:
     return out
 
 
-def run_data(run_dir: Path) -> list[str]:
-    """--data's default for a run directory: the held-back files its validation scored, as
-    `name=path`: data.test_path (named `test`) and data.val_files, resolved as the run did."""
-    from tinyrl.config import config_from_dict, resolve_path
+def run_config(run_dir: Path):
+    """The Config a run directory was trained with (its config.json)."""
+    from tinyrl.config import config_from_dict
 
-    cfg = config_from_dict(json.loads((run_dir / "config.json").read_text()))
+    return config_from_dict(json.loads((run_dir / "config.json").read_text()))
+
+
+def run_data(cfg) -> list[str]:
+    """--data's default for a run (its Config): the held-back files its validation scored, as
+    `name=path`: data.test_path (named `test`) and data.val_files, resolved as the run did."""
+    from tinyrl.config import resolve_path
+
     return [f"test={resolve_path(cfg.data.test_path)}",
             *(f"{name}={resolve_path(str(path))}" for name, path in parse_data_args(cfg.data.val_files))]
 
 
-def _resolve_target(target: str, tmp: Path):
-    """-> (model path, the run's Config or None, a label)"""
-    from tinyrl.config import config_from_dict
-    from tinyrl.tiny_model import resolve_model_path
+def _merged_run(run_dir: Path, tmp: Path) -> tuple[str, str]:
+    """A run's latest actor merged into a model directory under `tmp` -> (its path, a label)."""
+    from tinyrl.export import export_run
 
+    merged = export_run(run_dir, tmp / "model")  # a run with no checkpoint yet: its own message
+    step = json.loads((merged / "tinyrl_export.json").read_text())["step"]
+    return str(merged), f"{run_dir} (step {step})"
+
+
+def _check_model_target(target: str) -> None:
+    """A target that is not a run directory: a model directory, or what can be a Hugging Face id."""
     path = Path(target).expanduser()
-    if is_run_dir(path):
-        from tinyrl.export import export_run
-
-        cfg = config_from_dict(json.loads((path / "config.json").read_text()))
-        merged = export_run(path, tmp / "model")  # a run with no checkpoint yet: its own message
-        step = json.loads((merged / "tinyrl_export.json").read_text())["step"]
-        return str(merged), cfg, f"{path} (step {step})"
     if path.exists() and not (path / "config.json").is_file():
         raise TinyRLError(f"{target} is neither a run directory nor a model directory (no config.json)",
                           hint="give a `tinyrl train` --out directory, a Hugging Face model directory or id")
@@ -143,7 +148,6 @@ def _resolve_target(target: str, tmp: Path):
         raise TinyRLError(f"{target}: no such directory ({path.absolute()}); nothing was evaluated",
                           hint="give the --out directory of a `tinyrl train` or `tinyrl sft` run, a model "
                                "directory, or a Hugging Face model id (org/name, with --task)")
-    return resolve_model_path(target), None, target
 
 
 def is_run_dir(path: Path) -> bool:
@@ -209,51 +213,70 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
                                + (f", or ask only for k <= {n}: --k {','.join(str(k) for k in ks if k <= n)}"
                                   if any(k <= n for k in ks) else ", or leave --k out"))
     ks = sorted(set(ks or [k for k in DEFAULT_KS if k <= n]))
-    run = is_run_dir(Path(target).expanduser())
-    if not data and not run:
+    path = Path(target).expanduser()
+    cfg = run_config(path) if is_run_dir(path) else None
+    if cfg is None and not data:
         raise TinyRLError(f"--data is needed for {target}: only a run directory has held-back files of its own",
-                          hint="e.g. --data aime=data/math/aime_2024.parquet (a task's parquet file: `tinyrl data TASK ...`)")
-    files = parse_data_args(data or run_data(Path(target).expanduser()))
-    for name, path in files:
-        if not path.is_file():
-            source = "" if data else f" (the run's {'data.test_path' if name == 'test' else 'data.val_files'})"
-            raise TinyRLError(f"--data {name}: {path} not found{source}; nothing was evaluated",
+                          hint="e.g. --data aime=data/math/aime_2024.parquet (a task's parquet file: "
+                               "`tinyrl data TASK ...`)")
+    files = parse_data_args(data or run_data(cfg))
+
+    def whose(name: str) -> str:  # a defaulted file is the run's setting, and eval is not its only reader
+        return "" if data else f" (the run's {'data.test_path' if name == 'test' else 'data.val_files'})"
+
+    for name, file in files:
+        if not file.is_file():
+            raise TinyRLError(f"--data {name}: {file} not found{whose(name)}; nothing was evaluated",
                               hint="make it with `tinyrl data TASK ...`" if data else
                               "run tinyrl eval in the directory the run was trained in, or give the file: --data FILE")
-    out = out_dir or (Path(target) / "eval" if run else Path("eval") / Path(target).name)
+    out = out_dir or (path / "eval" if cfg is not None else Path("eval") / path.name)
     there = [p for p in (out / "eval.json", out / "eval_samples.jsonl") if p.exists()]
     if there:  # said before a run's checkpoint is merged and a model loaded
         raise TinyRLError(f"{there[0]} exists; nothing was changed", hint="give another --out directory")
     check_writable(out, lost="nothing was evaluated", example="eval/mine")  # not after the evaluation
+    if cfg is None:
+        _check_model_target(target)
+    task_cfg = TaskConfig(**vars(cfg.task)) if cfg is not None else TaskConfig()
+    if task_name:
+        task_cfg.name = task_name
+    elif cfg is None:
+        what = "a model directory" if path.exists() else \
+            f"{target}, which is no directory here and is taken as a Hugging Face model id"
+        raise TinyRLError(f"--task is needed for {what}", hint="e.g. --task math (`tinyrl tasks`)")
+    task = get_task(task_cfg.name)
+    rows_of = {}
+    for name, file in files:  # another task's file: said before a run is merged and a model loads
+        try:
+            rows_of[name] = load_prompts(file).to_dict("records")
+            check_rows(task, rows_of[name], file)
+        except TinyRLError as exc:
+            if data:
+                raise
+            raise TinyRLError(f"--data {name}{whose(name)}: {exc.message}; nothing was evaluated",
+                              hint=f"give the {task.name} task's prompts: --data FILE (an SFT run's test file "
+                                   "holds conversations, scored by their loss, not by the task)") from exc
+    max_new = max_new_tokens or (cfg.rollout.max_response_length if cfg is not None else 1024)
+    with_tools = bool(task.tools) if tools is None else tools
+    if with_tools and not task.tools:
+        raise TinyRLError(f"--tools: the {task.name} task declares no tools", hint="leave --tools out")
+    chat = chat_template if chat_template is not None else (
+        with_tools or bool(cfg is not None and cfg.data.chat_template))
+    if with_tools and not chat:
+        raise TinyRLError("--tools needs prompts rendered by the chat template (it lists the tools)",
+                          hint="drop --no-chat-template, or evaluate without tools: --no-tools")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     engine = engine if engine != "auto" else ("vllm" if device.type == "cuda" else "hf")
     with tempfile.TemporaryDirectory(prefix="tinyrl-eval-") as tmp:
-        model_path, cfg, label = _resolve_target(target, Path(tmp))
-        task_cfg = TaskConfig(**vars(cfg.task)) if cfg is not None else TaskConfig()
-        if task_name:
-            task_cfg.name = task_name
-        elif cfg is None:
-            what = "a model directory" if Path(target).expanduser().exists() else \
-                f"{target}, which is no directory here and is taken as a Hugging Face model id"
-            raise TinyRLError(f"--task is needed for {what}", hint="e.g. --task math (`tinyrl tasks`)")
-        task = get_task(task_cfg.name)
-        rows_of = {}
-        for name, path in files:  # another task's file: said before a model loads, not after its evaluation
-            rows_of[name] = load_prompts(path).to_dict("records")
-            check_rows(task, rows_of[name], path)
-        max_new = max_new_tokens or (cfg.rollout.max_response_length if cfg is not None else 1024)
-        with_tools = bool(task.tools) if tools is None else tools
-        if with_tools and not task.tools:
-            raise TinyRLError(f"--tools: the {task.name} task declares no tools", hint="leave --tools out")
-        chat = chat_template if chat_template is not None else (
-            with_tools or bool(cfg is not None and cfg.data.chat_template))
-        if with_tools and not chat:
-            raise TinyRLError("--tools needs prompts rendered by the chat template (it lists the tools)",
-                              hint="drop --no-chat-template, or evaluate without tools: --no-tools")
+        if cfg is not None:
+            model_path, label = _merged_run(path, Path(tmp))
+        else:
+            from tinyrl.tiny_model import resolve_model_path
+
+            model_path, label = resolve_model_path(target), target
         try:
             tokenizer = load_tokenizer(model_path)
         except TinyRLError as exc:
-            if Path(target).expanduser().exists():
+            if path.exists():
                 raise
             raise TinyRLError(f"{target}: no such directory here, and no Hugging Face model of that id could be "
                               f"loaded ({exc.message})", hint="give a run directory, a model directory, or a "
@@ -262,7 +285,7 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
 
         schemas = tool_schemas(task.tools if with_tools else ())
         loaded = []
-        for name, path in files:
+        for name, _ in files:
             rows = rows_of[name]
             texts = [chat_text(r, tokenizer, schemas) if chat else prompt_text(r) for r in rows]
             loaded.append((name, tokenizer(texts, add_special_tokens=False)["input_ids"], rows))
