@@ -82,13 +82,14 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, dtype: str
     if dtype == "base":
         from transformers import AutoConfig
 
-        dtype = getattr(AutoConfig.from_pretrained(model_path), "dtype", None) or torch.float32
-        merged = merged.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+        own = getattr(AutoConfig.from_pretrained(model_path), "dtype", None) or torch.float32
+        merged = merged.to(getattr(torch, own) if isinstance(own, str) else own)
     need = sum(t.numel() * t.element_size() for t in merged.state_dict().values())  # tied weights twice: a bound
     make_dir(out_dir, example="exported-actor")
     free = shutil.disk_usage(out_dir).free
     room = ("free disk space, or write to a disk with room (`tinyrl eval` of a run merges it under "
-            f"TMPDIR, now {tempfile.gettempdir()})")
+            f"TMPDIR, now {tempfile.gettempdir()})"
+            + ("; `tinyrl export --dtype base` writes a bf16 base's merge in half the space" if dtype == "float32" else ""))
     if need > free:
         raise TinyRLError(f"the merged model needs ~{ckpt.human_bytes(need)} in {out_dir} and "
                           f"{ckpt.human_bytes(free)} are free; nothing was written", hint=room)
