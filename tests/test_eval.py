@@ -103,7 +103,6 @@ def test_eval_run_dir_on_the_hf_engine(math_run):
     assert ev.metrics_from_samples(out / "eval_samples.jsonl", [1, 2])["test"]["pass@2"] == m["pass@2"]
 
 
-
 def test_a_run_without_data_is_evaluated_on_the_files_its_validation_scored(math_run, tmp_path, monkeypatch):
     """`tinyrl eval RUN` alone: data.test_path (as `test`) and data.val_files, found from any
     directory when shipped; a run's file that is gone, or a model directory without --data, is
@@ -134,6 +133,7 @@ def test_a_run_without_data_is_evaluated_on_the_files_its_validation_scored(math
     assert "give the math task's prompts: --data FILE" in refused.value.hint
     with pytest.raises(TinyRLError, match="--data is needed for some/model"):
         ev.evaluate("some/model", task_name="math", n=0, progress=False)
+
 
 def test_eval_never_overwrites_an_earlier_eval_and_says_so_before_merging(math_run, tmp_path, monkeypatch):
     """A second eval into the same place is refused, its files unchanged, and before the run's

@@ -50,7 +50,6 @@ def test_export_merges_the_actor(tmp_path, trained):
     assert (exported - reference).abs().max() > 1e-3  # the adapter really moved away from the base
 
 
-
 def test_dtype_base_writes_a_bf16_base_in_half_the_disk(tmp_path, tiny_model_dir):
     """A 3B export is ~12 GB in fp32; `--dtype base` writes a bf16 base's merge in bf16 (~6 GB),
     the same function within bf16 rounding. The tiny model is fp32, so the run here trains on a
@@ -87,6 +86,7 @@ def test_dtype_base_writes_a_bf16_base_in_half_the_disk(tmp_path, tiny_model_dir
     with pytest.raises(TinyRLError, match="--dtype bf16 is not one of float32, base; nothing was written"):
         export_run(tmp_path / "run", tmp_path / "bad", dtype="bf16")
     assert not (tmp_path / "bad").exists()
+
 
 def test_export_of_a_directory_without_a_run_exits_2(tmp_path):
     done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "export", str(tmp_path), "--out", str(tmp_path / "x")],
