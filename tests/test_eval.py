@@ -105,8 +105,8 @@ def test_eval_run_dir_on_the_hf_engine(math_run):
 
 def test_a_run_without_data_is_evaluated_on_the_files_its_validation_scored(math_run, tmp_path, monkeypatch):
     """`tinyrl eval RUN` alone: data.test_path (as `test`) and data.val_files, found from any
-    directory when shipped; a run's file that is gone, or a model directory without --data, is
-    refused before anything loads."""
+    directory (shipped files, and generated ones where the run was started); a run's file that is
+    gone, or a model directory without --data, is refused before anything loads."""
     run, _ = math_run
     monkeypatch.chdir(tmp_path)  # not the directory the run was trained in
     summary, _ = ev.evaluate(str(run), n=0, progress=False, engine="hf", out_dir=tmp_path / "ev")
@@ -114,14 +114,24 @@ def test_a_run_without_data_is_evaluated_on_the_files_its_validation_scored(math
     assert summary["files"]["test"]["path"].endswith("data/math-tiny/test.parquet")
 
     moved = Path(shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("eval")))
+    start = tmp_path / "started-here"  # where the run was started (run.json's cwd), not this directory
+    (start / "gen").mkdir(parents=True)
+    shutil.copy(Path(summary["files"]["test"]["path"]), start / "gen" / "test.parquet")
+    run_json = json.loads((moved / "run.json").read_text())
+    (moved / "run.json").write_text(json.dumps({**run_json, "cwd": str(start)}))
     config = json.loads((moved / "config.json").read_text())
-    config["data"]["test_path"] = "runs/data/math-tiny/test.parquet"  # a generated file, relative to where it ran
+    config["data"]["test_path"] = "gen/test.parquet"  # a generated file, relative to where the run started
+    config["data"]["val_files"] = []
     (moved / "config.json").write_text(json.dumps(config))
+    found, _ = ev.evaluate(str(moved), n=0, progress=False, engine="hf", out_dir=tmp_path / "ev-moved")
+    assert found["files"]["test"]["path"] == str(start / "gen" / "test.parquet")
+
+    (start / "gen" / "test.parquet").unlink()
     monkeypatch.setattr("tinyrl.export.export_run", lambda *_: pytest.fail("merged before the refusal"))
-    with pytest.raises(TinyRLError, match=r"--data test: runs/data/math-tiny/test.parquet not found \(the run's "
+    with pytest.raises(TinyRLError, match=r"--data test: gen/test.parquet not found \(the run's "
                                           r"data.test_path\)") as refused:
         ev.evaluate(str(moved), n=0, progress=False, engine="hf")
-    assert "in the directory the run was trained in" in refused.value.hint
+    assert f"it is neither here nor in {start}" in refused.value.hint
     conversations = tmp_path / "sft_test.parquet"  # what an SFT run's test file holds: no task prompts
     pd.DataFrame({"messages": [[{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}]]}
                  ).to_parquet(conversations)

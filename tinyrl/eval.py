@@ -114,14 +114,18 @@ def parse_data_args(items: list[str]) -> list[tuple[str, Path]]:
 
 
 def run_config(run_dir: Path):
-    """The Config a run directory was trained with (its config.json)."""
+    """The Config a run directory was trained with (its config.json), its relative paths as seen
+    from the directory the run was started in when they are not found from here (rebase_paths)."""
     from tinyrl.config import config_from_dict
+    from tinyrl.rundir import rebase_paths
 
-    return config_from_dict(json.loads((run_dir / "config.json").read_text()))
+    cfg = config_from_dict(json.loads((run_dir / "config.json").read_text()))
+    rebase_paths(cfg, run_dir)
+    return cfg
 
 
 def run_data(cfg) -> list[str]:
-    """--data's default for a run (its Config): the held-back files its validation scored, as
+    """--data's default for a run (its run_config): the held-back files its validation scored, as
     `name=path`: data.test_path (named `test`) and data.val_files, resolved as the run did."""
     from tinyrl.config import resolve_path
 
@@ -199,6 +203,7 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
 
     from tinyrl.config import TaskConfig
     from tinyrl.data.io import chat_text, load_prompts, prompt_text
+    from tinyrl.rundir import start_dir
     from tinyrl.setup import load_tokenizer
     from tinyrl.tasks import check_rows, get_task
 
@@ -228,7 +233,8 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
         if not file.is_file():
             raise TinyRLError(f"--data {name}: {file} not found{whose(name)}; nothing was evaluated",
                               hint="make it with `tinyrl data TASK ...`" if data else
-                              "run tinyrl eval in the directory the run was trained in, or give the file: --data FILE")
+                              f"it is neither here nor in {start_dir(path) or 'the directory the run was started in'}"
+                              ": make it again there, or give the file: --data FILE")
     out = out_dir or (path / "eval" if cfg is not None else Path("eval") / path.name)
     there = [p for p in (out / "eval.json", out / "eval_samples.jsonl") if p.exists()]
     if there:  # said before a run's checkpoint is merged and a model loaded
