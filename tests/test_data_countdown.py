@@ -169,6 +169,11 @@ def test_broken_and_truncated_parquet_name_the_file(tmp_path):
     cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     with pytest.raises(TinyRLError, match="cut.parquet"):
         load_prompts(cut)
+    lines = tmp_path / "rows.jsonl"  # verl's schema as JSON lines: the hint converts it
+    tinyzero_frame().to_json(lines, orient="records", lines=True)
+    with pytest.raises(TinyRLError) as info:
+        load_prompts(lines)
+    assert "read_json(f, lines=True).to_parquet(" in info.value.hint and str(tmp_path / "rows.parquet") in info.value.hint
 
 
 def test_missing_columns_name_file_columns_and_what_is_there(tmp_path):

@@ -413,6 +413,40 @@ def test_bad_sft_input_is_one_screen_and_exit_2(tmp_path, monkeypatch, capsys, c
     assert not (run / "metrics.jsonl").exists()
 
 
+def test_a_users_conversations_in_jsonl_or_as_the_scored_test_file_say_what_to_set(tmp_path, monkeypatch, capsys):
+    """Two walls a user's own chat data met with hints about Countdown files: JSON lines (the
+    hint's one-line conversion must itself work), and a conversation file as data.test_path under
+    the preset's sft.val_generate = true (the way out is that switch)."""
+    import re
+    import subprocess
+    import sys
+
+    from tinyrl.sft.data import load_sft
+
+    parquet = multiturn_file(tmp_path / "made.parquet")
+    jsonl = tmp_path / "chat.jsonl"
+    pq.read_table(parquet).to_pandas().to_json(jsonl, orient="records", lines=True)
+    run = tmp_path / "run"
+    base = ["sft", "--preset", "countdown-tiny-sft", "--out", str(run), "--no-dashboard", "--max-steps", "1",
+            "--set", f"model.custom_chat_template={json.dumps(TEMPLATE)}", "--set", "trainer.train_batch_size=8"]
+    code, err = cli(monkeypatch, capsys, *base, "--set", f"data.train_path={jsonl}", "--set", "trainer.test_every=0")
+    assert code == 2 and "tinyrl reads parquet" in err and "chat.parquet" in err, err
+    with pytest.raises(TinyRLError) as info:
+        load_sft(jsonl, None, sft_config(jsonl))
+    command = re.search(r'python -c "(.*?)"', info.value.hint).group(1)
+    subprocess.run([sys.executable, "-c", command], check=True)
+    converted = tmp_path / "chat.parquet"
+    assert pq.read_table(converted).column_names == ["messages", "tools"]
+    code, err = cli(monkeypatch, capsys, *base, "--set", f"data.train_path={converted}",
+                    "--set", f"data.test_path={converted}")  # the preset samples its test prompts
+    assert code == 2 and "sft.val_generate = true" in err and "--set sft.val_generate=false" in err, err
+    assert not (run / "metrics.jsonl").exists()
+    code, err = cli(monkeypatch, capsys, *base, "--set", f"data.train_path={converted}",
+                    "--set", f"data.test_path={converted}", "--set", "sft.val_generate=false")
+    assert code == 0, err
+    assert "val/loss" in (run / "metrics.jsonl").read_text()
+
+
 def test_a_missing_start_that_a_preset_makes_names_the_command(tmp_path, monkeypatch):
     """The demos chain presets (countdown-demo-sft -> countdown-tools-demo-sft -> ...): a skipped
     step's error says which command writes the missing run directory; other paths (a preset's

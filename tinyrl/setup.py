@@ -111,7 +111,18 @@ def check_data_rows(cfg: Config) -> None:
     if cfg.trainer.test_every and (rl or cfg.sft.val_generate):
         held_out = [cfg.data.test_path] + ([str(p) for _, p in parse_data_args(cfg.data.val_files)] if rl else [])
         for name in held_out:
-            check(name, cfg.data.max_test_prompts)
+            try:
+                check(name, cfg.data.max_test_prompts)
+            except TinyRLError as exc:
+                if rl:
+                    raise
+                # an SFT user's own conversations: the way out is the switch, not another file format
+                raise TinyRLError(
+                    f"sft.val_generate = true samples data.test_path's prompts and scores them with "
+                    f"the {cfg.task.name} task, but {exc.message}",
+                    hint="--set sft.val_generate=false to validate on the loss alone (val/loss), or set "
+                         f"data.test_path to a file of the {cfg.task.name} task's prompts with their "
+                         "responses") from exc
 
 
 def check_one_batch(n_rows: int, rows_are: str, batch: int) -> None:

@@ -21,6 +21,18 @@ _MAKE_HINT = ("set data.train_path / data.test_path to a TinyZero-schema parquet
               "one with `tinyrl data countdown --out DIR`")
 
 
+def not_parquet_hint(path: Path) -> str:
+    """What to do with a file that is not parquet: a JSON-lines, JSON or CSV table converts in
+    one line (tinyrl reads parquet only, as verl's data sets do, so an export-verl copy loads)."""
+    reader = {".jsonl": "read_json(f, lines=True)", ".json": "read_json(f)", ".csv": "read_csv(f)"}
+    how = reader.get(path.suffix.lower())
+    if how is None:
+        return ""
+    out = path.with_suffix(".parquet")
+    return (f"tinyrl reads parquet, as verl does; convert it with python -c \"import pandas as pd; "
+            f"f = '{path}'; pd.{how}.to_parquet('{out}')\" and give {out}; ")
+
+
 def _read_table(path: Path, max_rows: int | None) -> pa.Table:
     try:
         pf = pq.ParquetFile(path)
@@ -39,7 +51,7 @@ def _read_table(path: Path, max_rows: int | None) -> pa.Table:
         return pa.Table.from_batches(batches, schema=pf.schema_arrow).slice(0, max_rows)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise TinyRLError(f"cannot read {path} as parquet: {type(e).__name__}: {e}",
-                          hint=f"the file is broken or not parquet; {_MAKE_HINT}") from e
+                          hint=not_parquet_hint(path) or f"the file is broken or not parquet; {_MAKE_HINT}") from e
 
 
 def load_prompts(path: str | Path, max_rows: int | None = None) -> pd.DataFrame:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from tinyrl.data.io import not_parquet_hint
 from tinyrl.errors import TinyRLError
 from tinyrl.models import Batch, make_batch
 
@@ -102,7 +103,8 @@ def load_sft(path: Path, tokenizer, cfg, max_rows: int | None = None) -> SFTRows
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise TinyRLError(f"cannot read {path} as parquet: {type(exc).__name__}: {exc}", hint=_HINT) from exc
+        raise TinyRLError(f"cannot read {path} as parquet: {type(exc).__name__}: {exc}",
+                          hint=not_parquet_hint(Path(path)) + _HINT) from exc
     try:
         fmt = detect_format(table.column_names, cfg.sft)
     except TinyRLError as exc:
