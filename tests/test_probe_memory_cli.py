@@ -125,6 +125,10 @@ def test_a_plan_that_does_not_fit_names_the_phase_and_what_to_change(monkeypatch
     assert "DOES NOT FIT" in text
     assert "rollout needs" in text and "GiB over the budget" in text
     assert "model.quantize=nf4" in text and "rollout.max_response_length" in text
+    # train refuses this plan: no list of settings it "will use", and the way on said
+    assert "settings train will use" not in text and "train will not start on this plan" in text
+    assert "train sets:" not in text and "reads it" not in text
+    assert "with the same --set options stops on this plan" in text
 
 
 def test_cpu_twin_finds_a_micro_batch_with_real_allocator_evidence(monkeypatch, capsys):

@@ -42,7 +42,8 @@ def render_plan(cfg: Config, plan: MemoryPlan, path: Path, out_path: Path | None
                                              for p in plan.phases.values()))
     table.add_row("margin to the card", *(g(plan.card_bytes - p.peak) for p in plan.phases.values()))
     command = cfg.command  # `tinyrl train` or `tinyrl sft` reads the plan
-    chosen = Table(title=f"settings {command} will use")
+    chosen = Table(title=f"settings {command} will use" if plan.fits else
+                   f"what each phase could hold ({command} will not start on this plan)")
     chosen.add_column("phase")
     chosen.add_column("micro-batch (sequences)", justify="right")
     chosen.add_column("token budget", justify="right")
@@ -57,13 +58,16 @@ def render_plan(cfg: Config, plan: MemoryPlan, path: Path, out_path: Path | None
         parts.append(Text("FITS: every phase is under the budget", style="bold green"))
     else:
         parts.append(Text("DOES NOT FIT\n", style="bold red").append("\n".join(f"- {a}" for a in advice(cfg, plan))))
-    probe_cfg = copy.deepcopy(cfg)
-    filled = apply_plan(probe_cfg, plan)
-    if filled:
-        parts.append(Text(f"{command} sets:\n" + "\n".join(f"- {line}" for line in filled)))
     where = f"plan written to {path}" + (f" and {out_path}" if out_path else "")
-    parts.append(Text(f"{where}\n`tinyrl {command} --preset {cfg.preset}` with the same --set options reads it.",
-                      style="dim"))
+    if plan.fits:
+        filled = apply_plan(copy.deepcopy(cfg), plan)
+        if filled:
+            parts.append(Text(f"{command} sets:\n" + "\n".join(f"- {line}" for line in filled)))
+        parts.append(Text(f"{where}\n`tinyrl {command} --preset {cfg.preset}` with the same --set options reads it.",
+                          style="dim"))
+    else:  # train refuses this plan (preflight.check_memory): do not list settings it will never use
+        parts.append(Text(f"{where}\n`tinyrl {command} --preset {cfg.preset}` with the same --set options stops "
+                          "on this plan: make a change above and probe again.", style="dim"))
     parts.append(Text("\n".join(f"- {n}" for n in plan.notes), style="dim"))
     return parts
 
