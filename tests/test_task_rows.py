@@ -131,3 +131,29 @@ def test_fewer_rows_than_one_batch_is_said_before_loading_or_writing_anything(tm
     said = " ".join(capsys.readouterr().err.replace("│", " ").split())
     assert exited.value.code == 2 and "has 4 " in said and "fewer than one batch" in said, said
     assert not [p.name for p in (tmp_path / "run").glob("*.json")]
+
+
+def test_a_problem_answer_table_as_training_data_names_the_tasks_converter(tmp_path, monkeypatch, capsys):
+    """A user's problem/answer table given straight to the maths preset: the hint named
+    `tinyrl data countdown`, whatever the task; it now names the run's task's own command, which
+    converts that table (and a JSON-lines copy gets the line that makes it parquet first)."""
+    import pandas as pd
+
+    from tinyrl.cli import main
+
+    table = pd.DataFrame({"problem": ["What is 2+3?"] * 8, "answer": ["5"] * 8})
+    said = {}
+    for name, write in (("t.parquet", table.to_parquet),
+                        ("t.jsonl", lambda p: table.to_json(p, orient="records", lines=True))):
+        write(tmp_path / name)
+        monkeypatch.setattr(sys, "argv", ["tinyrl", "train", "--preset", "math-tiny", "--out", str(tmp_path / "run"),
+                                          "--no-dashboard", "--set", f"data.train_path={tmp_path / name}"])
+        monkeypatch.setenv("COLUMNS", "200")
+        with pytest.raises(SystemExit) as exited:
+            main()
+        said[name] = " ".join(capsys.readouterr().err.replace("│", " ").split())
+        assert exited.value.code == 2, said[name]
+    assert "lacks column(s) prompt, reward_model; it has: problem, answer" in said["t.parquet"]
+    assert "`tinyrl data math --from FILE" in said["t.parquet"] and "countdown" not in said["t.parquet"]
+    assert "read_json(f, lines=True).to_parquet(" in said["t.jsonl"]
+    assert not (tmp_path / "run" / "config.json").exists()

@@ -94,17 +94,19 @@ def check_data_rows(cfg: Config) -> None:
     model load: another task's file was found after them. A file tinyrl generates is the task's own."""
     from tinyrl.data.io import load_prompts
     from tinyrl.eval import parse_data_args
+    from tinyrl.tasks import data_hint
     from tinyrl.tasks.rewards import check_reward_rows
 
     def check(name: str, max_rows: int | None) -> list | None:
         path = resolve_path(name)
         if not path.is_file():
             return None
-        rows = load_prompts(path, max_rows=max_rows).to_dict("records")
+        rows = load_prompts(path, max_rows=max_rows, make=make).to_dict("records")
         check_reward_rows(cfg, rows, path)
         return rows
 
     rl = cfg.command != "sft"
+    make = f"make a file of the {cfg.task.name} task's prompts with {data_hint(cfg)}"
     # the training file's size too: said here, not after the model and vLLM have loaded
     if rl and (train := check(cfg.data.train_path, None)) is not None:
         check_one_batch(len(train), "prompts", cfg.trainer.train_batch_size)

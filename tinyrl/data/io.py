@@ -33,7 +33,7 @@ def not_parquet_hint(path: Path) -> str:
             f"f = '{path}'; pd.{how}.to_parquet('{out}')\" and give {out}; ")
 
 
-def _read_table(path: Path, max_rows: int | None) -> pa.Table:
+def _read_table(path: Path, max_rows: int | None, make: str) -> pa.Table:
     try:
         pf = pq.ParquetFile(path)
         names = pf.schema_arrow.names
@@ -51,11 +51,12 @@ def _read_table(path: Path, max_rows: int | None) -> pa.Table:
         return pa.Table.from_batches(batches, schema=pf.schema_arrow).slice(0, max_rows)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise TinyRLError(f"cannot read {path} as parquet: {type(e).__name__}: {e}",
-                          hint=not_parquet_hint(path) or f"the file is broken or not parquet; {_MAKE_HINT}") from e
+                          hint=not_parquet_hint(path) or f"the file is broken or not parquet; {make}") from e
 
 
-def load_prompts(path: str | Path, max_rows: int | None = None) -> pd.DataFrame:
-    """The rows of a parquet prompt file (the first `max_rows` if set), checked for the columns."""
+def load_prompts(path: str | Path, max_rows: int | None = None, make: str = _MAKE_HINT) -> pd.DataFrame:
+    """The rows of a parquet prompt file (the first `max_rows` if set), checked for the columns.
+    `make`: how to make such a file, for the hints (a caller that knows the task names its command)."""
     path = Path(path).expanduser()
     if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int)
                                  or max_rows < 1):
@@ -63,16 +64,16 @@ def load_prompts(path: str | Path, max_rows: int | None = None) -> pd.DataFrame:
                           hint="leave it unset to load every row")
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "not found"
-        raise TinyRLError(f"data file {what}: {path}", hint=_MAKE_HINT)
-    table = _read_table(path, max_rows)
+        raise TinyRLError(f"data file {what}: {path}", hint=make)
+    table = _read_table(path, max_rows, make)
     missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
     if missing:
         raise TinyRLError(
             f"{path} lacks column(s) {', '.join(missing)}; it has: {', '.join(table.column_names)}",
             hint="each row needs `prompt` ([{'role': 'user', 'content': ...}] or text) and "
-                 f"`reward_model` ({{'ground_truth': ...}}); {_MAKE_HINT}")
+                 f"`reward_model` ({{'ground_truth': ...}}); {make}")
     if table.num_rows == 0:
-        raise TinyRLError(f"{path} has no rows", hint=_MAKE_HINT)
+        raise TinyRLError(f"{path} has no rows", hint=make)
     return table.to_pandas()
 
 
