@@ -107,3 +107,62 @@ def test_unknown_spec(spec):
     with pytest.raises(TinyRLError, match="unknown reward") as info:
         load_reward_fn(spec)
     assert "countdown" in info.value.hint and "file.py:func" in info.value.hint
+
+
+def test_a_huge_integer_is_said_as_out_of_bounds_not_as_a_dead_worker(tmp_path):
+    """10**400 made math.isfinite raise OverflowError in the worker, which died with a traceback
+    and was reported as 'os._exit(), a crash in C code'."""
+    path = write(tmp_path, "def reward(completion, example):\n    return 10 ** 400\n")
+    with pytest.raises(TinyRLError) as info:
+        load_reward_fn(f"{path}:reward")("x", {})
+    assert "an integer of 1329 bits, beyond the bound of +-1e+06" in info.value.message, info.value.message
+
+
+@pytest.mark.parametrize("body, said", [("raise RuntimeError('needs a GPU')", "RuntimeError: needs a GPU"),
+                                        ("import sys; sys.exit('no args')", "SystemExit: no args")])
+def test_a_module_whose_import_fails_is_said_at_load_as_the_modules_error(tmp_path, monkeypatch, body, said):
+    """A `module:func` whose body raised anything but ImportError killed the worker: a traceback,
+    then 'ended its worker process ... call it on that row ... --resume' with no row and no run."""
+    write(tmp_path, body + "\n", name="tinyrl_test_badmod.py")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TinyRLError) as info:
+        load_reward_fn("tinyrl_test_badmod:f")
+    assert "importing reward module 'tinyrl_test_badmod' failed" in info.value.message and said in info.value.message
+    path = write(tmp_path, body + "\n", name="badfile.py")  # the file form: sys.exit too
+    with pytest.raises(TinyRLError) as info:
+        load_reward_fn(f"{path}:f")
+    assert f"importing reward file {path} failed" in info.value.message and said in info.value.message
+
+
+@pytest.mark.parametrize("signature", ["c", "c, e, extra", "c, e, *, episode"])
+def test_a_function_that_cannot_take_a_sample_is_refused_when_it_loads(tmp_path, signature):
+    """Said before any model loads, not at the first reward of step 1; a required keyword-only
+    `episode` is fine (it is given), a third positional parameter is not."""
+    path = write(tmp_path, f"def reward({signature}):\n    return 1.0\n")
+    if signature.endswith("episode"):
+        assert load_reward_fn(f"{path}:reward")("x", {}, episode=None) == 1.0
+        return
+    with pytest.raises(TinyRLError, match=r"cannot be called as reward\(completion, example\)") as info:
+        load_reward_fn(f"{path}:reward")
+    assert "episode=None" in info.value.hint
+
+
+def test_a_users_function_gets_the_episode_when_it_asks(tmp_path):
+    """README: 'A reward function that takes an `episode` keyword gets the sample's episode'. A
+    user's function runs in a worker process, whose wrapper had no such keyword: it got None."""
+    from tinyrl.rollout.base import Episode, ToolCall, Turn
+    from tinyrl.tasks.rewards import reward_set
+
+    path = write(tmp_path, """
+        def tools_used(completion, example, episode=None):
+            return float(len(episode.tool_calls)) if episode is not None else -1.0
+        def plain(completion, example):
+            return 0.5
+    """)
+    episode = Episode(prompt_index=0, prompt_ids=[1], response_ids=[5, 6, 7], policy_mask=[1, 0, 1],
+                      logprobs=None, turns=[Turn("assistant", 0, 1), Turn("tool", 1, 2), Turn("assistant", 2, 3)],
+                      stop_reason="stop", tool_calls=[ToolCall("code_interpreter", "ok", 0.1, 0)] * 2)
+    rs = reward_set([f"{path}:tools_used", f"{path}:plain"], [], None)
+    assert rs.fns[0][1].wants_episode and not rs.fns[1][1].wants_episode
+    scores = rs.score_batch(["a", "b"], [{}, {}], [episode, None])
+    assert scores.parts["tools_used"] == [2.0, -1.0] and scores.parts["plain"] == [0.5, 0.5]

@@ -94,7 +94,9 @@ def test_score_batch_hands_episodes_to_rewards_that_take_them_and_keeps_user_fun
 
     (tmp_path / "mine.py").write_text("def score(completion, row):\n    return float(len(completion))\n")
     rs = reward_set(["task", f"{tmp_path}/mine.py:score"], [1.0, 0.5], cfg(tool_error_penalty=0.5), timeout_s=30)
-    assert [reads_episode(fn) for _, fn in rs.fns] == [True, False]
+    # the user's function runs in a worker, whose wrapper takes the episode and passes it on only
+    # to a function that takes one: this one's (completion, row) gets none
+    assert [reads_episode(fn) for _, fn in rs.fns] == [True, True] and not rs.fns[1][1].wants_episode
     texts = ["\\boxed{42}", "\\boxed{42}", "\\boxed{1}"]
     episodes = [episode(("ok",)), episode(("error",)), episode(())]
     out = rs.score_batch(texts, [ROW] * 3, episodes)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import math
 import numbers
 import sys
@@ -52,7 +53,7 @@ def _load_file(path_str: str) -> Any:
     sys.modules[name] = module  # dataclasses and pickling look the module up here
     try:
         spec.loader.exec_module(module)
-    except Exception as e:  # any error in the user's module body is theirs to fix
+    except (Exception, SystemExit) as e:  # any error in the user's module body is theirs to fix
         del sys.modules[name]
         raise TinyRLError(f"importing reward file {path} failed: {type(e).__name__}: {e}",
                           hint="fix the file; run `python <file>` to see the full error") from e
@@ -65,6 +66,9 @@ def _load_module(name: str) -> Any:
     except ImportError as e:
         raise TinyRLError(f"cannot import reward module {name!r}: {e}",
                           hint=f"install it or put it on PYTHONPATH; {_SPEC_HINT}") from e
+    except (Exception, SystemExit) as e:  # its body failed: the user's to fix, as in _load_file
+        raise TinyRLError(f"importing reward module {name!r} failed: {type(e).__name__}: {e}",
+                          hint=f"fix the module; run `python -c 'import {name}'` to see the full error") from e
 
 
 def describe_sample(completion: str, example: Any) -> str:
@@ -79,12 +83,16 @@ def describe_sample(completion: str, example: Any) -> str:
 
 
 def _wrap(fn: Callable, label: str, timeout_s: float) -> RewardFn:
-    def reward(completion: str, example: Any) -> float:
+    """`fn` under the time limit, its errors and bad values as TinyRLErrors naming it and the
+    sample; `episode` reaches it only when it takes one (reads_episode)."""
+    wants_episode = reads_episode(fn)
+
+    def reward(completion: str, example: Any, episode: Any = None) -> float:
         sample = lambda: describe_sample(completion, example)  # noqa: E731
         what = lambda: f"reward function {label} on {sample()}"  # noqa: E731
         try:
             with limits.time_limit(timeout_s) as elapsed:
-                value = fn(completion, example)
+                value = fn(completion, example, episode=episode) if wants_episode else fn(completion, example)
             if elapsed() > timeout_s:  # it swallowed the alarm (a bare except) and returned late
                 raise limits.RewardTimeout()
         except limits.RewardTimeout:
@@ -96,18 +104,55 @@ def _wrap(fn: Callable, label: str, timeout_s: float) -> RewardFn:
             raise TinyRLError(f"{what()} raised {type(e).__name__}: {e}",
                               hint=f"fix {label}; call it on that row of the data to reproduce") from e
         # bool is an int in Python, but True is not a score: a forgotten `return x == y` is a bug.
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not _finite(value):
             raise TinyRLError(
                 f"reward function {label} returned {value!r:.100} ({type(value).__name__}), "
                 f"not a finite number, on {sample()}",
                 hint=f"make {label} return a float, e.g. 1.0 for a correct completion")
         if abs(value) > MAX_ABS_REWARD:
             raise TinyRLError(
-                f"reward function {label} returned {float(value):g}, beyond the bound of +-{MAX_ABS_REWARD:g} "
+                f"reward function {label} returned {_magnitude(value)}, beyond the bound of +-{MAX_ABS_REWARD:g} "
                 f"tinyrl accepts, on {sample()}; a reward that large overflows the advantages",
                 hint=f"make {label} return rewards of order 1 (scale them down)")
         return float(value)
     return reward
+
+
+def _finite(value: numbers.Real) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past float's range (10**400) is finite: the bound below says it
+        return True
+
+
+def _magnitude(value: numbers.Real) -> str:
+    try:
+        return f"{float(value):g}"
+    except OverflowError:
+        return f"an integer of {int(value).bit_length()} bits"
+
+
+def reads_episode(fn: Callable) -> bool:
+    """Whether a reward takes an `episode` keyword (then it gets the sample's Episode)."""
+    try:
+        return "episode" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a callable without a signature (a builtin, a C extension)
+        return False
+
+
+def check_call_shape(fn: Callable, spec: str) -> None:
+    """The user's function can be called as the trainer calls it: said when it loads, before any
+    model, not at the first reward of step 1."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # nothing to check against: its first call says what is wrong
+    try:
+        signature.bind("", {}, **({"episode": None} if reads_episode(fn) else {}))
+    except TypeError as e:
+        raise TinyRLError(f"reward function {spec} cannot be called as {fn.__name__}(completion, example): {e}",
+                          hint="define it as `def func(completion: str, example: dict) -> float`, with an "
+                               "`episode=None` keyword if it reads the sample's turns and tool calls") from None
 
 
 def load_reward_fn(spec: str, format_score: float = 0.1, strict: bool = False, timeout_s: float = 60.0) -> RewardFn:
@@ -121,18 +166,26 @@ def load_reward_fn(spec: str, format_score: float = 0.1, strict: bool = False, t
     return WorkerReward(spec, timeout_s)
 
 
-def _split(spec: str) -> tuple[str, str]:
+def parse_spec(spec: str) -> tuple[str, str, bool] | None:
+    """(target, function name, whether target is a file) of `path/to/file.py:func` or
+    `module:func`; None when the spec has neither shape."""
     target, sep, func_name = spec.rpartition(":")  # rpartition: "C:\\x.py:f" keeps the drive
     if not sep or not target or not func_name:
+        return None
+    return target, func_name, target.endswith(".py") or "/" in target or "\\" in target
+
+
+def _split(spec: str) -> tuple[str, str, bool]:
+    parsed = parse_spec(spec)
+    if parsed is None:
         raise TinyRLError(f"unknown reward {spec!r}",
                           hint=f"builtin rewards: {', '.join(BUILTIN_REWARDS)}; or {_SPEC_HINT}")
-    return target, func_name
+    return parsed
 
 
 def resolve_user_fn(spec: str) -> Callable:
     """The user's function itself (in the reward worker: tinyrl.rewards.worker)."""
-    target, func_name = _split(spec)
-    is_file = target.endswith(".py") or "/" in target or "\\" in target
+    target, func_name, is_file = _split(spec)
     module = _load_file(target) if is_file else _load_module(target)
     fn = getattr(module, func_name, None)
     if fn is None:

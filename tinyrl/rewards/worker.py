@@ -35,10 +35,13 @@ BACKSTOP_S = 30.0  # past the worker's own limit (timeout + faulthandler's grace
 
 
 class WorkerReward:
-    """`fn(completion, example) -> float` for a user's `file.py:func` / `module:func` spec."""
+    """`fn(completion, example[, episode=]) -> float` for a user's `file.py:func` / `module:func`
+    spec. The episode crosses the pipe only when the user's function takes one (`wants_episode`,
+    from the worker's load reply): it is pickled per call (the Episode's token lists)."""
 
     def __init__(self, spec: str, timeout_s: float):
         self.spec, self.timeout_s = spec, timeout_s
+        self.wants_episode = False
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._lock = threading.Lock()  # one call at a time on the pipe (verl may call from threads)
@@ -54,13 +57,14 @@ class WorkerReward:
         theirs.close()
         self._conn = ours
         self._finalizer = weakref.finalize(self, _stop, self._proc, ours)
-        self._ask(("load", self.spec, self.timeout_s), None)
+        self.wants_episode = self._ask(("load", self.spec, self.timeout_s), None)
 
-    def __call__(self, completion: str, example: Any) -> float:
+    def __call__(self, completion: str, example: Any, episode: Any = None) -> float:
         with self._lock:
             if self._proc is None:  # the last worker died: a fresh one (eval and verl call on)
                 self._start()
-            return self._ask(("call", completion, example), (completion, example))
+            sent = episode if self.wants_episode else None
+            return self._ask(("call", completion, example, sent), (completion, example))
 
     def _ask(self, message: tuple, sample: tuple | None) -> Any:
         started = time.monotonic()
@@ -80,7 +84,7 @@ class WorkerReward:
         if reply[0] == "error":
             _, message_, hint, cause = reply
             raise TinyRLError(message_, hint=hint) from _unpickled(cause)
-        return reply[-1]  # ("ok", value), or ("ready",) after a load
+        return reply[-1]  # ("ok", value), or ("ready", wants_episode) after a load
 
     def _died(self, sample: tuple | None, elapsed: float) -> TinyRLError:
         from tinyrl.rewards.registry import describe_sample
@@ -123,8 +127,8 @@ def _unpickled(blob: bytes | None) -> BaseException | None:
 
 
 def serve(fd: int) -> None:
-    """The worker's loop: ("load", spec, timeout_s), then ("call", completion, example) ..."""
-    from tinyrl.rewards.registry import _wrap, resolve_user_fn
+    """The worker's loop: ("load", spec, timeout_s), then ("call", completion, example, episode) ..."""
+    from tinyrl.rewards.registry import _wrap, check_call_shape, reads_episode, resolve_user_fn
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -138,10 +142,13 @@ def serve(fd: int) -> None:
         try:
             if message[0] == "load":
                 _, spec, timeout_s = message
-                fn = _wrap(resolve_user_fn(spec), spec, timeout_s)
-                reply = ("ready",)
+                user_fn = resolve_user_fn(spec)
+                check_call_shape(user_fn, spec)
+                fn = _wrap(user_fn, spec, timeout_s)
+                reply = ("ready", reads_episode(user_fn))
             else:
-                reply = ("ok", fn(message[1], message[2]))
+                _, completion, example, episode = message
+                reply = ("ok", fn(completion, example, episode))
         except TinyRLError as exc:
             cause = exc.__cause__
             try:

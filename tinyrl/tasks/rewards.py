@@ -9,10 +9,10 @@ val/score, eval) is judged on the first function alone, so shaping terms never f
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+from tinyrl.rewards.registry import reads_episode  # a user's WorkerReward takes it, and passes it on when wanted
 from tinyrl.tasks import all_tasks, check_rows, get_task
 from tinyrl.tasks.base import RewardFn
 
@@ -38,15 +38,6 @@ class Scores:
         if self.parts and len(self.parts) > 1:
             out.update({f"{prefix}/fn/{name}": sum(v) / n for name, v in self.parts.items()})
         return out
-
-
-def reads_episode(fn: RewardFn) -> bool:
-    """A reward that takes an `episode` keyword gets the sample's Episode (its turns and tool
-    calls, tinyrl.rollout.base); the rest, user functions included, keep (completion, row)."""
-    try:
-        return "episode" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # a callable without a signature (a builtin, a C extension)
-        return False
 
 
 class RewardSet:
@@ -81,6 +72,25 @@ def _task_of(spec: str, task_cfg: Any):
     """The Task whose reward a spec names ("task": [task]'s, or a task name); None: a user's function."""
     if spec == "task" or spec in all_tasks():
         return get_task(task_cfg.name if spec == "task" else spec)
+    return None
+
+
+def spec_problem(spec: str, setting: str) -> str | None:
+    """What is wrong with one reward spec, said at config validation (the function itself is
+    imported later, in its worker): its shape, and a `file.py:func`'s file."""
+    from pathlib import Path
+
+    from tinyrl.rewards.registry import parse_spec
+
+    if spec == "task" or spec in all_tasks():
+        return None
+    parsed = parse_spec(spec)
+    if parsed is None:
+        return (f"{setting} = {spec!r} is not a reward: give task (the task's own), a task name "
+                f"({', '.join(all_tasks())}), path/to/file.py:func or module:func")
+    target, _, is_file = parsed
+    if is_file and not Path(target).expanduser().is_file():
+        return f"{setting} = {spec}: file {target} not found; give path/to/file.py:func"
     return None
 
 
