@@ -184,3 +184,32 @@ def test_val_files_with_one_name_twice_is_a_config_problem():
     shipped = "data/countdown/test.parquet"
     message = _problems("countdown-tiny", f'data.val_files=["a={shipped}", "a={shipped}", "b=nowhere.parquet"]')
     assert "2 problem(s)" in message and "data.val_files names 'a' twice" in message and "b = nowhere" in message
+
+
+def test_list_settings_check_their_elements_and_reward_settings_their_shape(tmp_path, monkeypatch):
+    """Found by a user's walk: `reward.extra_fns=[1, 2]` and `data.val_files=[1]` crashed validation
+    with a traceback (exit 1); `reward.weights=["a", 1]` got past it to crash after the model
+    loaded; `reward.weights=[nan, 1]` ran every step on a nan reward and exited 0;
+    `reward.timeout_s=1e10` was blamed on the user's function at its first call;
+    `rollout.tool_memory_mb=10` stopped the run at the first tool call; `reward.fn=Task` was said
+    only after the other problems' fix; `~/` in a reward file was 'not found'; a missing extra_fns
+    file was named as reward.fn. All of it now at once, before anything loads."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "mine.py").write_text("def score(c, e):\n    return 1.0\n")
+    for bad, said in [("reward.extra_fns=[1, 2]", "reward.extra_fns must be a list of str, got [1, 2] (1 is not)"),
+                      ("data.val_files=[1]", "data.val_files must be a list of str"),
+                      ('reward.weights=["a", 1]', "reward.weights must be a list of float, got ['a', 1.0]"),
+                      ('model.lora_targets="q_proj"', "model.lora_targets must be a list of str, got 'q_proj'")]:
+        assert said in _problems("countdown-tiny", bad), bad
+    message = _problems("countdown-tiny", 'reward.extra_fns=["countdown", "nofile.py:f"]', "reward.weights=[nan, 1, 1]",
+                        "reward.timeout_s=1e10", "rollout.tool_timeout_s=1e7", "rollout.tool_memory_mb=10",
+                        "reward.fn=Task")
+    for fragment in ("reward.weights = [nan, 1.0, 1.0] holds nan, not a finite number",
+                     "reward.timeout_s = 1e+10 s is more than a day", "rollout.tool_timeout_s = 1e+07 s is more than",
+                     "rollout.tool_memory_mb = 10 must be at least 64",
+                     "reward.fn = 'Task' is not a reward: give task (the task's own), a task name (countdown, ",
+                     "reward.extra_fns[1] = nofile.py:f: file nofile.py not found"):
+        assert fragment in message, fragment
+    assert "6 problem(s)" in message, message
+    assert load_config("countdown-tiny", ['reward.fn="~/mine.py:score"', "rollout.tool_memory_mb=64",
+                                          "reward.timeout_s=86400"]).reward.fn == "~/mine.py:score"

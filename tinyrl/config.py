@@ -12,7 +12,7 @@ import difflib
 import tomllib
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
 from tinyrl.errors import TinyRLError
 from tinyrl.roles import ESTIMATOR_NAMES, ESTIMATORS, Role, run_roles
@@ -444,6 +444,17 @@ def _set_typed(obj: Any, key: str, value: Any, dotted: str) -> str | None:
     current = getattr(obj, key)
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
+    if get_origin(expected) is list:  # each element too: [1, 2] as reward functions crashed later
+        (element,) = get_args(expected)
+        if not isinstance(value, list):
+            return f"{dotted} must be a list of {element.__name__}, got {value!r}"
+        if element is float:
+            value = [float(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+        wrong = [v for v in value if not isinstance(v, element) or isinstance(v, bool)]
+        if wrong:
+            return f"{dotted} must be a list of {element.__name__}, got {value!r} ({wrong[0]!r} is not)"
+        setattr(obj, key, value)
+        return None
     ok = {
         bool: isinstance(value, bool),
         int: isinstance(value, int) and not isinstance(value, bool),
@@ -597,9 +608,11 @@ AT_LEAST_ONE = ("algorithm.max_gen_rounds", "algorithm.kl_horizon", "trainer.tra
                 "rollout.max_response_length", "data.max_prompt_length", "actor.ppo_epochs", "critic.ppo_epochs",
                 "trainer.total_epochs", "model.lora_rank", "model.lora_alpha", "model.logprob_chunk",
                 "trainer.keep_last", "data.max_test_prompts", "sft.max_length", "rollout.max_turns",
-                "rollout.max_tool_response_tokens", "rollout.tool_memory_mb")
+                "rollout.max_tool_response_tokens")
 ANY_INTEGER = ("trainer.seed", "data.generate_seed")
-OWN_RULE = ("actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size", "rollout.vllm.sleep_level", "task.max_number")
+MAX_CALL_S = 86_400.0  # per call of a reward, a tool or math-verify: setitimer raised OverflowError at 1e10
+OWN_RULE = ("actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size", "rollout.vllm.sleep_level", "task.max_number",
+            "rollout.tool_memory_mb")
 
 
 def _count_problems(cfg: Config) -> list[str]:
@@ -609,6 +622,11 @@ def _count_problems(cfg: Config) -> list[str]:
             out.append(f"{dotted} = {value} must be at least 1")
         elif dotted not in AT_LEAST_ONE + ANY_INTEGER + OWN_RULE and value < 0:
             out.append(f"{dotted} = {value} must be >= 0")
+    from tinyrl.tools.python import MIN_MEMORY_MB  # the sandbox's own floor, said before a model loads
+
+    if cfg.rollout.tool_memory_mb < MIN_MEMORY_MB:
+        out.append(f"rollout.tool_memory_mb = {cfg.rollout.tool_memory_mb} must be at least {MIN_MEMORY_MB} "
+                   "(MiB of address space per tool call; the interpreter alone needs ~30)")
     return out
 
 
@@ -617,10 +635,17 @@ def _number_problems(cfg: Config) -> list[str]:
     import math
 
     out = [f"{k} = {v} is not a finite number" for k, v in _float_settings(cfg).items() if not math.isfinite(v)]
+    out += [f"reward.weights = {cfg.reward.weights} holds {w}, not a finite number"
+            for w in cfg.reward.weights if not math.isfinite(w)][:1]  # nan made every step's reward nan
     for dotted in ("actor.lr", "critic.lr", "reward.timeout_s", "rollout.tool_timeout_s"):
         value = get_setting(cfg, dotted)
         if math.isfinite(value) and value <= 0:
             out.append(f"{dotted} = {value} must be > 0")
+    for dotted in ("reward.timeout_s", "rollout.tool_timeout_s", "task.verify_timeout_s"):
+        value = get_setting(cfg, dotted)
+        if math.isfinite(value) and value > MAX_CALL_S:
+            out.append(f"{dotted} = {value:g} s is more than a day ({MAX_CALL_S:g} s) per call; the timers "
+                       "that enforce it overflow past ~1e9 s: give a limit you would wait for")
     return out
 
 
@@ -682,10 +707,11 @@ def _init_from_problems(cfg: Config) -> list[str]:
 
 
 def _reward_problems(cfg: Config) -> list[str]:
-    out = []
-    for spec in [cfg.reward.fn, *cfg.reward.extra_fns]:
-        if ":" in spec and spec.split(":", 1)[0].endswith(".py") and not Path(spec.split(":", 1)[0]).exists():
-            out.append(f"reward.fn = {spec}: file {spec.split(':', 1)[0]} not found; give path/to/file.py:func")
+    from tinyrl.tasks.rewards import spec_problem  # local: the task modules import their libraries lazily
+
+    settings = [("reward.fn", cfg.reward.fn)] + [(f"reward.extra_fns[{i}]", spec)
+                                                 for i, spec in enumerate(cfg.reward.extra_fns)]
+    out = [problem for setting, spec in settings if (problem := spec_problem(spec, setting))]
     n = 1 + len(cfg.reward.extra_fns)
     if cfg.reward.weights and len(cfg.reward.weights) != n:
         out.append(f"reward.weights has {len(cfg.reward.weights)} values for {n} reward functions "

@@ -61,12 +61,15 @@ class ToolResult:
         return self.exit_code == 0 and not self.timed_out
 
 
+MIN_MEMORY_MB = 64  # rollout.tool_memory_mb's floor too (tinyrl.config)
+
+
 def _check(timeout_s: float, memory_mb: int, max_output_bytes: int, max_processes: int) -> None:
     problems = []
     if not timeout_s > 0:
         problems.append(f"timeout_s must be > 0, got {timeout_s}")
-    if memory_mb < 64:
-        problems.append(f"memory_mb must be >= 64 (the interpreter needs ~30 MB), got {memory_mb}")
+    if memory_mb < MIN_MEMORY_MB:
+        problems.append(f"memory_mb must be >= {MIN_MEMORY_MB} (the interpreter needs ~30 MB), got {memory_mb}")
     if max_output_bytes < 64:
         problems.append(f"max_output_bytes must be >= 64, got {max_output_bytes}")
     if max_processes < 1:
