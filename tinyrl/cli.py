@@ -185,8 +185,10 @@ def _run_command(command: str, preset: str, overrides: Optional[list[str]], out_
     from tinyrl.setup import check_data_rows, check_train_path
 
     interrupts.install()  # from here on, Ctrl-C/SIGTERM end cleanly (see tinyrl.interrupts)
+    if resume and out_dir is not None:  # its relative paths start where it started: before they are read
+        rundir.check_resume_here(out_dir, _resume_command(preset, overrides, out_dir, max_steps, command))
     config_notes: list[str] = []
-    cfg = load_config(preset, overrides, notes=config_notes)
+    cfg = load_config(preset, overrides, notes=config_notes, resume_dir=out_dir if resume else None)
     check_command(cfg, command)  # RL on an SFT preset, or SFT on an RL preset: exit 2, nothing written
     run_dir = out_dir or Path(cfg.trainer.out_dir) / cfg.preset
     if max_steps is not None and max_steps < 1:

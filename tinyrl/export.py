@@ -18,6 +18,7 @@ import torch
 from safetensors import SafetensorError
 
 from tinyrl import checkpoint as ckpt
+from tinyrl import rundir
 from tinyrl.config import config_from_dict
 from tinyrl.errors import TinyRLError
 from tinyrl.writable import check_writable, make_dir, staged
@@ -58,6 +59,7 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, dtype: str
                           hint="pass the --out directory of a `tinyrl train` or `tinyrl sft` run")
     check_out_dir(run_dir, out_dir, overwrite)
     cfg = config_from_dict(json.loads(config_path.read_text()))
+    rundir.rebase_paths(cfg, run_dir)  # a relative local model.name: from where the run started
     state = ckpt.load_latest(run_dir / "checkpoints")
     if state is None:
         every = cfg.trainer.save_every
@@ -66,7 +68,16 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, dtype: str
                           + "at its last step: wait for its first save, or continue it (the command that "
                           "started it, with --resume)")
     model_path = base_of_run(cfg, run_dir)  # model.init_from: the run's own starting model
-    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    try:
+        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    except OSError as exc:  # a local base moved away reads as a Hub id: a download was tried
+        start = rundir.start_dir(run_dir)
+        raise TinyRLError(f"cannot load {run_dir}'s base model {model_path!r} (model.name = {cfg.model.name}): "
+                          f"{str(exc).splitlines()[0]}; nothing was written",
+                          hint="a local model directory is looked for from here"
+                               + (f" and from {start}, where the run started" if start else "")
+                               + "; put it back there, or on a machine without internet have the "
+                                 "Hugging Face model in the cache") from exc
     actor_state = state["models"]["actor"]
     if cfg.model.finetune == "lora":
         from peft import LoraConfig, get_peft_model, set_peft_model_state_dict

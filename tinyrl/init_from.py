@@ -42,13 +42,40 @@ def source_problems(cfg) -> list[str]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return [f"model.init_from = {setting}: cannot read its config.json ({type(exc).__name__}: {exc})"]
     out = []
-    if base != cfg.model.name:
+    if not same_model(base, src, cfg.model.name):
         out.append(f"model.init_from = {setting} was trained on {base}, but model.name = {cfg.model.name}; "
-                   f"set model.name={base}")
+                   f"set model.name={_as_seen_from_here(base, src)}")
     if not ckpt.list_checkpoints(src / "checkpoints"):
         out.append(f"model.init_from = {setting} has no checkpoint yet; let it run until its first save "
                    "(trainer.save_every, and always at its last step)")
     return out
+
+
+def resumes_from_own_copy(cfg, run_dir: Path) -> bool:
+    """--resume of a run that holds a finished export of model.init_from (model_path_of reuses it)."""
+    return _made_from(Path(run_dir) / INIT_DIR, Path(cfg.model.init_from).expanduser())
+
+
+def _as_seen_from_here(name: str, run_dir: Path) -> str:
+    """A run's model.name as this directory reaches it: a relative local directory is relative
+    to where that run started (rundir.start_dir), which need not be here."""
+    from tinyrl.rundir import start_dir
+
+    start = start_dir(run_dir) if (run_dir / "run.json").is_file() else None
+    path = Path(name).expanduser()
+    if path.is_absolute() or path.exists() or start is None or not (start / path).exists():
+        return name
+    return os.path.relpath(start / path)
+
+
+def same_model(run_name: str, run_dir: Path, name: str) -> bool:
+    """Whether run_dir's model.name (`run_name`, as that run read it) is `name` as read here: the
+    same local directory, however reached (`mymodel` from where the SFT run started is
+    `../mymodel` from here, and `mymodel` here is another or none), else the same Hub id."""
+    here, there = Path(name).expanduser(), Path(_as_seen_from_here(run_name, run_dir)).expanduser()
+    if here.is_dir() or there.is_dir():  # a local model: the same directory, whatever the spelling
+        return here.is_dir() and there.is_dir() and here.resolve() == there.resolve()
+    return run_name == name  # a Hugging Face id
 
 
 def _made_by(src: Path, out_dir: str) -> str | None:

@@ -141,16 +141,39 @@ def start_dir(run_dir: Path) -> Path | None:
     return Path(where) if where else None
 
 
+def _map_paths(cfg, fn) -> None:
+    """fn(value) -> value over every setting that names a file or directory: the data files,
+    model.init_from, model.name (a local model), a chat template file, a reward file."""
+    from tinyrl.eval import parse_data_args
+
+    d, m, r = cfg.data, cfg.model, cfg.reward
+    d.train_path, d.test_path = fn(d.train_path), fn(d.test_path)
+    m.init_from, m.name = fn(m.init_from), fn(m.name)
+    d.val_files = [f"{name}={fn(str(path))}" for name, path in parse_data_args(d.val_files)]
+    m.custom_chat_template = fn(m.custom_chat_template) if "{" not in m.custom_chat_template else m.custom_chat_template
+
+    def file_spec(spec: str) -> str:  # reward.fn = file.py:func
+        where, _, func = spec.rpartition(":")
+        return f"{fn(where)}:{func}" if where.endswith(".py") else spec
+
+    r.fn, r.extra_fns = file_spec(r.fn), [file_spec(s) for s in r.extra_fns]
+
+
+def _elsewhere(run_dir: Path) -> Path | None:
+    """The directory the run was started in, when it is not this one."""
+    start = start_dir(run_dir)
+    return None if start is None or start.resolve() == Path.cwd().resolve() else start
+
+
 def rebase_paths(cfg, run_dir: Path) -> None:
     """The run's relative paths (data files, model.init_from, a local model, a reward file) as seen
     from the directory it was started in, when they are not found from here: `export-verl
     --from-run` from another directory said the SFT run the run started from did not exist, and
     `estimate-cost --from-run` counted the preset's row count instead of the data file's."""
     from tinyrl.config import resolve_path
-    from tinyrl.eval import parse_data_args
 
-    start = start_dir(run_dir)
-    if start is None or start.resolve() == Path.cwd().resolve():
+    start = _elsewhere(run_dir)
+    if start is None:
         return
 
     def there(value: str) -> str:
@@ -158,17 +181,47 @@ def rebase_paths(cfg, run_dir: Path) -> None:
             return value
         return str(start / value) if (start / value).exists() else value
 
-    d, m, r = cfg.data, cfg.model, cfg.reward
-    d.train_path, d.test_path = there(d.train_path), there(d.test_path)
-    m.init_from, m.name = there(m.init_from), there(m.name)
-    d.val_files = [f"{name}={there(str(path))}" for name, path in parse_data_args(d.val_files)]
-    m.custom_chat_template = there(m.custom_chat_template) if "{" not in m.custom_chat_template else m.custom_chat_template
+    _map_paths(cfg, there)
 
-    def file_spec(spec: str) -> str:  # reward.fn = file.py:func
-        where, _, func = spec.rpartition(":")
-        return f"{there(where)}:{func}" if where.endswith(".py") else spec
 
-    r.fn, r.extra_fns = file_spec(r.fn), [file_spec(s) for s in r.extra_fns]
+def check_resume_here(run_dir: Path, resume_cmd: str) -> None:
+    """--resume from another directory than the run's start, when a relative path of the run
+    names something there that is not the same thing here: the run would read other files (or
+    none) under the same settings. Said before the config is checked, data generated or a model
+    loaded: a relative model.name was tried as a Hugging Face id, model.init_from was 'not a run
+    directory', and the preset's data was generated afresh in the wrong place."""
+    import copy
+    import shlex
+
+    from tinyrl.config import config_from_dict, resolve_path
+
+    start = _elsewhere(run_dir)
+    if start is None or not (run_dir / "config.json").is_file():
+        return
+    try:
+        cfg = config_from_dict(json.loads((run_dir / "config.json").read_text()))
+    except (OSError, ValueError, TypeError, TinyRLError):
+        return  # the resume's own checks say what is wrong with it
+    moved: list[str] = []
+
+    def differs(value: str) -> str:
+        path = Path(value).expanduser() if value else None
+        if path is not None and not path.is_absolute() and (start / path).exists():
+            here = resolve_path(value)
+            if not here.exists() or here.resolve() != (start / path).resolve():
+                moved.append(value)
+        return value
+
+    _map_paths(copy.deepcopy(cfg), differs)
+    if moved:
+        run = Path(os.path.relpath(run_dir.resolve(), start))
+        again = resume_cmd.replace(f" --out {shlex.quote(str(run_dir))} ", f" --out {shlex.quote(str(run))} ")
+        raise TinyRLError(
+            f"--resume: {run_dir} was started in {start}, and its settings name "
+            + ", ".join(moved) + f" from there, which {'is' if len(moved) == 1 else 'are'} not the same here "
+            f"({Path.cwd()}); resumed from here the run would read other files under the same settings. "
+            "Nothing was changed",
+            hint=f"resume it from where it started: cd {shlex.quote(str(start))} && {again}")
 
 
 def _read_id(path: Path, key: str) -> str | None:
