@@ -10,9 +10,10 @@ val/score, eval) is judged on the first function alone, so shaping terms never f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from tinyrl.rewards.registry import reads_episode  # a user's WorkerReward takes it, and passes it on when wanted
+from tinyrl.rewards.registry import parse_spec, reads_episode  # a user's WorkerReward takes episode, passes it on when wanted
 from tinyrl.tasks import all_tasks, check_rows, get_task
 from tinyrl.tasks.base import RewardFn
 
@@ -78,10 +79,6 @@ def _task_of(spec: str, task_cfg: Any):
 def spec_problem(spec: str, setting: str) -> str | None:
     """What is wrong with one reward spec, said at config validation (the function itself is
     imported later, in its worker): its shape, and a `file.py:func`'s file."""
-    from pathlib import Path
-
-    from tinyrl.rewards.registry import parse_spec
-
     if spec == "task" or spec in all_tasks():
         return None
     parsed = parse_spec(spec)
