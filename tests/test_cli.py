@@ -170,3 +170,7 @@ def test_max_steps_ends_the_run_there_before_or_past_the_presets_end(tmp_path):
     more = tinyrl(*base, "--resume", "--max-steps", "3")
     assert more.returncode == 0, more.stderr
     assert [m["step"] for m in jsonl.read_records(run / "metrics.jsonl")] == [1, 2, 3]
+    behind = tinyrl(*base, "--resume", "--max-steps", "2")  # an end behind the checkpoint: said, not silent
+    assert behind.returncode == 0 and "run finished at step 3 (it was there already: the end, step 2, is behind " \
+        "it; nothing was trained)" in " ".join(behind.stdout.split()), behind.stdout
+    assert [m["step"] for m in jsonl.read_records(run / "metrics.jsonl")] == [1, 2, 3]

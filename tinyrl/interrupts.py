@@ -183,4 +183,6 @@ def end_of_run(trainer, run_dir, total: int, resume_cmd: str) -> tuple[str, int]
                 + f"\nresume with: {resume_cmd}", exit_code(trainer.stopped_by))
     if unsaved:
         return f"the run reached step {trainer.step}, but {unsaved}{lost_text}", 1
-    return f"run finished at step {trainer.step}: {run_dir}{lost_text}  (plots: tinyrl report {run_dir})", 0
+    # `--resume --max-steps 3` of a run at step 6: nothing trained, and it should say why
+    past = f" (it was there already: the end, step {total}, is behind it; nothing was trained)" if trainer.step > total else ""
+    return f"run finished at step {trainer.step}{past}: {run_dir}{lost_text}  (plots: tinyrl report {run_dir})", 0
