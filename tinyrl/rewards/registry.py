@@ -193,6 +193,6 @@ def resolve_user_fn(spec: str) -> Callable:
         raise TinyRLError(f"{target} has no function {func_name!r}",
                           hint=f"callables there: {', '.join(public) or 'none'}; {_SPEC_HINT}")
     if not callable(fn):
-        raise TinyRLError(f"{spec} is a {type(fn).__name__}, not a function",
+        raise TinyRLError(f"{spec} is not a function: it is {fn!r:.60} ({type(fn).__name__})",
                           hint="point the reward at `def func(completion: str, example: dict) -> float`")
     return fn
