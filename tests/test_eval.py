@@ -225,3 +225,34 @@ def test_a_full_disk_after_the_evaluation_keeps_its_figures_and_writes_neither_f
     assert "No space left on device; nothing was written there" in caught.value.message
     assert "The evaluation's figures: test: problems 16, greedy_acc " in caught.value.message
     assert "pass@2 " in caught.value.message and list((disk / "ev").iterdir()) == []
+
+
+def test_bad_sampling_options_and_data_names_are_said_at_once_before_anything_loads(tmp_path, tiny_model_dir,
+                                                                                   monkeypatch):
+    """`--temperature 0` (or -1) with samples crashed in transformers after the merge, the model
+    load and the greedy pass (a traceback, exit 1); `--max-tokens -5` crashed the decode loop and
+    `--max-tokens 0` silently meant the run's limit; `--top-p 1.5` ran; `--data =f` ran with a
+    nameless row and `--data a=` said ". not found"; an empty file's hint was about data.train_path."""
+    import pandas as pd
+
+    data = tmp_path / "test.parquet"
+    pd.read_parquet(Path(__file__).resolve().parent.parent / "data" / "countdown" / "test.parquet")[:4].to_parquet(data)
+    monkeypatch.setattr("tinyrl.setup.load_tokenizer", lambda *_, **__: pytest.fail("loaded before the refusal"))
+    with pytest.raises(TinyRLError) as caught:
+        ev.evaluate(str(tiny_model_dir), [str(data)], task_name="countdown", n=2, ks=[1, 0], temperature=0.0,
+                    top_p=1.5, max_new_tokens=-5, out_dir=tmp_path / "ev")
+    for said in ("--k 1,0: every k must be at least 1", "--temperature 0 must be > 0 for the --n 2 samples",
+                 "--top-p 1.5 must be in (0, 1]", "--max-tokens -5 must be at least 1", "nothing was evaluated"):
+        assert said in caught.value.message, said
+    with pytest.raises(TinyRLError, match="--max-tokens 0 must be at least 1"):
+        ev.evaluate(str(tiny_model_dir), [str(data)], task_name="countdown", n=0, max_new_tokens=0)
+    for item in (f"={data}", "a="):
+        with pytest.raises(TinyRLError, match="needs a name and a file"):
+            ev.evaluate(str(tiny_model_dir), [item], task_name="countdown", n=0)
+    empty = tmp_path / "empty.parquet"
+    pd.read_parquet(data)[:0].to_parquet(empty)
+    with pytest.raises(TinyRLError, match="has no rows") as caught:
+        ev.evaluate(str(tiny_model_dir), [str(empty)], task_name="countdown", n=0)
+    assert "give --data a file of the countdown task's prompts" in caught.value.hint and "data.train_path" not in \
+        caught.value.hint
+    assert not (tmp_path / "ev").exists()

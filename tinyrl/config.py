@@ -687,7 +687,7 @@ def _data_problems(cfg: Config) -> list[str]:
     seen: set[str] = set()
     for item in cfg.data.val_files:
         name, sep, path = item.partition("=")
-        if not sep or not name or "/" in name:
+        if not sep or not name or not path or "/" in name:
             out.append(f"data.val_files entry {item!r} is not name=path (e.g. aime=data/aime.parquet)")
             continue
         if name in seen:  # their metrics (val/NAME/...) would be one; said as eval's --data error before

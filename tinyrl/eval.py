@@ -100,6 +100,26 @@ def metrics_from_samples(path: Path, ks: list[int]) -> dict[str, dict[str, float
             for name, probs in by_file.items()}
 
 
+def _sampling_problems(n: int, ks: list[int] | None, greedy: bool, temperature: float, top_p: float,
+                       max_new_tokens: int | None) -> list[str]:
+    import math
+
+    out = []
+    if n < 0:
+        out.append(f"--n {n} must be 0 (greedy only) or more")
+    elif n == 0 and not greedy:
+        out.append("--n 0 with --no-greedy evaluates nothing")
+    if any(k < 1 for k in ks or []):
+        out.append(f"--k {','.join(map(str, ks))}: every k must be at least 1")
+    if n > 0 and not (math.isfinite(temperature) and temperature > 0):  # transformers refuses it after the merge
+        out.append(f"--temperature {temperature:g} must be > 0 for the --n {n} samples")
+    if n > 0 and not 0 < top_p <= 1:
+        out.append(f"--top-p {top_p:g} must be in (0, 1]")
+    if max_new_tokens is not None and max_new_tokens < 1:  # 0 meant "the run's" and -5 crashed the decode loop
+        out.append(f"--max-tokens {max_new_tokens} must be at least 1 (leave it out for the run's limit)")
+    return out
+
+
 def parse_data_args(items: list[str]) -> list[tuple[str, Path]]:
     """`name=path` or `path` (named after the file) -> [(name, path)]."""
     out = []
@@ -107,6 +127,9 @@ def parse_data_args(items: list[str]) -> list[tuple[str, Path]]:
         name, sep, path = item.partition("=")
         if not sep or "/" in name:
             name, path = Path(item).stem, item
+        if not name or not path:
+            raise TinyRLError(f"--data {item!r} needs a name and a file: name=FILE, or FILE alone",
+                              hint="e.g. --data aime=data/math/aime_2024.parquet")
         out.append((name, Path(path).expanduser()))
     if len({n for n, _ in out}) != len(out):
         raise TinyRLError("two --data files have the same name", hint="name them: --data aime=FILE --data math500=FILE")
@@ -207,9 +230,10 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     from tinyrl.setup import load_tokenizer
     from tinyrl.tasks import check_rows, get_task
 
-    if n < 0 or any(k < 1 for k in ks or []) or (n == 0 and not greedy):
-        raise TinyRLError(f"--n {n} --k {ks}: need n >= 1 (or --greedy with n = 0) and every k >= 1",
-                          hint="e.g. --n 32 --k 1,8,32")
+    problems = _sampling_problems(n, ks, greedy, temperature, top_p, max_new_tokens)
+    if problems:  # all at once, before a run is merged or a model loads (a bad temperature crashed after both)
+        raise TinyRLError("; ".join(problems) + "; nothing was evaluated",
+                          hint="e.g. --n 32 --k 1,8,32 --temperature 0.6 --top-p 1.0 (greedy accuracy: --n 0)")
     beyond = sorted(k for k in ks or [] if k > n)
     if beyond:  # an asked-for pass@k was left out of the results without a word
         raise TinyRLError(f"--k {','.join(map(str, beyond))}: pass@k and maj@k need k of the --n {n} samples per "
@@ -253,7 +277,8 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     rows_of = {}
     for name, file in files:  # another task's file: said before a run is merged and a model loads
         try:
-            rows_of[name] = load_prompts(file).to_dict("records")
+            rows_of[name] = load_prompts(file, make=f"give --data a file of the {task.name} task's prompts; make one "
+                                                     f"with {task.data_hint}").to_dict("records")
             check_rows(task, rows_of[name], file)
         except TinyRLError as exc:
             if data:
@@ -261,7 +286,7 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
             raise TinyRLError(f"--data {name}{whose(name)}: {exc.message}; nothing was evaluated",
                               hint=f"give the {task.name} task's prompts: --data FILE (an SFT run's test file "
                                    "holds conversations, scored by their loss, not by the task)") from exc
-    max_new = max_new_tokens or (cfg.rollout.max_response_length if cfg is not None else 1024)
+    max_new = max_new_tokens if max_new_tokens is not None else (cfg.rollout.max_response_length if cfg is not None else 1024)
     with_tools = bool(task.tools) if tools is None else tools
     if with_tools and not task.tools:
         raise TinyRLError(f"--tools: the {task.name} task declares no tools", hint="leave --tools out")
