@@ -206,6 +206,15 @@ def test_convert_keeps_verl_files_and_asks_for_unknown_columns(tmp_path):
         mt.convert(str(odd), tmp_path, "dapo")
     path, _ = mt.convert(str(odd), tmp_path / "out", "dapo", problem_key="q", answer_key="a")
     assert path.name == "odd.parquet"
+    # a named column that is not there is said as such ("no problem/answer columns" while they were)
+    with pytest.raises(TinyRLError, match=r"no column --answer-key nope \(columns: q, a\)"):
+        mt.convert(str(odd), tmp_path / "nope", "dapo", problem_key="q", answer_key="nope")
+    # --name x.parquet is the file x.parquet, not x.parquet.parquet
+    path, _ = mt.convert(str(odd), tmp_path / "named", "dapo", name="x.parquet", problem_key="q", answer_key="a")
+    assert path.name == "x.parquet"
+    with pytest.raises(TinyRLError, match="--test-size must be a positive integer, got 0") as info:
+        mt.generated_problems(8, 0)
+    assert info.value.hint == "e.g. --test-size 1000"
 
 
 def test_hf_source_without_network_or_package_says_what_to_do(tmp_path, monkeypatch):

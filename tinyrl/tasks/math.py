@@ -180,9 +180,9 @@ def _problem(rng: random.Random) -> tuple[str, str]:
 
 def generated_problems(train_size: int, test_size: int, seed: int = 0) -> tuple[list, list]:
     """(train, test) lists of generated (problem, answer); no test problem is in train."""
-    for name, size in (("train_size", train_size), ("test_size", test_size)):
+    for name, size in (("--train-size", train_size), ("--test-size", test_size)):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise TinyRLError(f"{name} must be a positive integer, got {size!r}", hint="e.g. --train-size 1000")
+            raise TinyRLError(f"{name} must be a positive integer, got {size!r}", hint=f"e.g. {name} 1000")
     test_rng, train_rng = random.Random(f"tinyrl-math:{seed}:test"), random.Random(f"tinyrl-math:{seed}:train")
     test = [_problem(test_rng) for _ in range(test_size)]
     held_out = {p for p, _ in test}
@@ -262,7 +262,10 @@ def problem_rows(frame: Any, source: str, problem_key: str | None = None,
     pkey = problem_key or next((k for k in _PROBLEM_KEYS if k in cols), None)
     akey = answer_key or next((k for k in _ANSWER_KEYS if k in cols), None)
     if pkey not in cols or akey not in cols:
-        raise TinyRLError(f"{source}: no problem/answer columns found (columns: {', '.join(map(str, cols))})",
+        given = [f"--{what}-key {key}" for what, key, asked in (("problem", pkey, problem_key), ("answer", akey, answer_key))
+                 if asked and key not in cols]  # a named column that is not there, rather than "none found"
+        what = f"no column {', '.join(given)}" if given else "no problem/answer columns found"
+        raise TinyRLError(f"{source}: {what} (columns: {', '.join(map(str, cols))})",
                           hint="name them with --problem-key and --answer-key")
     rows = []
     for problem, value in zip(frame[pkey], frame[akey]):
@@ -274,21 +277,26 @@ def problem_rows(frame: Any, source: str, problem_key: str | None = None,
     return rows
 
 
+def output_name(name: str | None, default: str) -> str:
+    """--name, or the input's name; "x.parquet" is taken as "x" (it wrote x.parquet.parquet)."""
+    return (name or default).removesuffix(".parquet")
+
+
 def convert(source: str, out_dir: Path, template: str, name: str | None = None,
             problem_key: str | None = None, answer_key: str | None = None) -> tuple[Path, int]:
     """A problem/answer table -> out_dir/NAME.parquet in verl's maths schema. -> (path, rows)"""
     prompt_of("", template)
     frame, default_name = read_table(source)
+    name = output_name(name, default_name)
     cols = list(frame.columns)
     if "prompt" in cols and "reward_model" in cols:  # verl's schema already (DAPO-Math-17k): kept as it is
-        path = Path(out_dir).expanduser() / f"{name or default_name}.parquet"
+        path = Path(out_dir).expanduser() / f"{name}.parquet"
         refuse_existing([path])
         with staged(make_dir(path.parent)) as stage:
             frame.to_parquet(stage / path.name, index=False)
         return path, len(frame)
     rows = problem_rows(frame, source, problem_key, answer_key)
-    path = write_rows(rows, Path(out_dir).expanduser() / f"{name or default_name}.parquet", template,
-                      name or default_name)
+    path = write_rows(rows, Path(out_dir).expanduser() / f"{name}.parquet", template, name)
     return path, len(rows)
 
 

@@ -133,7 +133,7 @@ def convert_rl(source: str, out_dir: Path, name: str | None = None, problem_key:
             rows.append(row)
     if not rows:
         raise TinyRLError(f"{source}: no row has both a problem and an answer", hint="check the file's columns")
-    name = name or default_name
+    name = maths.output_name(name, default_name)
     return write_rl(rows, Path(out_dir).expanduser() / f"{name}.parquet", name), len(rows), len(frame) - len(rows)
 
 
@@ -230,7 +230,7 @@ def convert_sft(source: str, out_dir: Path, name: str | None = None, test_size: 
     if test_size < 0 or test_size >= len(rows):
         raise TinyRLError(f"{source}: {len(rows)} usable rows ({skipped} malformed) cannot spare --test-size {test_size}",
                           hint="give a --test-size below the row count (0 = no test file)")
-    name = name or default_name
+    name = maths.output_name(name, default_name)
     out = Path(out_dir).expanduser()
     cut = len(rows) - test_size
     parts = [(out / f"{name}.parquet", rows[:cut])] + ([(out / f"{name}-test.parquet", rows[cut:])] if test_size else [])
