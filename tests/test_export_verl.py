@@ -282,6 +282,10 @@ def test_out_dir_is_never_overwritten_without_flag(tmp_path):
     both = subprocess.run(cmd[:-2] + ["--from-run", str(tmp_path), "--out", str(tmp_path / "x")],
                           capture_output=True, text=True, timeout=120, env=env)
     assert both.returncode == 2 and "exactly one of" in both.stderr
+    script = subprocess.run(cmd[:-1] + [str(tmp_path / "run_verl.sh")], capture_output=True, text=True, timeout=120,
+                            env=env)  # a file's name: it made a directory called run_verl.sh
+    assert script.returncode == 2 and "looks like a file name" in script.stderr and "--out " in script.stderr
+    assert not (tmp_path / "run_verl.sh").exists()
 
 
 def test_from_run_can_start_from_the_exported_actor(tmp_path):

@@ -236,6 +236,13 @@ def test_empty_metrics_file_is_an_error_naming_it(tmp_path):
     with pytest.raises(TinyRLError) as exc:
         write_report(tmp_path)
     assert "metrics.jsonl has no step records" in exc.value.message and exc.value.hint
+    (tmp_path / "metrics.jsonl").unlink()  # a run's directory before its first step ends
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(TinyRLError, match="has no step logged yet") as exc:
+        write_report(tmp_path)
+    assert "after its first step" in exc.value.hint
+    with pytest.raises(TinyRLError, match="is a file, not a run directory"):
+        write_report(tmp_path / "config.json")
 
 
 def test_bad_middle_line_is_an_error_but_a_cut_off_last_line_is_dropped(tmp_path):

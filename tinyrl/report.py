@@ -44,6 +44,9 @@ def load_metrics(run_dir: Path, notes: list[str]) -> list[dict]:
     """Step records sorted by step; a step logged twice (a resumed run redoes it) keeps the last."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
+        if (run_dir / "config.json").is_file():  # a run that has not finished a step yet
+            raise TinyRLError(f"{run_dir} has no step logged yet (no metrics.jsonl)",
+                              hint="a run logs each step as it ends: report it after its first step")
         raise TinyRLError(f"no metrics file: {path}",
                           hint="give the run directory that `tinyrl train` wrote (it holds metrics.jsonl)")
     records = read_records(path, notes)
@@ -454,7 +457,8 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
     """Write the plots and summary.txt; returns the files written (summary.txt last)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise TinyRLError(f"run directory not found: {run_dir}", hint="e.g. tinyrl report runs/<run name>")
+        what = "is a file, not a run directory" if run_dir.exists() else "not found"
+        raise TinyRLError(f"run directory {what}: {run_dir}", hint="e.g. tinyrl report runs/<run name>")
     notes: list[str] = []
     recs = load_metrics(run_dir, notes)
     matplotlib, Figure = _figure_module()

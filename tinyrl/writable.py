@@ -34,7 +34,8 @@ def nearest_existing(path: Path) -> Path:
 
 
 # A directory --out that does not exist yet and ends so is a file name given by mistake.
-FILE_SUFFIXES = {".parquet", ".jsonl", ".json", ".csv", ".png", ".txt", ".toml", ".py", ".safetensors", ".bin", ".pt"}
+FILE_SUFFIXES = {".parquet", ".jsonl", ".json", ".csv", ".png", ".txt", ".toml", ".py", ".safetensors", ".bin", ".pt",
+                 ".sh", ".yaml"}
 
 
 def check_writable(path: Path, flag: str = "--out", lost: str = "nothing was loaded or written",

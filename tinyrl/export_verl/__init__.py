@@ -17,6 +17,7 @@ from tinyrl.errors import TinyRLError
 from tinyrl.export_verl import files, tools
 from tinyrl.export_verl.mapping import VERL_VERSION, Context, map_config
 from tinyrl.export_verl.staging import staged
+from tinyrl.writable import check_writable
 
 
 def check_out_dir(out: Path, overwrite: bool) -> None:
@@ -25,6 +26,7 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise TinyRLError(f"--out {out} is not empty; nothing was changed",
                           hint="choose a new directory, or add --overwrite to replace the exported files there")
+    check_writable(out, lost="nothing was changed", example="verl-job")  # `--out run.sh` made a directory run.sh
 
 
 def model_path(cfg: Config, actor: Path | None) -> tuple[str, list[str]]:
