@@ -313,3 +313,31 @@ def test_a_cpu_run_is_priced_as_the_cpu_and_another_cards_run_is_said(monkeypatc
         est = json.loads(stdout)
         assert code == 0 and est["roofline"] is not None and est["gpu"]["name"] == (gpu or "rtx4090")
         assert any(a.startswith("WARNING: ") and "79.2 GiB, not a rtx4090" in a for a in est["assumptions"]) == warned
+
+
+def test_a_run_priced_under_another_preset_a_bare_currency_and_the_phase_sum_say_what_they_are(monkeypatch, capsys,
+                                                                                              tmp_path):
+    """A new user's walk: `--from-run RUN --preset countdown-4090` priced a tiny CPU run's seconds as
+    Qwen2.5-3B's steps without a word; `--currency EUR` without --price showed the preset's 2.18 CNY
+    as 2.18 EUR; the phase table's "total" (a sum of per-phase medians) differed from the seconds
+    per step above it with nothing saying why."""
+    config = load_config("countdown-tiny").to_dict()
+    run = tmp_path / "run"
+    write_run(run, [30, 10, 12, 11], config=config)
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(
+        {"step": s, "timing/step": t, "timing/rollout": r, "timing/update": t - r})
+        for s, t, r in ((1, 30, 15), (2, 10, 2), (3, 12, 9), (4, 13, 5))) + "\n")  # median step 12; phases 5 + 8
+    code, stdout, _ = cli(monkeypatch, capsys, "estimate-cost", "--from-run", str(run), "--preset", "countdown-4090",
+                          "--json")
+    assert code == 0
+    assert any(a.startswith("WARNING: ") and "tinyrl/tiny-qwen2 on batches of" in a and "do not carry over" in a
+               for a in json.loads(stdout)["assumptions"])
+    code, stdout, _ = cli(monkeypatch, capsys, "estimate-cost", "--from-run", str(run))
+    text = " ".join(stdout.split())
+    assert code == 0 and "sum of the phases │ 13.00" in text and "the median step, 12.00 s, prices the epoch" in text
+    code, _, stderr = cli(monkeypatch, capsys, "estimate-cost", "--preset", "countdown-0.5b-4090", "--currency", "EUR")
+    said = " ".join(stderr.replace("│", " ").split())
+    assert code == 2 and "--currency EUR without --price would show the preset's example" in said, said
+    code, stdout, _ = cli(monkeypatch, capsys, "estimate-cost", "--preset", "countdown-0.5b-4090", "--currency", "EUR",
+                          "--price", "2", "--json")
+    assert code == 0 and json.loads(stdout)["currency"] == "EUR" and json.loads(stdout)["price_per_hour"] == 2

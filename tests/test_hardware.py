@@ -23,6 +23,10 @@ def test_unknown_name_lists_the_table_and_suggests_the_nearest():
         get_gpu("rtx409")
     assert "rtx4090" in err.value.message
     assert "a100-80g" in err.value.hint
+    with pytest.raises(TinyRLError) as err:  # two cards, not difflib's nearest (the 24 GiB a10)
+        get_gpu("a100")
+    assert "did you mean 'a100-40g' or 'a100-80g'?" in err.value.message
+    assert get_gpu("A100_80G") is GPUS["a100-80g"] and get_gpu("RTX 4090") is GPUS["rtx4090"]
 
 
 def test_device_names_match_the_table_and_keep_the_reported_memory():

@@ -129,6 +129,13 @@ def test_a_plan_that_does_not_fit_names_the_phase_and_what_to_change(monkeypatch
     assert "settings train will use" not in text and "train will not start on this plan" in text
     assert "train sets:" not in text and "reads it" not in text
     assert "with the same --set options stops on this plan" in text
+    # the log-prob chunk tip only where a chunk in effect exceeds 512 tokens: a 0.5B's 256-token
+    # responses hold min(1024, 256) per row, so "logprob_chunk=512" saved nothing (it was offered)
+    for preset, offered in (("countdown-0.5b-4090", False), ("countdown-4090", True)):
+        code, stdout, _ = cli(monkeypatch, capsys, "probe-memory", "--preset", preset, "--gpu", "rtx4090",
+                              "--simulate", "--budget", "12GiB")
+        said = " ".join(stdout.split())
+        assert code == 0 and "DOES NOT FIT" in said and ("model.logprob_chunk=512" in said) == offered, preset
 
 
 def test_cpu_twin_finds_a_micro_batch_with_real_allocator_evidence(monkeypatch, capsys):
@@ -193,11 +200,14 @@ def test_a_budget_above_the_card_is_refused_and_no_plan_is_left_for_train(monkey
                                "--simulate", "--budget", "30GiB")
     said = " ".join(stderr.split())
     assert code == 2 and stdout == "" and "Traceback" not in stderr
-    assert "30.00 GiB" in said and "rtx4090's 23.98 GiB" in said and "--budget 21.59GiB" in said
+    assert "30.00 GiB" in said and "rtx4090's 23.99 GiB" in said and "--budget 21.59GiB" in said  # as the plan prints it
     assert (train_reads.read_bytes() if train_reads.exists() else None) == before
     code, _, _ = cli(monkeypatch, capsys, "probe-memory", "--preset", "countdown-4090", "--gpu", "rtx4090",
                      "--simulate", "--budget", "23.98GiB")  # up to the whole card is the user's choice
     assert code == 0 and mp.read_plan(train_reads).budget_bytes == int(23.98 * GiB)
+    code, _, _ = cli(monkeypatch, capsys, "probe-memory", "--preset", "countdown-4090", "--gpu", "rtx4090",
+                     "--simulate", "--budget", "23.99GiB")  # the size the plan prints (23.988 GiB): the whole card
+    assert code == 0 and mp.read_plan(train_reads).budget_bytes == GPUS["rtx4090"].memory_bytes
     with pytest.raises(TinyRLError, match="more than the rtx4090's"):  # train's preflight plans the same way
         mp.plan_for_config(load_config("countdown-4090", ["trainer.memory_budget_gib=25"]), GPUS["rtx4090"])
 

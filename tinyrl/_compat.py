@@ -43,3 +43,12 @@ def hide_broken_torch_companions() -> list[str]:
             sys.modules[name] = None  # type: ignore[assignment]
             hidden.append(name)
     return hidden
+
+
+def quiet_library_deprecations() -> None:
+    """transformers' deprecation notices about its own internals (peft asks for
+    is_gradient_checkpointing when a run is merged for export or eval) are not the user's to act
+    on. Called by the CLI and by the child processes it spawns (they do not inherit filters)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.")

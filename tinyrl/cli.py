@@ -11,7 +11,6 @@ import json
 import os
 import sys
 import traceback
-import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -522,10 +521,10 @@ def report(
 
 
 def main() -> None:
+    from tinyrl._compat import quiet_library_deprecations
+
     _width_from_environment()
-    # transformers' deprecation notices about its own internals (peft asks for
-    # is_gradient_checkpointing when a run is merged for export or eval) are not the user's to act on.
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.")
+    quiet_library_deprecations()
     try:
         app()
     except KeyboardInterrupt:  # commands other than train: nothing half-written to report

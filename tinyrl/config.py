@@ -642,6 +642,8 @@ def _number_problems(cfg: Config) -> list[str]:
         value = get_setting(cfg, dotted)
         if math.isfinite(value) and value <= 0:
             out.append(f"{dotted} = {value} must be > 0")
+    if cfg.trainer.memory_budget_gib < 0:  # -1 planned at the default, where --budget -1 was refused
+        out.append(f"trainer.memory_budget_gib = {cfg.trainer.memory_budget_gib} must be >= 0 (0: 90% of the card)")
     for dotted in ("reward.timeout_s", "rollout.tool_timeout_s", "task.verify_timeout_s"):
         value = get_setting(cfg, dotted)
         if math.isfinite(value) and value > MAX_CALL_S:

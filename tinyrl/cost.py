@@ -302,6 +302,16 @@ def estimate_cost(
 
         rebase_paths(cfg, run.run_dir)  # its data file, as seen from where the run was started
         notes.append(f"config (batch size, data, cost defaults) from {run.run_dir / 'config.json'}")
+    elif run is not None and run.config is not None:  # --preset P --from-run RUN: RUN's seconds priced as P's steps
+        ran = config_from_dict(run.config)
+        if (ran.model.name, ran.trainer.train_batch_size) != (cfg.model.name, cfg.trainer.train_batch_size):
+            notes.append(f"WARNING: {run.run_dir} trained {ran.model.name} on batches of {ran.trainer.train_batch_size}, "
+                         f"the preset {cfg.preset} is {cfg.model.name} on {cfg.trainer.train_batch_size}: the run's "
+                         "seconds per step do not carry over; leave out --preset to price the run's own epoch")
+    if currency and price is None and cfg.cost.price_per_hour and currency != cfg.cost.currency:
+        raise TinyRLError(f"--currency {currency} without --price would show the preset's example, "
+                          f"{cfg.cost.price_per_hour:g} {cfg.cost.currency} per hour, as {cfg.cost.price_per_hour:g} {currency}",
+                          hint=f"give your price with it: --price P --currency {currency}")
 
     if gpu_name == "auto":
         gpu = detect_gpu()
@@ -313,7 +323,8 @@ def estimate_cost(
     on_cpu = run is not None and sec_per_step is None and run.memory_kind == "ram"
     if on_cpu:  # its seconds are a CPU's: priced as a card's, a 4090 epoch took the CPU's hours
         notes.append(f"{run.run_dir} ran on the CPU: the hours are that machine's, not a card's (no roofline "
-                     "to compare); for a card, leave out --from-run (the roofline) or give a run made on it")
+                     "to compare" + (f", and --gpu {gpu_name} is not used" if gpu_name else "")
+                     + "); for a card, leave out --from-run (the roofline) or give a run made on it")
     elif run is not None and sec_per_step is None and run.memory_kind == "vram" and run.memory_total \
             and abs(run.memory_total / gpu.memory_bytes - 1) > 0.1:
         notes.append(f"WARNING: {run.run_dir} ran on a card of {run.memory_total / 2**30:.1f} GiB, not a {gpu.name} "
@@ -429,7 +440,11 @@ def render(est: CostEstimate) -> list:
     names += sorted({p for _, c in columns for p in c} - set(names))
     for name in names:
         phases.add_row(name, *(f"{c[name]:.2f}" if name in c else "—" for _, c in columns))
-    phases.add_row("total", *(f"{sum(c.values()):.2f}" for _, c in columns), style="bold")
+    phases.add_row("sum of the phases", *(f"{sum(c.values()):.2f}" for _, c in columns), style="bold")
+    if est.source == "run" and est.phases and abs(sum(est.phases.values()) - est.sec_per_step) >= 0.005:
+        # each phase's median is another step's: their sum is not the median step that prices the epoch
+        phases.caption = (f"run: the median of each phase over the steady steps; the median step, "
+                          f"{est.sec_per_step:.2f} s, prices the epoch")
 
     notes = Text("assumptions:\n", style="bold")
     for line in est.assumptions:

@@ -56,18 +56,20 @@ GPUS: dict[str, GPU] = {g.name: g for g in _GPUS}
 
 
 def _normalise(name: str) -> str:
-    return re.sub(r"[\s_]+", "", name.lower())
+    return re.sub(r"[\s_-]+", "", name.lower())
 
 
 def get_gpu(name: str) -> GPU:
-    """Looks a card up by table name ("rtx4090"); spaces, case and "_" are ignored."""
+    """Looks a card up by table name ("rtx4090"); spaces, case, "_" and "-" are ignored."""
     key = _normalise(name)
-    for gpu in _GPUS:
-        if _normalise(gpu.name) == key:
-            return gpu
-    near = difflib.get_close_matches(key, list(GPUS), n=1, cutoff=0.5)
+    by_key = {_normalise(gpu.name): gpu.name for gpu in _GPUS}
+    if key in by_key:
+        return GPUS[by_key[key]]
+    # "a100" is two cards (a100-40g, a100-80g), not the a10 that difflib's closest match named
+    near = [by_key[k] for k in by_key if key and k.startswith(key)] or \
+        [by_key[k] for k in difflib.get_close_matches(key, list(by_key), n=2, cutoff=0.5)]
     raise TinyRLError(
-        f"unknown GPU {name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""),
+        f"unknown GPU {name!r}" + (f" (did you mean {' or '.join(map(repr, near))}?)" if near else ""),
         hint="known GPUs: " + ", ".join(GPUS),
     )
 

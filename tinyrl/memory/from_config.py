@@ -87,10 +87,12 @@ def plan_for_config(cfg: Config, gpu: GPU, *, simulate: bool = True,
     m = cfg.model
     if budget_bytes is None and cfg.trainer.memory_budget_gib > 0:
         budget_bytes = int(cfg.trainer.memory_budget_gib * GiB)
+    if budget_bytes is not None and gpu.memory_bytes < budget_bytes < gpu.memory_bytes + 0.005 * GiB:
+        budget_bytes = gpu.memory_bytes  # the card's size as printed (23.99 GiB of 23.988): the whole card
     if budget_bytes is not None and budget_bytes > gpu.memory_bytes:  # its plan "fits" with negative margins
         raise TinyRLError(
             f"a memory budget of {budget_bytes / GiB:.2f} GiB (--budget or trainer.memory_budget_gib) is more than "
-            f"the {gpu.name}'s {int(gpu.memory_bytes / GiB * 100) / 100:.2f} GiB: a plan under it would not fit the card; "
+            f"the {gpu.name}'s {gpu.memory_bytes / GiB:.2f} GiB: a plan under it would not fit the card; "
             "nothing was planned",
             hint=f"give at most the card's memory, e.g. --budget {gpu.memory_bytes * 0.9 / GiB:.2f}GiB (90% of it, "
                  "the default without a budget), or plan for a bigger card with --gpu")
@@ -169,8 +171,11 @@ def advice(cfg: Config, plan: MemoryPlan) -> list[str]:
                     + ("" if cfg.rollout.engine == "hf" else " with rollout.engine=hf (vLLM cannot load an NF4 base)"))
     if m.finetune == "lora" and m.lora_rank > 16:
         tips.append(f"a smaller model.lora_rank (now {m.lora_rank}), e.g. {m.lora_rank // 2}")
-    if m.logprob_chunk > 512:
-        chunk = fm.logprob_chunk_bytes(m.logprob_chunk, _vocab(cfg), backward=True)
+    # a chunk spans the micro-batch's response tokens: a phase that barely fits one row holds
+    # min(chunk, one response), so below a 512-token response the smaller chunk saves nothing
+    in_effect = min(m.logprob_chunk, row_shape(cfg)[1])
+    if in_effect > 512:
+        chunk = fm.logprob_chunk_bytes(in_effect, _vocab(cfg), backward=True)
         tips.append(f"model.logprob_chunk=512 (now {m.logprob_chunk}: {chunk / GiB:.2f} GiB of "
                     "logits and their gradients per chunk)")
     if not m.gradient_checkpointing:

@@ -163,6 +163,9 @@ def _steady_malloc() -> None:
 
 
 def _child(conn, fn, limit_bytes, args, prepare) -> None:
+    from tinyrl._compat import quiet_library_deprecations
+
+    quiet_library_deprecations()  # a spawned child starts without the CLI's warning filters
     try:
         torch.set_num_threads(1)
         torch.ones(64).sum()  # start torch's thread pool before the baseline is read
