@@ -57,15 +57,12 @@ def resumes_from_own_copy(cfg, run_dir: Path) -> bool:
 
 
 def _as_seen_from_here(name: str, run_dir: Path) -> str:
-    """A run's model.name as this directory reaches it: a relative local directory is relative
-    to where that run started (rundir.start_dir), which need not be here."""
-    from tinyrl.rundir import start_dir
+    """A run's model.name as this directory reaches it, relative to here: a relative local
+    directory is relative to where that run started (rundir.seen_from_here), which need not be here."""
+    from tinyrl.rundir import seen_from_here
 
-    start = start_dir(run_dir) if (run_dir / "run.json").is_file() else None
-    path = Path(name).expanduser()
-    if path.is_absolute() or path.exists() or start is None or not (start / path).exists():
-        return name
-    return os.path.relpath(start / path)
+    seen = seen_from_here(name, run_dir)
+    return name if seen == name else os.path.relpath(seen)
 
 
 def same_model(run_name: str, run_dir: Path, name: str) -> bool:

@@ -165,23 +165,29 @@ def _elsewhere(run_dir: Path) -> Path | None:
     return None if start is None or start.resolve() == Path.cwd().resolve() else start
 
 
+def _from_start(value: str, start: Path) -> str:
+    """`value` as seen from `start` (start/value) when it is not found from here but is there."""
+    from tinyrl.config import resolve_path
+
+    if not value or resolve_path(value).exists() or Path(value).expanduser().is_absolute():
+        return value
+    return str(start / value) if (start / value).exists() else value
+
+
+def seen_from_here(value: str, run_dir: Path) -> str:
+    """One of the run's relative paths as this directory reaches it (rebase_paths, for one value)."""
+    start = _elsewhere(run_dir)
+    return value if start is None else _from_start(value, start)
+
+
 def rebase_paths(cfg, run_dir: Path) -> None:
     """The run's relative paths (data files, model.init_from, a local model, a reward file) as seen
     from the directory it was started in, when they are not found from here: `export-verl
     --from-run` from another directory said the SFT run the run started from did not exist, and
     `estimate-cost --from-run` counted the preset's row count instead of the data file's."""
-    from tinyrl.config import resolve_path
-
     start = _elsewhere(run_dir)
-    if start is None:
-        return
-
-    def there(value: str) -> str:
-        if not value or resolve_path(value).exists() or Path(value).expanduser().is_absolute():
-            return value
-        return str(start / value) if (start / value).exists() else value
-
-    _map_paths(cfg, there)
+    if start is not None:
+        _map_paths(cfg, lambda value: _from_start(value, start))
 
 
 def check_resume_here(run_dir: Path, resume_cmd: str) -> None:
@@ -190,7 +196,6 @@ def check_resume_here(run_dir: Path, resume_cmd: str) -> None:
     none) under the same settings. Said before the config is checked, data generated or a model
     loaded: a relative model.name was tried as a Hugging Face id, model.init_from was 'not a run
     directory', and the preset's data was generated afresh in the wrong place."""
-    import copy
     import shlex
 
     from tinyrl.config import config_from_dict, resolve_path
@@ -212,7 +217,7 @@ def check_resume_here(run_dir: Path, resume_cmd: str) -> None:
                 moved.append(value)
         return value
 
-    _map_paths(copy.deepcopy(cfg), differs)
+    _map_paths(cfg, differs)  # a throwaway config: only `moved` is kept
     if moved:
         run = Path(os.path.relpath(run_dir.resolve(), start))
         again = resume_cmd.replace(f" --out {shlex.quote(str(run_dir))} ", f" --out {shlex.quote(str(run))} ")

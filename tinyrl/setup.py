@@ -97,6 +97,8 @@ def check_data_rows(cfg: Config) -> None:
     from tinyrl.tasks import data_hint
     from tinyrl.tasks.rewards import check_reward_rows
 
+    make = f"make a file of the {cfg.task.name} task's prompts with {data_hint(cfg)}"
+
     def check(name: str, max_rows: int | None) -> list | None:
         path = resolve_path(name)
         if not path.is_file():
@@ -106,7 +108,6 @@ def check_data_rows(cfg: Config) -> None:
         return rows
 
     rl = cfg.command != "sft"
-    make = f"make a file of the {cfg.task.name} task's prompts with {data_hint(cfg)}"
     # the training file's size too: said here, not after the model and vLLM have loaded
     if rl and (train := check(cfg.data.train_path, None)) is not None:
         check_one_batch(len(train), "prompts", cfg.trainer.train_batch_size)
