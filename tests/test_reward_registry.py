@@ -145,6 +145,11 @@ def test_a_function_that_cannot_take_a_sample_is_refused_when_it_loads(tmp_path,
     with pytest.raises(TinyRLError, match=r"cannot be called as reward\(completion, example\)") as info:
         load_reward_fn(f"{path}:reward")
     assert "episode=None" in info.value.hint
+    # a callable object (no __name__): the same refusal, not an AttributeError that killed the worker
+    path = write(tmp_path, f"class Scorer:\n    def __call__(self, {signature}):\n        return 1.0\nscore = Scorer()\n",
+                 name="scorer.py")
+    with pytest.raises(TinyRLError, match=r"cannot be called as score\(completion, example\)"):
+        load_reward_fn(f"{path}:score")
 
 
 def test_a_users_function_gets_the_episode_when_it_asks(tmp_path):

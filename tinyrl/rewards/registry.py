@@ -147,10 +147,11 @@ def check_call_shape(fn: Callable, spec: str) -> None:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return  # nothing to check against: its first call says what is wrong
+    name = getattr(fn, "__name__", spec.rpartition(":")[2])  # a callable object has no __name__
     try:
-        signature.bind("", {}, **({"episode": None} if reads_episode(fn) else {}))
+        signature.bind("", {}, **({"episode": None} if "episode" in signature.parameters else {}))
     except TypeError as e:
-        raise TinyRLError(f"reward function {spec} cannot be called as {fn.__name__}(completion, example): {e}",
+        raise TinyRLError(f"reward function {spec} cannot be called as {name}(completion, example): {e}",
                           hint="define it as `def func(completion: str, example: dict) -> float`, with an "
                                "`episode=None` keyword if it reads the sample's turns and tool calls") from None
 
