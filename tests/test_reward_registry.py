@@ -171,3 +171,40 @@ def test_a_users_function_gets_the_episode_when_it_asks(tmp_path):
     assert rs.fns[0][1].wants_episode and not rs.fns[1][1].wants_episode
     scores = rs.score_batch(["a", "b"], [{}, {}], [episode, None])
     assert scores.parts["tools_used"] == [2.0, -1.0] and scores.parts["plain"] == [0.5, 0.5]
+
+
+class _Unrebuildable:
+    """A value whose unpickling raises (ZeroDivisionError) in the process that receives it."""
+
+    def __reduce__(self):
+        import operator
+
+        return operator.truediv, (1, 0)
+
+
+def test_a_failure_in_the_workers_own_code_is_said_as_such_and_the_worker_lives_on(tmp_path, capfd):
+    """Only TinyRLErrors became replies: anything else raised in the worker's own code (as a bug
+    in its call-shape check once did) ended the worker, reported as the user's crash ('os._exit(),
+    a crash in C code'). Now the error and its traceback, and the same worker answers the next call."""
+    path = write(tmp_path, """
+        class Odd:
+            @property
+            def __signature__(self):
+                raise RuntimeError("no signature here")
+            def __call__(self, completion, example):
+                return 1.0
+        odd = Odd()
+        def reward(completion, example):
+            return 0.25
+    """)
+    with pytest.raises(TinyRLError) as info:  # inspect.signature raises through the load's own checks
+        load_reward_fn(f"{path}:odd")
+    assert f"loading {path}:odd failed in its worker process: RuntimeError: no signature here" in info.value.message
+    assert "ended its worker" not in info.value.message and "tinyrl bug" in info.value.hint
+    assert "Traceback" in capfd.readouterr().err
+
+    fn = load_reward_fn(f"{path}:reward")
+    pid = fn._proc.pid
+    with pytest.raises(TinyRLError, match="could not receive a sample for .*ZeroDivisionError"):
+        fn("x", {"row": _Unrebuildable()})
+    assert fn("x", EXAMPLE) == 0.25 and fn._proc is not None and fn._proc.pid == pid

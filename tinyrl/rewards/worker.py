@@ -13,6 +13,9 @@ function and the sample). The worker ignores SIGINT/SIGTERM (a Ctrl-C reaches th
 group: the trainer stops at a step boundary, and needs its rewards until then) and ends when
 its pipe closes, which the OS does when the trainer dies.
 
+A failure in this worker's own code (not the user's: those arrive as TinyRLErrors from _wrap and
+resolve_user_fn) becomes an error reply with its traceback, and the worker lives on.
+
 Cost: a process start and the module's import once, then ~0.1 ms of pipe and pickling per call.
 """
 
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import weakref
 from multiprocessing.connection import Connection, Pipe
 from typing import Any
@@ -108,6 +112,22 @@ class WorkerReward:
                  "checkpoints on disk are kept: --resume continues once it is fixed")
 
 
+def _internal_error(what: str, exc: Exception) -> tuple:
+    traceback.print_exc()  # to the run's stderr: where it happened
+    return ("error", f"{what}: {type(exc).__name__}: {exc}",
+            "the traceback is above: if it ends in your reward's code, fix it there; otherwise it is a "
+            "tinyrl bug, please report it with that traceback. The checkpoints on disk are kept (--resume)",
+            _pickled(exc))
+
+
+def _pickled(exc: BaseException | None) -> bytes | None:
+    """The exception for the trainer's side, as the error's cause, when it pickles."""
+    try:
+        return pickle.dumps(exc) if exc is not None else None
+    except Exception:  # noqa: BLE001 - an unpicklable exception: the message says it all
+        return None
+
+
 def _stop(proc: subprocess.Popen, conn: Connection) -> None:
     """Close the pipe (the worker's loop ends) and reap the process."""
     conn.close()
@@ -133,29 +153,33 @@ def serve(fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     conn = Connection(fd)
-    fn = None
+    fn, spec = None, "the reward function"
     while True:
         try:
             message = conn.recv()
         except (EOFError, OSError):
             return  # the trainer closed the pipe, or died
-        try:
-            if message[0] == "load":
-                _, spec, timeout_s = message
-                user_fn = resolve_user_fn(spec)
-                check_call_shape(user_fn, spec)
-                fn = _wrap(user_fn, spec, timeout_s)
-                reply = ("ready", reads_episode(user_fn))
-            else:
-                _, completion, example, episode = message
-                reply = ("ok", fn(completion, example, episode))
-        except TinyRLError as exc:
-            cause = exc.__cause__
+        except Exception as exc:  # noqa: BLE001 - a sample this process cannot rebuild: answer, live on
+            reply = _internal_error(f"could not receive a sample for {spec}", exc)
+        else:
             try:
-                blob = pickle.dumps(cause) if cause is not None else None
-            except Exception:  # noqa: BLE001 - an unpicklable exception: the message says it all
-                blob = None
-            reply = ("error", exc.message, exc.hint, blob)
+                if message[0] == "load":
+                    _, spec, timeout_s = message
+                    user_fn = resolve_user_fn(spec)
+                    check_call_shape(user_fn, spec)
+                    fn = _wrap(user_fn, spec, timeout_s)
+                    reply = ("ready", reads_episode(user_fn))
+                else:
+                    _, completion, example, episode = message
+                    reply = ("ok", fn(completion, example, episode))
+            except TinyRLError as exc:
+                reply = ("error", exc.message, exc.hint, _pickled(exc.__cause__))
+            # The user's own errors arrive above as TinyRLErrors (_wrap, resolve_user_fn). Anything
+            # else is this worker's code failing: said as such, not as a dead worker, which reads
+            # as the user's crash ("os._exit(), a crash in C code").
+            except Exception as exc:  # noqa: BLE001
+                doing = "loading" if message[0] == "load" else "calling"
+                reply = _internal_error(f"{doing} {spec} failed in its worker process", exc)
         try:
             conn.send(reply)
         except OSError:  # the trainer is gone (killed while this call ran): nobody to answer
