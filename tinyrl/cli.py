@@ -85,17 +85,19 @@ def presets_show(
     """Print the fully resolved config of a preset (defaults + file + --set overrides)."""
     from tinyrl.config import load_config
 
+    from tinyrl.config import problems_of
+
     cfg = load_config(name, overrides, check=False)
     if as_json:
         print(json.dumps(cfg.to_dict(), indent=2))
-        return
-    out.print(f"# preset {cfg.preset}: {cfg.description}", soft_wrap=True)
-    _print_sections(cfg.to_dict())
-    from tinyrl.config import problems_of
-
+    else:
+        out.print(f"# preset {cfg.preset}: {cfg.description}", soft_wrap=True)
+        _print_sections(cfg.to_dict())
     problems = problems_of(cfg)
-    if problems:
-        err.print(Panel("\n".join(f"- {p}" for p in problems), title="problems", border_style="red"))
+    if problems:  # printed in full above; exit 2 as `train` would refuse it (scripts see it too)
+        err.print(Panel("\n".join(f"- {p}" for p in problems), border_style="red",
+                        title=f"{len(problems)} problem(s): `tinyrl {cfg.command}` refuses this config"))
+        raise typer.Exit(2)
 
 
 def _print_sections(tree: dict, prefix: str = "") -> None:
