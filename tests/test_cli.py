@@ -180,3 +180,13 @@ def test_max_steps_ends_the_run_there_before_or_past_the_presets_end(tmp_path):
     assert behind.returncode == 0 and "run finished at step 3 (it was there already: the end, step 2, is behind " \
         "it; nothing was trained)" in " ".join(behind.stdout.split()), behind.stdout
     assert [m["step"] for m in jsonl.read_records(run / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_resume_of_a_directory_without_a_run_writes_nothing(tmp_path):
+    """`--resume --out NEW` (a mistyped run directory) was refused only after NEW was created and
+    claimed: NEW/.tinyrl.lock stayed behind, and the next look at NEW found a directory."""
+    new = tmp_path / "NEW"
+    for command, preset in (("train", "countdown-tiny"), ("sft", "countdown-tiny-sft")):
+        done = tinyrl(command, "--preset", preset, "--resume", "--out", str(new), "--no-dashboard")
+        assert done.returncode == 2 and "holds no run (no config.json)" in done.stderr, done.stderr
+        assert not new.exists()

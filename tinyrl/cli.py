@@ -197,6 +197,10 @@ def _run_command(command: str, preset: str, overrides: Optional[list[str]], out_
     check_train_path(cfg)  # a mistyped data path fails here, before anything is loaded or written
     check_data_rows(cfg)  # another task's data too: before the memory plan, init_from's merge, the model
     resume_cmd = _resume_command(preset, overrides, run_dir, max_steps, command)
+    if resume:
+        from tinyrl.resume_check import check_has_run
+
+        check_has_run(run_dir)
     # The run directory's owner until this command ends (a second process: exit 2 with this pid);
     # taken before anything is written into it, and before looking at what it holds.
     with rundir.claim(run_dir, command):

@@ -72,13 +72,19 @@ def compare(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     return forbidden, allowed
 
 
+def check_has_run(run_dir: Path) -> None:
+    """--resume of a directory without a run: said before it is claimed (a lock file left in a
+    new, mistyped --out) or anything loads."""
+    if not (run_dir / "config.json").is_file():
+        raise TinyRLError(f"--resume: {run_dir} holds no run (no config.json)",
+                          hint="run without --resume to start one, or pass the run's --out directory")
+
+
 def check_resume(run_dir: Path, cfg: Config) -> list[str]:
     """Raise when the run's settings changed in a way its checkpoint cannot follow; return
     notices listing the allowed changes."""
+    check_has_run(run_dir)
     path = run_dir / "config.json"
-    if not path.is_file():
-        raise TinyRLError(f"--resume: {run_dir} holds no run (no config.json)",
-                          hint="run without --resume to start one, or pass the run's --out directory")
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
