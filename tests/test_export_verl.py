@@ -275,10 +275,13 @@ def test_out_dir_is_never_overwritten_without_flag(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 2 and "not empty" in done.stderr and "--overwrite" in done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
-    done = subprocess.run(cmd + ["--overwrite", "--set", "data.generate_train_size=64"], capture_output=True,
-                          text=True, timeout=120, env=env)
+    done = subprocess.run(cmd + ["--overwrite", "--set", "data.generate_train_size=64", "--gpus", "3"],
+                          capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     assert (out / "keep.txt").read_text() == "mine" and (out / "run_verl.sh").is_file()
+    # 32 prompts over 3 GPUs: said on the console, not only in the script's header (where it alone was)
+    uneven = "WARNING: trainer.train_batch_size = 32 x rollout.n = 1 sequences do not split evenly over 3 GPUs"
+    assert uneven in done.stderr and uneven in (out / "run_verl.sh").read_text()
     both = subprocess.run(cmd[:-2] + ["--from-run", str(tmp_path), "--out", str(tmp_path / "x")],
                           capture_output=True, text=True, timeout=120, env=env)
     assert both.returncode == 2 and "exactly one of" in both.stderr

@@ -371,7 +371,8 @@ def export_verl_cmd(
                           hint="e.g. tinyrl export-verl --preset countdown-4090 --gpus 8 --out verl-countdown")
     cfg = config_of_run(from_run, overrides) if from_run else load_config(preset, overrides)
     path = export_verl(cfg, out_dir, gpus=gpus, nodes=nodes, overwrite=overwrite, actor=actor,
-                       source=f"run {from_run}" if from_run else f"preset {cfg.preset}")
+                       source=f"run {from_run}" if from_run else f"preset {cfg.preset}",
+                       warn=lambda w: err.print(w, style="yellow", highlight=False, soft_wrap=True))
     out.print(f"wrote {path}/run_verl.sh, reward_fn.py and data/: run [bold]bash {path}/run_verl.sh[/] "
               "where verl is installed", soft_wrap=True)
 

@@ -10,6 +10,7 @@ All or nothing (tinyrl/export_verl/staging.py): OUT changes only once every file
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from tinyrl.config import Config
@@ -51,7 +52,9 @@ def model_path(cfg: Config, actor: Path | None) -> tuple[str, list[str]]:
 
 
 def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite: bool = False,
-                actor: Path | None = None, source: str = "") -> Path:
+                actor: Path | None = None, source: str = "", warn: Callable[[str], None] | None = None) -> Path:
+    """Write the verl recipe into `out`; `warn` hears what would stop or mislead verl (it is in the
+    script's header too)."""
     if gpus < 1 or nodes < 1:
         raise TinyRLError(f"--gpus {gpus} --nodes {nodes}: both must be at least 1", hint="e.g. --gpus 8 --nodes 1")
     if cfg.command == "sft":  # the mapping is of RL settings (main_ppo); verl's SFT trainer is another program
@@ -95,9 +98,12 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
         for one in spec:
             if ":" in one and not one.startswith("user_reward/"):
                 header.append(f"reward.fn = {one}: that module must be importable where verl runs.")
-        files.write_script(stage, mapping.overrides, header, model_notes + mapping.notes, cfg.trainer.wandb,
+        warnings = [f"WARNING: {w}" for w in mapping.warnings]
+        files.write_script(stage, mapping.overrides, header, warnings + model_notes + mapping.notes, cfg.trainer.wandb,
                            pythonpath=bool(tool_files))
         (stage / "tinyrl_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    for w in warnings if warn else ():
+        warn(w)
     return out
 
 

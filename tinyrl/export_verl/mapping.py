@@ -49,6 +49,7 @@ class Context:
 class Mapping:
     overrides: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)     # tinyrl settings verl cannot express as set
+    warnings: list[str] = field(default_factory=list)  # what will stop or mislead verl: said on the console too
     used: set[str] = field(default_factory=set)
 
     def get(self, cfg: Config, dotted: str, default: Any = _MISSING) -> Any:
@@ -338,5 +339,5 @@ def _trainer(cfg, ctx, m, o):
     for name, prompts in (("trainer.train_batch_size", cfg.trainer.train_batch_size),
                           ("actor.ppo_mini_batch_size", o[f"{AR}.actor.ppo_mini_batch_size"])):
         if prompts * n % world:
-            m.notes.append(f"{name} = {prompts} x rollout.n = {n} sequences do not split evenly over "
+            m.warnings.append(f"{name} = {prompts} x rollout.n = {n} sequences do not split evenly over "
                            f"{world} GPUs; verl balances batches across GPUs, pick a multiple of {world}")
