@@ -214,3 +214,24 @@ def test_list_settings_check_their_elements_and_reward_settings_their_shape(tmp_
     assert "7 problem(s)" in message, message
     assert load_config("countdown-tiny", ['reward.fn="~/mine.py:score"', "rollout.tool_memory_mb=64",
                                           "reward.timeout_s=86400"]).reward.fn == "~/mine.py:score"
+
+
+def test_another_tasks_option_is_refused_not_ignored():
+    """`task.format_score` (Countdown's) on the math task, `task.tool_error_penalty` (ReTool's) on
+    the arith tool demo: each was accepted and never read. Said with the task that reads it; an
+    option of a task named as a reward function is read, so it is fine."""
+    from dataclasses import fields
+
+    from tinyrl.config import TaskConfig
+    from tinyrl.tasks import all_tasks
+
+    said = problems_of(load_config("math-tiny", ["task.format_score=0.3", "task.operands=[2, 3]"], check=False))
+    assert len(said) == 2 and all("is not read by the math task" in p and "of countdown" in p for p in said), said
+    said = problems_of(load_config("countdown-tools-demo-sft", ["task.tool_error_penalty=0.2"], check=False))
+    assert any("task.tool_error_penalty = 0.2 is not read by the arith task (its options: none)" in p
+               and "of retool" in p for p in said), said
+    assert problems_of(load_config("math-tiny", ["reward.extra_fns=[\"countdown\"]", "task.format_score=0.3"])) == []
+    assert problems_of(load_config("retool-4090", ["task.tool_error_penalty=0.2"])) == []
+    # every option is some task's: a new [task] field must be claimed by the task that reads it
+    claimed = set().union(*(t.options for t in all_tasks().values()))
+    assert {f.name for f in fields(TaskConfig)} - {"name", "template"} == claimed

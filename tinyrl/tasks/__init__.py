@@ -73,7 +73,28 @@ def task_problems(cfg) -> list[str]:
         if not cfg.data.chat_template:
             out.append(f"the {t.name} task calls tools, so its prompts must go through the chat template: "
                        "set data.chat_template=true (and model.custom_chat_template when the tokenizer has none)")
-    return out + task.config_problems(t)
+    return out + _unread_options(cfg, tasks) + task.config_problems(t)
+
+
+def _unread_options(cfg, tasks: dict) -> list[str]:
+    """[task] options set away from their defaults that no task of this run reads (the run's
+    task, and tasks named as reward functions): ignored without a word before."""
+    from dataclasses import MISSING, fields
+
+    t = cfg.task
+    used = [tasks[t.name]] + [tasks[s] for s in [cfg.reward.fn, *cfg.reward.extra_fns] if s in tasks]
+    read = {"name", "template"}.union(*(task.options for task in used))
+    out = []
+    for f in fields(t):
+        value = getattr(t, f.name)
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if f.name in read or value == default:
+            continue
+        readers = [name for name, task in tasks.items() if f.name in task.options]
+        out.append(f"task.{f.name} = {value!r} is not read by the {t.name} task "
+                   f"(its options: {', '.join(sorted(read - {'name', 'template'})) or 'none'}); it is an option "
+                   f"of {', '.join(readers) or 'no task'}: remove it, or set task.name to that task")
+    return out
 
 
 def data_hint(cfg) -> str:

@@ -143,6 +143,7 @@ TASK = Task(
     task_line=_task_line,
     answer_patterns=(r"<answer>.*?</answer>",),
     config_problems=_config_problems,
+    options=("format_score", "strict", "operands", "max_number"),
     row_problem=row_problem,
     generate_options=_generate_options,
 )

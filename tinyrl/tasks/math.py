@@ -326,6 +326,9 @@ def data_command(
     Console().print(f"wrote {path} ({n:,} rows)")
 
 
+OPTIONS = ("answer_format", "correct_score", "wrong_score", "verify_timeout_s")  # the [task] options read here
+
+
 def _config_problems(t: Any) -> list[str]:
     out = []
     if t.answer_format not in ANSWER_FORMATS:
@@ -356,5 +359,6 @@ TASK = Task(
     task_line=dapo_problem,
     answer_patterns=(r"(?i:answer)\s*:[^\n]*", r"\\boxed\{[^\n]*?\}"),
     config_problems=_config_problems,
+    options=OPTIONS,
     row_problem=row_problem,
 )

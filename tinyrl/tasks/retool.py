@@ -318,6 +318,7 @@ TASK = Task(
     task_line=_task_line,
     # answer_patterns: the maths task's (\\boxed{}, "Answer:") already cover this task's answers
     config_problems=_config_problems,
+    options=(*maths.OPTIONS, "tool_error_penalty"),
     row_problem=maths.row_problem,
     tools=TOOLS,
 )
