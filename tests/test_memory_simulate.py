@@ -113,3 +113,24 @@ def test_an_sft_step_is_traced_through_the_sft_trainers_own_loss(monkeypatch):
     assert calls == [(4, 128)] * 2  # one micro-step, at each of the two traced depths (fresh cache)
     ppo = sim.simulate_phase(SMALL, "actor_update", 4, 256, **alone)
     assert sft["gradients"] == ppo["gradients"] and sft["adapters"] == ppo["adapters"]  # the same actor
+
+
+@pytest.mark.parametrize("phase, name", [("actor_update", "actor_loss_fn"), ("critic_update", "critic_loss_fn")])
+def test_an_rl_update_is_traced_through_the_trainers_own_loss(monkeypatch, phase, name):
+    """The plan's actor and critic updates run tinyrl.learners' loss functions, the ones the
+    Learner back-propagates, not a hand-written twin of them (which it was until 2026-11-27)."""
+    import tinyrl.learners as learners
+
+    real, calls = getattr(learners, name), []
+
+    def counting(cfg):
+        loss = real(cfg)
+
+        def counted(models, part):
+            calls.append(tuple(part.mask.shape))
+            return loss(models, part)
+        return counted
+
+    monkeypatch.setattr(learners, name, counting)
+    sim.simulate_phase(SMALL, phase, 4, 256, **KW)
+    assert calls == [(4, 128)] * 2  # one micro-step, at each of the two traced depths (fresh cache)

@@ -351,8 +351,10 @@ def warm_start(models, opts: dict[str, torch.optim.Optimizer], phase: str) -> No
 def run_phase(models, opts: dict, step: Step, batch,
               mark: Callable[[str], None] = lambda region: None) -> None:
     """One micro-step of `step.phase` through the trainer's own code (PolicyModels' forward
-    passes, tinyrl.rl.losses, the trainer's AdamW); calls mark(region) as each region starts."""
-    from tinyrl.rl import losses
+    passes, tinyrl.learners' loss functions, the trainer's AdamW); calls mark(region) as each
+    region starts."""
+    from tinyrl.learners import actor_loss_fn, critic_loss_fn, sft_loss_fn
+    from tinyrl.trajectory import Trajectory
 
     mark("forward")
     if step.phase == Phase.FORWARD:
@@ -365,25 +367,19 @@ def run_phase(models, opts: dict, step: Step, batch,
                     models.values(batch)
         return
     mask = batch.response_mask                                             # [B, R]
-    adv = torch.ones_like(mask)                                            # [B, R], on the batch's device
     role = "actor" if step.phase == Phase.ACTOR_UPDATE else "critic"
     with models.role(role):  # held through backward: the critic adapter's grads count
         if step.sft:
-            from tinyrl.learners import sft_loss_fn
             from tinyrl.sft.data import SFTBatch
 
             loss, _ = sft_loss_fn()(models, SFTBatch(batch, mask))         # the SFT trainer's own loss
-            params = models.actor_parameters()
-        elif role == "actor":
-            lp, ent = models.token_logprobs("actor", batch, 1.0, with_entropy=True)
-            pg, _ = losses.policy_loss(lp, lp.detach(), adv, mask)
-            ent_term = losses.agg_loss(ent, mask) if step.with_entropy else None
-            loss = losses.actor_loss(pg, ent_term, 0.001)
-            params = models.actor_parameters()
-        else:
-            values = models.values(batch)                                  # [B, R] fp32
-            loss, _ = losses.value_loss(values, values.detach(), adv, mask)
-            params = models.critic_parameters()
+        else:  # the trainer's own loss functions on a trajectory of this batch
+            ones = torch.ones_like(mask, dtype=torch.float32)              # [B, R], on the batch's device
+            part = Trajectory(batch=batch, group_ids=torch.zeros_like(mask[:, 0]), advantages=ones,
+                              returns=ones, values=torch.zeros_like(ones))
+            loss_fn = actor_loss_fn if role == "actor" else critic_loss_fn
+            loss, _ = loss_fn(_loss_config(step))(models, part)
+        params = models.actor_parameters() if role == "actor" else models.critic_parameters()
         mark("backward")
         loss.backward()
     mark("optimizer")
@@ -391,6 +387,17 @@ def run_phase(models, opts: dict, step: Step, batch,
     torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
     opts[role].step()
     opts[role].zero_grad(set_to_none=True)
+
+
+def _loss_config(step: Step):
+    """The settings the traced losses read: the defaults, with the entropy bonus in the actor's
+    graph when the step has one (its backward through every chunk's softmax)."""
+    from tinyrl.config import Config
+
+    cfg = Config()
+    cfg.actor.entropy_coeff = 0.001 if step.with_entropy else 0.0
+    cfg.rollout.temperature = 1.0
+    return cfg
 
 
 # ------------------------------------------------------------------------------- tracing
@@ -438,12 +445,10 @@ def _cache_path(spec: dict, step: Step, layers: int) -> Path:
 
     # The traced step is this file plus the trainer's model, loss, optimizer and log-prob code:
     # a change to any invalidates cached traces without anyone remembering to bump a version.
-    files = [__file__, tinyrl.rl.logprobs.__file__, tinyrl.models.__file__, tinyrl.optim.__file__,
-             tinyrl.rl.losses.__file__, tinyrl.packing.__file__]
-    if step.sft:  # its loss function
-        import tinyrl.learners
+    import tinyrl.learners
 
-        files.append(tinyrl.learners.__file__)
+    files = [__file__, tinyrl.rl.logprobs.__file__, tinyrl.models.__file__, tinyrl.optim.__file__,
+             tinyrl.rl.losses.__file__, tinyrl.packing.__file__, tinyrl.learners.__file__]  # learners: the loss functions
     code = b"".join(Path(f).read_bytes() for f in files)
     key = json.dumps({"spec": spec, "step": asdict(step), "layers": layers,
                       "code": hashlib.sha256(code).hexdigest(), "torch": torch.__version__,
