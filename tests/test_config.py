@@ -235,3 +235,32 @@ def test_another_tasks_option_is_refused_not_ignored():
     # every option is some task's: a new [task] field must be claimed by the task that reads it
     claimed = set().union(*(t.options for t in all_tasks().values()))
     assert {f.name for f in fields(TaskConfig)} - {"name", "template"} == claimed
+
+
+def test_settings_that_would_train_wrongly_in_silence_are_refused_together():
+    """grad_clip 0 zeroed every update (a negative one reversed it), a negative clip range swapped
+    clamp's bounds, a negative KL coefficient rewarded drifting: all ran to the end without a word.
+    An overlong buffer past the response length and an adaptive target of 0 failed only after the
+    model loaded, a seed past 64 bits in the middle of step 1 with a traceback."""
+    message = _problems(
+        "math-tiny", "actor.grad_clip=0", "critic.grad_clip=-1", "critic.cliprange_value=-0.5",
+        "actor.clip_ratio_low=-0.2", "actor.clip_ratio_high=-1", "algorithm.gamma=1.5", "algorithm.lam=-0.1",
+        "algorithm.kl_coef=-0.01", "algorithm.kl_loss_coef=-0.01", "actor.weight_decay=-1",
+        "algorithm.overlong_penalty_factor=-1", "algorithm.kl_ctrl=adaptive", "algorithm.kl_target=0",
+        "algorithm.overlong_buffer=100", "trainer.seed=9223372036854775807",
+    )
+    for fragment in ("actor.grad_clip = 0.0 must be > 0", "critic.grad_clip = -1.0 must be > 0",
+                     "critic.cliprange_value = -0.5 must be > 0", "actor.clip_ratio_low = -0.2 must be in [0, 1)",
+                     "actor.clip_ratio_high = -1.0 must be >= 0", "algorithm.gamma = 1.5 must be in [0, 1]",
+                     "algorithm.lam = -0.1 must be in [0, 1]", "algorithm.kl_coef = -0.01 must be >= 0",
+                     "algorithm.kl_loss_coef = -0.01 must be >= 0", "actor.weight_decay = -1.0 must be >= 0",
+                     "algorithm.overlong_penalty_factor = -1.0 must be >= 0", "algorithm.kl_target = 0.0 must be > 0",
+                     "algorithm.overlong_buffer = 100 tokens is longer than rollout.max_response_length = 32",
+                     "trainer.seed = 9223372036854775807 is too large"):
+        assert fragment in message, fragment
+    assert "14 problem(s)" in message
+    assert not problems_of(load_config("math-tiny", ["actor.clip_ratio_low=0", "algorithm.gamma=0",
+                                                     "algorithm.overlong_buffer=32", "trainer.seed=-7",
+                                                     "data.generate_seed=9223372036854775807"], check=False))
+    nan = problems_of(load_config("math-tiny", ["actor.clip_ratio_low=nan", "algorithm.gamma=nan"], check=False))
+    assert len(nan) == 2 and all("not a finite number" in p for p in nan)  # said once each

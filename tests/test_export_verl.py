@@ -203,13 +203,13 @@ def test_validation_files_are_copied_and_listed_in_verls_data_val_files(tmp_path
 
 
 def test_settings_verl_lacks_are_listed_not_dropped(tmp_path, monkeypatch):
-    cfg = load_config("countdown-tiny", ["model.quantize=nf4", "algorithm.overlong_buffer=64"])
+    cfg = load_config("countdown-tiny", ["model.quantize=nf4", "algorithm.overlong_buffer=16"])
     ctx = Context(model_path="m", train_files="t", val_files="v", reward_path="r", steps_per_epoch=10)
     real = type(cfg).to_dict
     monkeypatch.setattr(type(cfg), "to_dict", lambda self: {**real(self), "trainer": {
         **real(self)["trainer"], "new_knob": 3}})
     notes = "\n".join(map_config(cfg, ctx).notes)
-    for dotted in ("model.quantize = 'nf4'", "algorithm.overlong_buffer = 64", "trainer.new_knob = 3",
+    for dotted in ("model.quantize = 'nf4'", "algorithm.overlong_buffer = 16", "trainer.new_knob = 3",
                    "trainer.memory_budget_gib", "model.logprob_chunk"):
         assert dotted in notes
 

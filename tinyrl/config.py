@@ -523,6 +523,7 @@ def problems_of(cfg: Config, resume_dir: Path | None = None) -> list[str]:
     t, a, r = cfg.trainer, cfg.actor, cfg.rollout
     out += _count_problems(cfg)
     out += _number_problems(cfg)
+    out += _algorithm_range_problems(cfg)
     for role in ("actor", "critic"):
         mini = get_setting(cfg, f"{role}.ppo_mini_batch_size")
         if mini < 0:
@@ -649,6 +650,49 @@ def _number_problems(cfg: Config) -> list[str]:
         if math.isfinite(value) and value > MAX_CALL_S:
             out.append(f"{dotted} = {value:g} s is more than a day ({MAX_CALL_S:g} s) per call; the timers "
                        "that enforce it overflow past ~1e9 s: give a limit you would wait for")
+    return out
+
+
+SEED_LIMIT = 2**32  # the trainer derives generator seeds as seed * 1_000_033 + ...: torch takes 64 bits
+
+
+def _algorithm_range_problems(cfg: Config) -> list[str]:
+    """Values that run without an error but train wrongly: a gradient clip of 0 zeroes every
+    update (a negative one reverses it), a clip range below 0 swaps clamp's bounds, a negative
+    KL coefficient rewards drifting from the reference. Each would run to the end silently."""
+    import math
+
+    alg, out = cfg.algorithm, []
+    for dotted in ("actor.grad_clip", "critic.grad_clip", "critic.cliprange_value"):
+        value = get_setting(cfg, dotted)
+        if math.isfinite(value) and value <= 0:
+            out.append(f"{dotted} = {value} must be > 0 (0 scales every gradient to zero); set 1.0"
+                       if dotted.endswith("grad_clip") else f"{dotted} = {value} must be > 0; set 0.5")
+    low, high = cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high  # nan/inf: said by _number_problems
+    if math.isfinite(low) and not 0 <= low < 1:
+        out.append(f"actor.clip_ratio_low = {cfg.actor.clip_ratio_low} must be in [0, 1) (the ratio is clipped "
+                   "below at 1 - clip_ratio_low); set 0.2")
+    if high < 0:
+        out.append(f"actor.clip_ratio_high = {cfg.actor.clip_ratio_high} must be >= 0 (the ratio is clipped above "
+                   "at 1 + clip_ratio_high); set 0.2, or 0.28 for DAPO's clip-higher")
+    for dotted in ("algorithm.gamma", "algorithm.lam"):
+        value = get_setting(cfg, dotted)
+        if math.isfinite(value) and not 0 <= value <= 1:
+            out.append(f"{dotted} = {value} must be in [0, 1]; set 1.0")
+    for dotted in ("algorithm.kl_coef", "algorithm.kl_loss_coef", "actor.weight_decay", "critic.weight_decay",
+                   "algorithm.overlong_penalty_factor"):
+        value = get_setting(cfg, dotted)
+        if value < 0:
+            out.append(f"{dotted} = {value} must be >= 0")
+    if alg.kl_ctrl == "adaptive" and alg.kl_target <= 0:
+        out.append(f"algorithm.kl_target = {alg.kl_target} must be > 0 for algorithm.kl_ctrl = adaptive; set 0.1")
+    if alg.overlong_buffer > cfg.rollout.max_response_length:
+        out.append(f"algorithm.overlong_buffer = {alg.overlong_buffer} tokens is longer than rollout.max_response_length "
+                   f"= {cfg.rollout.max_response_length}; set it below that (DAPO: a quarter of it), or 0 for off")
+    seed = cfg.trainer.seed  # (data.generate_seed seeds by its text: any integer does)
+    if not -SEED_LIMIT < seed < SEED_LIMIT:
+        out.append(f"trainer.seed = {seed} is too large for a seed; set one between -{SEED_LIMIT - 1:,} and "
+                   f"{SEED_LIMIT - 1:,} (e.g. 1)")
     return out
 
 
