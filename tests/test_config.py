@@ -246,8 +246,8 @@ def test_settings_that_would_train_wrongly_in_silence_are_refused_together():
         "math-tiny", "actor.grad_clip=0", "critic.grad_clip=-1", "critic.cliprange_value=-0.5",
         "actor.clip_ratio_low=-0.2", "actor.clip_ratio_high=-1", "algorithm.gamma=1.5", "algorithm.lam=-0.1",
         "algorithm.kl_coef=-0.01", "algorithm.kl_loss_coef=-0.01", "actor.weight_decay=-1",
-        "algorithm.overlong_penalty_factor=-1", "algorithm.kl_ctrl=adaptive", "algorithm.kl_target=0",
-        "algorithm.overlong_buffer=100", "trainer.seed=9223372036854775807",
+        "algorithm.overlong_penalty_factor=-1", "algorithm.kl_ctrl=adaptive", "algorithm.kl_in_reward=true",
+        "algorithm.kl_target=0", "algorithm.overlong_buffer=100", "trainer.seed=9223372036854775807",
     )
     for fragment in ("actor.grad_clip = 0.0 must be > 0", "critic.grad_clip = -1.0 must be > 0",
                      "critic.cliprange_value = -0.5 must be > 0", "actor.clip_ratio_low = -0.2 must be in [0, 1)",
@@ -264,3 +264,11 @@ def test_settings_that_would_train_wrongly_in_silence_are_refused_together():
                                                      "data.generate_seed=9223372036854775807"], check=False))
     nan = problems_of(load_config("math-tiny", ["actor.clip_ratio_low=nan", "algorithm.gamma=nan"], check=False))
     assert len(nan) == 2 and all("not a finite number" in p for p in nan)  # said once each
+
+
+def test_an_adaptive_kl_controller_needs_the_kl_in_the_reward():
+    """It adjusts the in-reward coefficient; with a KL loss it drifted unused while kl/coef showed it."""
+    message = _problems("countdown-demo", "algorithm.kl_ctrl=adaptive")
+    assert "algorithm.kl_ctrl = adaptive adjusts the KL coefficient in the reward" in message
+    assert "set algorithm.kl_ctrl=fixed" in message
+    assert not problems_of(load_config("countdown-tiny", ["algorithm.kl_ctrl=adaptive"], check=False))

@@ -103,7 +103,8 @@ VARIANTS = [[], ["algorithm.adv_estimator=dr_grpo", "rollout.n=4", "algorithm.kl
             ["trainer.wandb=true", "trainer.tensorboard=true", "actor.micro_batch_tokens=4096",
              "critic.micro_batch_tokens=4096", "rollout.vllm.gpu_memory_utilization=0.6",
              "rollout.vllm.max_num_seqs=64", "model.finetune=full", "model.dtype=fp16",
-             "algorithm.kl_ctrl=adaptive", "trainer.max_steps=7", "rollout.engine=hf"]]
+             "algorithm.kl_ctrl=adaptive", "algorithm.kl_in_reward=true", "algorithm.use_kl_loss=false",
+             "trainer.max_steps=7", "rollout.engine=hf"]]  # the adaptive controller is the in-reward KL's
 
 
 RL_PRESETS = [name for name in list_presets() if load_config(name, check=False).command == "train"]

@@ -186,3 +186,15 @@ def test_critic_warmup_holds_the_actor_while_the_critic_learns(tmp_path):
         assert ("actor/pg_loss" in metrics) == (step == 3), step
         if step == 2:  # (a step whose rewards are all 0 gives a zero-initialised critic no gradient)
             assert moved(critic_start, models.critic_parameters())
+
+
+@pytest.mark.parametrize("kl, coef", [(["algorithm.kl_in_reward=true", "algorithm.kl_coef=0.02"], 0.02),
+                                      (["algorithm.use_kl_loss=true", "algorithm.kl_loss_coef=0.05"], 0.05),
+                                      ([], None)])
+def test_kl_coef_is_the_coefficient_the_run_applies(tmp_path, kl, coef):
+    """kl/coef (the dashboard's and the plain line's "coef", report's beta) was the in-reward
+    controller's value in every run: 0.001 beside a KL loss weighted 0.05, and in a run without KL."""
+    m = Trainer(tiny_config(tmp_path, "algorithm.adv_estimator=grpo", "rollout.n=2", "algorithm.kl_in_reward=false",
+                            "trainer.train_batch_size=4", "actor.ppo_mini_batch_size=4", "trainer.max_steps=1", *kl),
+                tmp_path / "run").train()[-1]
+    assert m.get("kl/coef") == coef

@@ -684,6 +684,10 @@ def _algorithm_range_problems(cfg: Config) -> list[str]:
         value = get_setting(cfg, dotted)
         if value < 0:
             out.append(f"{dotted} = {value} must be >= 0")
+    if alg.kl_ctrl == "adaptive" and not alg.kl_in_reward:  # verl's controller too is the in-reward KL's
+        out.append("algorithm.kl_ctrl = adaptive adjusts the KL coefficient in the reward, but algorithm.kl_in_reward "
+                   "is false (a KL loss uses algorithm.kl_loss_coef as it is); set algorithm.kl_ctrl=fixed, or "
+                   "algorithm.kl_in_reward=true (and use_kl_loss=false)")
     if alg.kl_ctrl == "adaptive" and alg.kl_target <= 0:
         out.append(f"algorithm.kl_target = {alg.kl_target} must be > 0 for algorithm.kl_ctrl = adaptive; set 0.1")
     if alg.overlong_buffer > cfg.rollout.max_response_length:

@@ -302,7 +302,7 @@ class Trainer:
             if learner is not None:
                 with timed(phase), self._counting_tokens(phase):
                     learner_stats.update(learner.update(traj, generator=g))
-        if "kl/mean" in kl_metrics:
+        if cfg.algorithm.kl_in_reward:  # the controller's coefficient is the in-reward KL's only
             self.kl_ctrl.update(kl_metrics["kl/mean"], cfg.trainer.train_batch_size)
         self.step += 1
         timings["step"] = time.perf_counter() - t_step
@@ -497,13 +497,15 @@ class Trainer:
         n_tokens = sum(len(e.prompt_ids) + len(e.response_ids) for e in episodes)
         m = {"step": self.step, "epoch": (self.step - 1) // self.steps_per_epoch,
              "reward/mean": float(scores.mean()), "reward/max": float(scores.max()), "reward/min": float(scores.min()),
-             "kl/coef": float(self.kl_ctrl.value),
              "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
              "response_length/clip_ratio": float(sum(e.stop_reason == "length" for e in episodes) / len(episodes)),
              **kl_metrics, **learner_stats,
              **{f"timing/{k}": v for k, v in timings.items()},
              "perf/tokens_per_s": n_tokens / max(timings["step"], 1e-9),
              **memory_reading(self.device), **self._phase_memory}
+        coef = applied_kl_coef(self.cfg, self.kl_ctrl.value)
+        if coef is not None:
+            m["kl/coef"] = coef
         if traj.values is not None:
             m["critic/explained_var"] = float(losses.explained_variance(traj.values, traj.returns, mask))
         if diff is not None:
@@ -598,6 +600,18 @@ class Trainer:
         self.saves.last_saved = self.step
         self._restored(state)
         self._notice(f"resumed from step {self.step}")
+
+
+def applied_kl_coef(cfg: Config, controller_value: float) -> float | None:
+    """kl/coef: the coefficient of the KL term this run applies, the controller's in the reward or
+    algorithm.kl_loss_coef in the loss; None without a KL term. The controller's value used to be
+    logged whatever the run did: a KL-loss run showed algorithm.kl_coef (a number it never used)
+    beside its KL, and a run without KL showed one too."""
+    if cfg.algorithm.kl_in_reward:
+        return float(controller_value)
+    if cfg.algorithm.use_kl_loss:
+        return float(cfg.algorithm.kl_loss_coef)
+    return None
 
 
 def one_pass_update(cfg: Config, engine_name: str, rollout_is: str) -> bool:
