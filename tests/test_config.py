@@ -272,3 +272,38 @@ def test_an_adaptive_kl_controller_needs_the_kl_in_the_reward():
     assert "algorithm.kl_ctrl = adaptive adjusts the KL coefficient in the reward" in message
     assert "set algorithm.kl_ctrl=fixed" in message
     assert not problems_of(load_config("countdown-tiny", ["algorithm.kl_ctrl=adaptive"], check=False))
+
+
+def test_settings_this_run_does_not_read_are_said_at_the_start():
+    """Given through --set (or a preset), these were taken without a word and the run trained as
+    if they had not been given."""
+    notes: list[str] = []
+    load_config("countdown-demo", ["algorithm.lam=0.95", "algorithm.gamma=0.99", "critic.lr=1e-5",
+                                   "algorithm.kl_coef=0.05", "algorithm.kl_target=0.2", "algorithm.max_gen_rounds=3",
+                                   "algorithm.overlong_penalty_factor=2", "trainer.val_n=8",
+                                   "trainer.val_before_train=true", "trainer.test_every=0"], notes=notes)
+    said = {n.split(" is given")[0]: n for n in notes}
+    assert set(said) == {"algorithm.lam", "algorithm.gamma", "critic.lr", "algorithm.kl_coef", "algorithm.kl_target",
+                         "algorithm.max_gen_rounds", "algorithm.overlong_penalty_factor", "trainer.val_n",
+                         "trainer.val_before_train"}, notes
+    assert "grpo does not discount (only gae reads algorithm.lam)" in said["algorithm.lam"]
+    assert "(only gae and reinforce_pp read algorithm.gamma)" in said["algorithm.gamma"]
+    assert "grpo trains no critic" in said["critic.lr"] and "kl_in_reward is false" in said["algorithm.kl_coef"]
+    notes = []
+    load_config("countdown-tiny", ["algorithm.use_kl_loss=false", "algorithm.kl_loss_coef=0.1",
+                                   "algorithm.dynamic_sampling=true"], notes=notes)
+    assert [n.split(" is given")[0] for n in notes] == ["algorithm.dynamic_sampling", "algorithm.kl_loss_coef"]
+    assert "rollout.n = 1" in notes[0] and "use_kl_loss is false" in notes[1]
+    for preset, overrides in (("countdown-tiny", ["algorithm.lam=0.95", "algorithm.gamma=0.99", "critic.lr=1e-5",
+                                                  "algorithm.kl_coef=0.05"]),  # PPO, KL in the reward: all read
+                              ("countdown-demo", ["algorithm.adv_estimator=reinforce_pp", "algorithm.gamma=0.99"])):
+        quiet: list[str] = []
+        load_config(preset, overrides, notes=quiet)
+        assert quiet == [], (overrides, quiet)
+
+
+@pytest.mark.parametrize("name", sorted(list_presets()))
+def test_no_shipped_preset_gives_a_setting_it_does_not_read(name):
+    notes: list[str] = []
+    load_config(name, check=False, notes=notes)
+    assert not [n for n in notes if "does not read it" in n]

@@ -271,7 +271,7 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
     if notes is not None:
         given = {f"{sec}.{k}" for sec, keys in raw.items() if isinstance(keys, dict) for k in keys}
         given |= {item.split("=", 1)[0].strip() for item in overrides or []}
-        notes += role_rate_notes(cfg, given)
+        notes += role_rate_notes(cfg, given) + unread_setting_notes(cfg, given)
     if problems:
         raise TinyRLError(
             f"preset {cfg.preset!r} has {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems),
@@ -313,6 +313,50 @@ def role_rate_notes(cfg: Config, given: set[str]) -> list[str]:
                        f"{get_setting(cfg, f'{other}.lr'):g} (a 3B model's rate), so the two learners may "
                        f"move at very different speeds; set {other}.lr too (e.g. --set {other}.lr={value:g})")
     return out
+
+
+IN_REWARD_KL = ("algorithm.kl_penalty", "algorithm.kl_coef", "algorithm.kl_ctrl", "algorithm.kl_target",
+                "algorithm.kl_horizon")
+
+
+def unread_setting_notes(cfg: Config, given: set[str]) -> list[str]:
+    """Settings the preset or --set gave that this RL run never reads, each with why: they used
+    to be taken without a word (algorithm.lam under GRPO, critic.lr without a critic, a KL
+    coefficient with the KL in neither the reward nor the loss), and the run trained as if they
+    had not been given. Notes, not problems: a preset may carry keys for other algorithms."""
+    if cfg.command != "train" or cfg.algorithm.adv_estimator not in ADV_ESTIMATORS:
+        return []
+    return [f"{dotted} is given but this run does not read it: {why}"
+            for dotted in sorted(given) if (why := _unread_because(cfg, dotted))]
+
+
+def _unread_because(cfg: Config, dotted: str) -> str | None:
+    alg, est = cfg.algorithm, cfg.algorithm.adv_estimator
+    section, _, key = dotted.partition(".")
+    if section == "critic" and not has_critic(cfg):
+        return f"algorithm.adv_estimator = {est} trains no critic (only gae does)"
+    if dotted in ("algorithm.gamma", "algorithm.lam") and key not in ESTIMATORS[est].discount:
+        readers = [name for name, e in ESTIMATORS.items() if key in e.discount]
+        return (f"algorithm.adv_estimator = {est} does not discount (only {' and '.join(readers)} "
+                f"{'reads' if len(readers) == 1 else 'read'} algorithm.{key})")
+    if dotted in IN_REWARD_KL and not alg.kl_in_reward:
+        return ("algorithm.kl_in_reward is false (a KL loss, algorithm.use_kl_loss, reads "
+                "algorithm.kl_loss_coef and algorithm.kl_loss_type)")
+    if dotted in ("algorithm.kl_target", "algorithm.kl_horizon") and alg.kl_ctrl != "adaptive":
+        return "only algorithm.kl_ctrl = adaptive reads it"
+    if dotted in ("algorithm.kl_loss_coef", "algorithm.kl_loss_type") and not alg.use_kl_loss:
+        return "algorithm.use_kl_loss is false"
+    if dotted == "algorithm.max_gen_rounds" and not alg.dynamic_sampling:
+        return "algorithm.dynamic_sampling is false"
+    if dotted == "algorithm.dynamic_sampling" and alg.dynamic_sampling and cfg.rollout.n < 2:
+        return "with rollout.n = 1 each group is one sample, and a group of one is always kept; set rollout.n=8"
+    if dotted == "algorithm.overlong_penalty_factor" and not alg.overlong_buffer:
+        return "algorithm.overlong_buffer is 0 (off)"
+    if dotted == "trainer.val_n" and cfg.trainer.val_n and not cfg.data.val_files:
+        return "it samples the data.val_files problems, and there are none"
+    if dotted == "trainer.val_before_train" and cfg.trainer.val_before_train and not cfg.trainer.test_every:
+        return "trainer.test_every is 0 (no validation); set trainer.test_every"
+    return None
 
 
 # Keys that moved to the task section (issue 13): old presets get a pointer, old runs are migrated.

@@ -1,7 +1,8 @@
 """The roles a run has, and the advantage estimators that decide them: ONE table.
 
-Knows: the estimator names, which of them read a critic's values (only GAE) and which compare
-the samples of one prompt (they need rollout.n >= 2); which roles an algorithm builds.
+Knows: the estimator names, which of them read a critic's values (only GAE), which compare
+the samples of one prompt (they need rollout.n >= 2) and which discount (gamma, lam); which
+roles an algorithm builds.
 Does not know: the estimators' math (tinyrl.rl.advantages dispatches on these names and checks
 at import that its table has exactly these), models, configs beyond two booleans.
 Torch-free on purpose: config validation and `tinyrl presets` import it without loading torch.
@@ -28,14 +29,15 @@ class Role(str, Enum):
 class Estimator:
     critic: bool   # reads a value model's V(s) (GAE): the run builds, trains and saves a critic
     grouped: bool  # compares the samples of one prompt: needs rollout.n >= 2
+    discount: tuple[str, ...] = ()  # the algorithm.* discount settings it reads (gamma, lam)
 
 
 ESTIMATORS: dict[str, Estimator] = {
-    "gae": Estimator(critic=True, grouped=False),
+    "gae": Estimator(critic=True, grouped=False, discount=("gamma", "lam")),
     "grpo": Estimator(critic=False, grouped=True),
     "dr_grpo": Estimator(critic=False, grouped=True),
     "rloo": Estimator(critic=False, grouped=True),
-    "reinforce_pp": Estimator(critic=False, grouped=False),
+    "reinforce_pp": Estimator(critic=False, grouped=False, discount=("gamma",)),
 }
 ESTIMATOR_NAMES = tuple(ESTIMATORS)
 
