@@ -437,9 +437,11 @@ class Trainer:
             # one_pass_update: the hf engine's log-probs are the same policy's (the parity guard's numbers)
             policy_lp = traj.old_lp if traj.old_lp is not None else traj.rollout_lp
             kl_metrics["kl/mean"] = float(masked_mean(klmod.kl_penalty(policy_lp, traj.ref_lp, "k1"), traj.mask))
+        # With the KL in the reward the grouped estimators (grpo, dr_grpo, rloo) must read the
+        # token rewards' sum, as verl does: the bare scores would drop the penalty without a word.
         traj.advantages, traj.returns = adv.compute_advantages(
-            alg.adv_estimator, token_rewards=token_rewards, scores=traj.scores, values=traj.values,
-            group_ids=traj.group_ids, mask=traj.mask, gamma=alg.gamma, lam=alg.lam)
+            alg.adv_estimator, token_rewards=token_rewards, scores=None if alg.kl_in_reward else traj.scores,
+            values=traj.values, group_ids=traj.group_ids, mask=traj.mask, gamma=alg.gamma, lam=alg.lam)
         if self.rollout_is != "off" and traj.rollout_lp is not None:
             traj.is_weights, st = rollout_is_weights(traj.old_lp, traj.rollout_lp, traj.mask,
                                                      self.rollout_is, alg.rollout_is_cap)
