@@ -190,6 +190,8 @@ def test_critic_warmup_holds_the_actor_while_the_critic_learns(tmp_path):
 
 @pytest.mark.parametrize("kl, coef", [(["algorithm.kl_in_reward=true", "algorithm.kl_coef=0.02"], 0.02),
                                       (["algorithm.use_kl_loss=true", "algorithm.kl_loss_coef=0.05"], 0.05),
+                                      (["algorithm.kl_in_reward=true", "algorithm.kl_coef=0.02",
+                                        "algorithm.kl_ctrl=adaptive"], 0.02),  # the step's own, not the next one's
                                       ([], None)])
 def test_kl_coef_is_the_coefficient_the_run_applies(tmp_path, kl, coef):
     """kl/coef (the dashboard's and the plain line's "coef", report's beta) was the in-reward

@@ -442,6 +442,9 @@ class Trainer:
         traj.advantages, traj.returns = adv.compute_advantages(
             alg.adv_estimator, token_rewards=token_rewards, scores=None if alg.kl_in_reward else traj.scores,
             values=traj.values, group_ids=traj.group_ids, mask=traj.mask, gamma=alg.gamma, lam=alg.lam)
+        coef = applied_kl_coef(self.cfg, self.kl_ctrl.value)  # the one used now: the controller moves after the step
+        if coef is not None:
+            kl_metrics["kl/coef"] = coef
         if self.rollout_is != "off" and traj.rollout_lp is not None:
             traj.is_weights, st = rollout_is_weights(traj.old_lp, traj.rollout_lp, traj.mask,
                                                      self.rollout_is, alg.rollout_is_cap)
@@ -505,9 +508,6 @@ class Trainer:
              **{f"timing/{k}": v for k, v in timings.items()},
              "perf/tokens_per_s": n_tokens / max(timings["step"], 1e-9),
              **memory_reading(self.device), **self._phase_memory}
-        coef = applied_kl_coef(self.cfg, self.kl_ctrl.value)
-        if coef is not None:
-            m["kl/coef"] = coef
         if traj.values is not None:
             m["critic/explained_var"] = float(losses.explained_variance(traj.values, traj.returns, mask))
         if diff is not None:
