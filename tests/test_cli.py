@@ -25,6 +25,19 @@ def test_help_teaches_the_commands():
         assert command in done.stdout, command
 
 
+def test_train_help_names_every_estimator_and_where_the_keys_are():
+    """It said "PPO (+ critic) or GRPO": dr_grpo, rloo and reinforce_pp, and the key that picks
+    one, were nowhere in it."""
+    from tinyrl.roles import ESTIMATORS
+
+    done = tinyrl("train", "--help")
+    assert done.returncode == 0
+    text = " ".join(done.stdout.replace("│", " ").split())
+    assert "algorithm.adv_estimator" in text and "tinyrl presets show NAME" in text
+    for name in ESTIMATORS:
+        assert name in text, name
+
+
 def test_presets_list_and_show():
     listed = tinyrl("presets")
     assert listed.returncode == 0

@@ -139,7 +139,21 @@ def tasks_list() -> None:
     out.print("Use one: [bold]--set task.name=NAME[/] (presets set it)  ·  data: [bold]tinyrl data NAME --help[/]")
 
 
-@app.command()
+def _train_help() -> str:
+    """`tinyrl train --help`: the estimators from their one table (tinyrl.roles, torch-free)."""
+    from tinyrl.roles import ESTIMATORS
+
+    names = ", ".join(f"{name} (PPO with a critic)" if e.critic else name for name, e in ESTIMATORS.items())
+    return ("Train with RL (PPO with a critic, GRPO, ...): rollout, reward, log-probs, advantages, updates, sync.\n\n"
+            f"The algorithm is the preset's algorithm.adv_estimator: {names}; change it and any other "
+            "setting with --set key.sub=value (e.g. --set algorithm.adv_estimator=grpo --set rollout.n=8). "
+            "`tinyrl presets show NAME` prints every key and its value.\n\n"
+            "Writes RUN_DIR/config.json, metrics.jsonl (+ .parquet), samples.jsonl, timeline.jsonl and "
+            "checkpoints/. Kill it any time; --resume continues at the same step with the same data. "
+            "Start from an SFT run with --set model.init_from=RUN_DIR (it is the reference too).")
+
+
+@app.command(help=_train_help())
 def train(
     preset: str = PresetOpt,
     overrides: Optional[list[str]] = SetOpt,
@@ -148,12 +162,7 @@ def train(
     resume: bool = ResumeOpt,
     no_dashboard: bool = NoDashboardOpt,
 ) -> None:
-    """Train with PPO (+ critic) or GRPO: rollout, reward, log-probs, advantages, updates, sync.
-
-    Writes RUN_DIR/config.json, metrics.jsonl (+ .parquet), samples.jsonl, timeline.jsonl and
-    checkpoints/. Kill it any time; --resume continues at the same step with the same data.
-    Start from an SFT run with --set model.init_from=RUN_DIR (it is the reference too).
-    """
+    """RL on a preset (help: _train_help)."""
     _run_command("train", preset, overrides, out_dir, max_steps, resume, no_dashboard)
 
 
