@@ -200,3 +200,12 @@ def test_kl_coef_is_the_coefficient_the_run_applies(tmp_path, kl, coef):
                             "trainer.train_batch_size=4", "actor.ppo_mini_batch_size=4", "trainer.max_steps=1", *kl),
                 tmp_path / "run").train()[-1]
     assert m.get("kl/coef") == coef
+
+
+def test_the_logged_learning_rate_is_the_one_the_step_used(tmp_path):
+    """actor/lr and critic/lr were read after the scheduler stepped: with warm-up, step 1 logged
+    step 2's rate (2/4 of the peak where 1/4 was used) and the curve was one step early."""
+    history = Trainer(tiny_config(tmp_path, "actor.lr=4e-3", "critic.lr=4e-3", "actor.warmup_steps=4",
+                                  "critic.warmup_steps=2", "trainer.max_steps=2"), tmp_path / "run").train()
+    assert [m["actor/lr"] for m in history] == pytest.approx([1e-3, 2e-3])
+    assert [m["critic/lr"] for m in history] == pytest.approx([2e-3, 4e-3])

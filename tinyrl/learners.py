@@ -103,10 +103,11 @@ class Learner:
                                                         self.models.row_groups(mini.batch))
                     acc["grad_norm"] = self._step()
                     stats_all.append(acc)
+        lr = self.sched.get_last_lr()[0]  # the rate these steps used (verl logs it so), read before it moves on
         self.sched.step()
         keys = {k for s in stats_all for k in s}
         out = {f"{self.role}/{k}": sum(s.get(k, 0.0) for s in stats_all) / len(stats_all) for k in keys}
-        out[f"{self.role}/lr"] = self.sched.get_last_lr()[0]
+        out[f"{self.role}/lr"] = lr
         out[f"{self.role}/skipped_steps"] = float(self.skipped_steps)
         return out
 
