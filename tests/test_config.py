@@ -281,11 +281,13 @@ def test_settings_this_run_does_not_read_are_said_at_the_start():
     load_config("countdown-demo", ["algorithm.lam=0.95", "algorithm.gamma=0.99", "critic.lr=1e-5",
                                    "algorithm.kl_coef=0.05", "algorithm.kl_target=0.2", "algorithm.max_gen_rounds=3",
                                    "algorithm.overlong_penalty_factor=2", "trainer.val_n=8",
-                                   "trainer.val_before_train=true", "trainer.test_every=0"], notes=notes)
+                                   "trainer.val_before_train=true", "trainer.test_every=0",
+                                   "trainer.total_epochs=3"], notes=notes)
     said = {n.split(" is given")[0]: n for n in notes}
     assert set(said) == {"algorithm.lam", "algorithm.gamma", "critic.lr", "algorithm.kl_coef", "algorithm.kl_target",
                          "algorithm.max_gen_rounds", "algorithm.overlong_penalty_factor", "trainer.val_n",
-                         "trainer.val_before_train"}, notes
+                         "trainer.val_before_train", "trainer.total_epochs"}, notes
+    assert "trainer.max_steps = 60 sets the run's length" in said["trainer.total_epochs"]
     assert "grpo does not discount (only gae reads algorithm.lam)" in said["algorithm.lam"]
     assert "(only gae and reinforce_pp read algorithm.gamma)" in said["algorithm.gamma"]
     assert "grpo trains no critic" in said["critic.lr"] and "kl_in_reward is false" in said["algorithm.kl_coef"]

@@ -352,6 +352,9 @@ def _unread_because(cfg: Config, dotted: str) -> str | None:
         return "with rollout.n = 1 each group is one sample, and a group of one is always kept; set rollout.n=8"
     if dotted == "algorithm.overlong_penalty_factor" and not alg.overlong_buffer:
         return "algorithm.overlong_buffer is 0 (off)"
+    if dotted == "trainer.total_epochs" and cfg.trainer.max_steps:
+        return (f"trainer.max_steps = {cfg.trainer.max_steps} sets the run's length; set trainer.max_steps=0 "
+                "to run the epochs")
     if dotted == "trainer.val_n" and cfg.trainer.val_n and not cfg.data.val_files:
         return "it samples the data.val_files problems, and there are none"
     if dotted == "trainer.val_before_train" and cfg.trainer.val_before_train and not cfg.trainer.test_every:
