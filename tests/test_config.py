@@ -293,9 +293,13 @@ def test_settings_this_run_does_not_read_are_said_at_the_start():
     assert "grpo trains no critic" in said["critic.lr"] and "kl_in_reward is false" in said["algorithm.kl_coef"]
     notes = []
     load_config("countdown-tiny", ["algorithm.use_kl_loss=false", "algorithm.kl_loss_coef=0.1",
-                                   "algorithm.dynamic_sampling=true"], notes=notes)
-    assert [n.split(" is given")[0] for n in notes] == ["algorithm.dynamic_sampling", "algorithm.kl_loss_coef"]
-    assert "rollout.n = 1" in notes[0] and "use_kl_loss is false" in notes[1]
+                                   "algorithm.dynamic_sampling=true", "algorithm.rollout_is_cap=3"], notes=notes)
+    assert [n.split(" is given")[0] for n in notes] == ["algorithm.dynamic_sampling", "algorithm.kl_loss_coef",
+                                                        "algorithm.rollout_is_cap"]
+    assert "rollout.n = 1" in notes[0] and "use_kl_loss is false" in notes[1] and "engine = hf" in notes[2]
+    quiet = []
+    load_config("countdown-tiny", ["algorithm.rollout_is=token", "algorithm.rollout_is_cap=3"], notes=quiet)
+    assert quiet == []
     for preset, overrides in (("countdown-tiny", ["algorithm.lam=0.95", "algorithm.gamma=0.99", "critic.lr=1e-5",
                                                   "algorithm.kl_coef=0.05"]),  # PPO, KL in the reward: all read
                               ("countdown-demo", ["algorithm.adv_estimator=reinforce_pp", "algorithm.gamma=0.99"])):

@@ -315,6 +315,14 @@ def role_rate_notes(cfg: Config, given: set[str]) -> list[str]:
     return out
 
 
+def resolve_rollout_is(setting: str, engine_name: str) -> str:
+    """algorithm.rollout_is -> "off" | "token" | "sequence". auto: token-level for vLLM (its
+    kernels differ from the trainer's); off for hf, which samples from the trainer's own model."""
+    if setting == "auto":
+        return "token" if engine_name == "vllm" else "off"
+    return setting
+
+
 IN_REWARD_KL = ("algorithm.kl_penalty", "algorithm.kl_coef", "algorithm.kl_ctrl", "algorithm.kl_target",
                 "algorithm.kl_horizon")
 
@@ -352,6 +360,11 @@ def _unread_because(cfg: Config, dotted: str) -> str | None:
         return "with rollout.n = 1 each group is one sample, and a group of one is always kept; set rollout.n=8"
     if dotted == "algorithm.overlong_penalty_factor" and not alg.overlong_buffer:
         return "algorithm.overlong_buffer is 0 (off)"
+    engine = "vllm" if cfg.rollout.engine == "auto" else cfg.rollout.engine  # auto may pick vLLM: not known off
+    if dotted == "algorithm.rollout_is_cap" and resolve_rollout_is(alg.rollout_is, engine) == "off":
+        why = " (auto is off with rollout.engine = hf)" if alg.rollout_is == "auto" else ""
+        return (f"no rollout importance sampling runs: algorithm.rollout_is = {alg.rollout_is}{why}; "
+                "set algorithm.rollout_is=token to use it")
     if dotted == "trainer.total_epochs" and cfg.trainer.max_steps:
         return (f"trainer.max_steps = {cfg.trainer.max_steps} sets the run's length; set trainer.max_steps=0 "
                 "to run the epochs")

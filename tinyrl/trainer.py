@@ -32,7 +32,7 @@ import torch
 
 from tinyrl import checkpoint as ckpt
 from tinyrl import interrupts, rundir
-from tinyrl.config import Config, roles_of
+from tinyrl.config import Config, resolve_rollout_is, roles_of
 from tinyrl.errors import TinyRLError
 from tinyrl.learners import make_learners
 from tinyrl.memory.from_config import row_width
@@ -628,14 +628,6 @@ def one_pass_update(cfg: Config, engine_name: str, rollout_is: str) -> bool:
     mini = cfg.actor.ppo_mini_batch_size
     return (cfg.actor.ppo_epochs == 1 and mini in (0, cfg.trainer.train_batch_size)
             and not cfg.algorithm.kl_in_reward and rollout_is == "off" and engine_name == "hf")
-
-
-def resolve_rollout_is(setting: str, engine_name: str) -> str:
-    """algorithm.rollout_is -> "off" | "token" | "sequence". auto: token-level for vLLM (its
-    kernels differ from the trainer's); off for hf, which samples from the trainer's own model."""
-    if setting == "auto":
-        return "token" if engine_name == "vllm" else "off"
-    return setting
 
 
 class _Timer:
