@@ -285,3 +285,42 @@ def test_each_episode_runs_its_tools_with_its_own_rows_create_kwargs(tok, chat):
     assert [len(v) for v in outputs.values()] == [1, 1, 1]  # both episodes of a prompt: the same
     assert "\nzero\n" in outputs[0].pop() and "\n1000\n" in outputs[1].pop()
     assert "NameError: name 'secret' is not defined" in outputs[2].pop()
+
+
+# -- a Ctrl-C while calls run ----------------------------------------------------------------
+
+def test_an_abandoned_rollout_starts_none_of_its_queued_calls(chat, monkeypatch):
+    """A Ctrl-C during the tool phase abandons the step (interrupts.StepAbandoned raised where
+    the loop waits): the calls still queued must not start. The pool's own exit waited for all
+    of them, so the run went on starting calls (up to tool_timeout_s each) after saying it stopped."""
+    import threading
+    import time
+
+    from tinyrl import interrupts
+    from tinyrl.rollout import turns
+
+    started = []
+
+    class SlowTool:
+        schema = TOOLS["code_interpreter"].schema
+
+        def run(self, arguments, create, **limits):
+            started.append(arguments["code"])
+            time.sleep(0.3)
+            return TOOLS["code_interpreter"].run({"code": "print(1)"}, {}, **limits)
+
+    def abandon(pending):  # the signal handler raises in the main thread while it waits
+        while not started:
+            time.sleep(0.01)
+        raise interrupts.StepAbandoned()
+
+    monkeypatch.setattr(turns, "_wait_all", abandon)
+    engine = ScriptedEngine(chat.tokenizer, lambda context, j: call("print(2)"))
+    msgs = _messages(8)
+    prompts = [chat.render(m, generation_prompt=True) for m in msgs]
+    with pytest.raises(interrupts.StepAbandoned):
+        run_episodes(engine, prompts, SamplingSettings(n=1, max_new_tokens=400, seed=1), chat=chat,
+                     tools={"code_interpreter": SlowTool()}, limits=EpisodeLimits(tool_workers=1), messages=msgs)
+    time.sleep(0.5)  # a queued call would have started by now
+    assert len(started) == 1, f"{len(started)} of 8 calls ran after the step was abandoned"
+    assert not [t for t in threading.enumerate() if t.name.startswith("tinyrl-tool")]

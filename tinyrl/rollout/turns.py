@@ -43,6 +43,8 @@ Knows nothing of tasks, the trainer or a particular engine.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 
@@ -168,7 +170,7 @@ def run_episodes(engine, prompt_ids: list[list[int]], sampling: SamplingSettings
     pending: dict[int, tuple[_Live, list]] = {}  # key -> (episode, its calls: (tool name, Future | _Outcome))
     stepping = getattr(session, "steps", False)   # the engine takes a turn into a batch already decoding
     try:
-        with ThreadPoolExecutor(max_workers=limits.workers(), thread_name_prefix="tinyrl-tool") as pool:
+        with _tool_pool(limits.workers()) as pool:
             while True:
                 for live, calls in _next_calls(active, schemas, limits, budget):
                     own = tools_kwargs[live.prompt_index] if tools_kwargs else {}
@@ -199,6 +201,22 @@ def run_episodes(engine, prompt_ids: list[list[int]], sampling: SamplingSettings
         live.stop_reason = live.stop_reason or ("stop" if live.finished_turn else "length")
     return RolloutResult([live.episode(rerender="" if messages is None else chat.rerender(
         messages[live.prompt_index], live.texts, live.prompt_ids + live.ids, live.finished_turn)) for live in lives])
+
+
+@contextlib.contextmanager
+def _tool_pool(workers: int) -> Iterator[ThreadPoolExecutor]:
+    """A pool for the rollout's tool calls. Left by an exception (a Ctrl-C abandoning the step,
+    an engine error), its queued calls are cancelled: ThreadPoolExecutor's own exit waits for
+    every queued call to run, so a Ctrl-C went on starting calls (up to tool_timeout_s each,
+    `workers` at a time) long after it said the step was abandoned. Running calls still end
+    within their timeout, and the sandbox kills what they left."""
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tinyrl-tool")
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 def _assistant_text(chat: ToolChat, tokens: list[int], stops: set[int]) -> str:
