@@ -116,6 +116,18 @@ def test_resume_lists_settings_that_may_change():
     assert compare(rl, {**rl, "command": "sft"})[0] == ['command: "train" -> "sft"']
 
 
+def test_resume_on_another_machine_may_change_how_many_tool_calls_run_at_once():
+    """rollout.tool_workers is the machine's (0 = its cores); the printed resume command repeats
+    a --set of it, which a machine with fewer cores could not change."""
+    from tinyrl.resume_check import compare
+
+    saved = load_config("countdown-tools-demo", ["rollout.tool_workers=4"]).to_dict()
+    now = load_config("countdown-tools-demo", ["rollout.tool_workers=1"]).to_dict()
+    assert compare(saved, now) == ([], ["rollout.tool_workers: 4 -> 1"])
+    changed = load_config("countdown-tools-demo", ["rollout.tool_workers=1", "rollout.tool_timeout_s=2"]).to_dict()
+    assert compare(saved, changed)[0] == ["rollout.tool_timeout_s: 10.0 -> 2.0"]  # an episode's outcome: kept
+
+
 # ------------------------------------------------------------------ 6. hostile reward code
 
 

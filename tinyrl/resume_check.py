@@ -4,8 +4,8 @@ pick the checkpoint to continue from.
 A checkpoint only means something with the settings that made it: the model and adapter shapes,
 the data and its order, the algorithm and its optimizer. Those may not change on resume (an
 error naming each key). The keys below change how long the run goes, what it logs and saves,
-how it validates, or how the same maths is split into micro-batches: they may change, and each
-change is listed. The learning rates are NOT among them: the scheduler's saved state carries the
+how it validates, how the same maths is split into micro-batches, or how many tool calls run
+at once: they may change, and each change is listed. The learning rates are NOT among them: the scheduler's saved state carries the
 base rate and would silently override a new one.
 """
 
@@ -30,6 +30,9 @@ CHANGEABLE = (
     "rollout.engine", "rollout.vllm.", "reward.timeout_s", "cost.",
     "data.val_files", "trainer.val_n", "task.verify_timeout_s", "sft.val_generate",
     "trainer.val_before_train",
+    # calls run at once: a machine's knob (its cores); a seeded rollout gives the same episodes
+    # whatever order the calls return in (tests/test_turns_engines.py)
+    "rollout.tool_workers",
 )
 
 
