@@ -156,6 +156,38 @@ def test_a_template_that_groups_tool_messages_masks_only_the_assistant(tmp_path,
     assert trained == "".join(m["content"] + "<|im_end|>\n" for m in conversation if m["role"] == "assistant")
 
 
+# Two tools with different parameters, and a call of each: in a list column parquet stores them
+# as structs holding every key of every row, so what reads back is filled with None.
+TOOL_SCHEMAS = [{"type": "function", "function": {"name": "code_interpreter", "description": "Run Python.",
+                 "parameters": {"type": "object", "properties": {"code": {"type": "string"}}}}},
+                {"type": "function", "function": {"name": "web_search", "description": "Search.",
+                 "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                                "required": ["query"]}}}]
+
+
+def _calling(name: str, arguments: dict) -> list[dict]:
+    return [{"role": "user", "content": "Go."},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": name, "arguments": arguments}}]},
+            {"role": "tool", "content": "done"}, {"role": "assistant", "content": "<answer>1</answer>"}]
+
+
+def test_tool_calls_and_schemas_from_parquet_render_without_other_rows_keys(tmp_path, tiny_model_dir):
+    from tinyrl.setup import load_tokenizer
+    from tinyrl.sft.data import load_sft
+
+    tok = load_tokenizer(str(tiny_model_dir), "presets/chat_templates/tiny-hermes.jinja")
+    path = tmp_path / "calls.parquet"
+    pq.write_table(pa.Table.from_pylist([
+        {"messages": _calling("code_interpreter", {"code": "print(1)"}), "tools": TOOL_SCHEMAS},
+        {"messages": _calling("web_search", {"query": "cats"}), "tools": TOOL_SCHEMAS}]), path)
+    data = load_sft(path, tok, sft_config(path, "sft.max_length=400"))
+    search = tok.decode(data.prompts[1] + data.responses[1])
+    assert '{"name": "web_search", "arguments": {"query": "cats"}}' in search  # no "code": null trained
+    assert "code_interpreter(code): Run Python.\nweb_search(query): Search." in search  # no other's parameters
+    assert '"arguments": {"code": "print(1)"}}' in tok.decode(data.prompts[0] + data.responses[0])
+
+
 def test_single_turn_with_the_chat_template_renders_prompts_as_train_does(sft_files, chat_tok):
     from tinyrl.setup import tokenize_rows
     from tinyrl.sft.data import load_sft

@@ -154,31 +154,8 @@ def multi_turn(row: dict, tokenizer, cfg) -> list[tuple[str, int]]:
     own tokens). The rendering up to an assistant turn must be a prefix of the rendering with it
     (true for the usual templates); a template that rewrites earlier turns (Qwen3 drops earlier
     thinking) is refused, not silently mis-masked."""
-    s = cfg.sft
-    messages = row[s.messages_key]
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m
-                                                                  for m in messages):
-        raise TinyRLError(f"{s.messages_key} is not a list of {{'role', 'content'}} messages: {messages!r:.120}",
-                          hint=_HINT)
-    messages = [{k: v for k, v in m.items() if v is not None} for m in messages]  # parquet fills absent keys
-    if not any(m["role"] == "assistant" for m in messages):
-        raise TinyRLError(f"{s.messages_key} has no assistant turn, so nothing to learn",
-                          hint="drop the row, or add the assistant's reply")
-    tools = row.get(s.tools_key)
-    if isinstance(tools, str):
-        try:
-            tools = json.loads(tools) if tools.strip() else None
-        except ValueError as exc:
-            raise TinyRLError(f"{s.tools_key} is text but not JSON: {exc}",
-                              hint="store the tool schemas as a list, or as JSON text") from exc
-    if not getattr(tokenizer, "chat_template", None):
-        raise TinyRLError("multi-turn SFT renders messages with a chat template, and this tokenizer has none",
-                          hint="set model.custom_chat_template to a Jinja template (text or file), or use an "
-                               "instruct model")
-
-    def render_messages(these: list[dict], generation_prompt: bool = False) -> str:
-        kwargs = {"tools": tools} if tools else {}
-        return tokenizer.apply_chat_template(these, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
+    messages = _row_messages(row, cfg.sft)
+    render_messages = _renderer(tokenizer, _row_tools(row, cfg.sft))
 
     def render(upto: int, generation_prompt: bool) -> str:
         return render_messages(messages[:upto], generation_prompt)
@@ -200,6 +177,58 @@ def multi_turn(row: dict, tokenizer, cfg) -> list[tuple[str, int]]:
     _check_prefix(done, whole, len(messages))
     segments.append((whole[len(done):], 0))
     return [(text, flag) for text, flag in segments if text]
+
+
+def _row_messages(row: dict, s) -> list[dict]:
+    messages = row[s.messages_key]
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m
+                                                                  for m in messages):
+        raise TinyRLError(f"{s.messages_key} is not a list of {{'role', 'content'}} messages: {messages!r:.120}",
+                          hint=_HINT)
+    messages = without_nulls(messages)
+    if not any(m["role"] == "assistant" for m in messages):
+        raise TinyRLError(f"{s.messages_key} has no assistant turn, so nothing to learn",
+                          hint="drop the row, or add the assistant's reply")
+    return messages
+
+
+def _row_tools(row: dict, s) -> list[dict] | None:
+    """The row's tool schemas for the template: sft.tools_key as a list, or as its JSON text."""
+    tools = row.get(s.tools_key)
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools) if tools.strip() else None
+        except ValueError as exc:
+            raise TinyRLError(f"{s.tools_key} is text but not JSON: {exc}",
+                              hint="store the tool schemas as a list, or as JSON text") from exc
+    else:
+        tools = without_nulls(tools)
+    return tools or None
+
+
+def _renderer(tokenizer, tools: list[dict] | None):
+    """render(messages, generation_prompt) -> text, by the chat template, with the row's tools."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise TinyRLError("multi-turn SFT renders messages with a chat template, and this tokenizer has none",
+                          hint="set model.custom_chat_template to a Jinja template (text or file), or use an "
+                               "instruct model")
+    kwargs = {"tools": tools} if tools else {}
+
+    def render_messages(these: list[dict], generation_prompt: bool = False) -> str:
+        return tokenizer.apply_chat_template(these, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
+    return render_messages
+
+
+def without_nulls(value):
+    """`value` without the None that parquet writes for a key a row lacks: a column of structs
+    holds every key of every row, so a web_search call's arguments read back with "code": None
+    from another row's code_interpreter call (and each tool schema with the others' parameters),
+    which the template then writes into the trained text. A null inside JSON text is kept."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value
 
 
 def _opening(messages: list[dict], render_messages) -> str:
