@@ -188,6 +188,23 @@ def test_tool_calls_and_schemas_from_parquet_render_without_other_rows_keys(tmp_
     assert '"arguments": {"code": "print(1)"}}' in tok.decode(data.prompts[0] + data.responses[0])
 
 
+def test_tools_that_are_not_a_list_or_a_template_that_raises_say_what_to_fix(tmp_path, chat_tok):
+    from tinyrl.sft.data import load_sft
+
+    path = tmp_path / "one-schema.parquet"  # one schema as JSON, not inside a list
+    pq.write_table(pa.Table.from_pylist([{"messages": CONVERSATION, "tools": json.dumps(TOOL_SCHEMAS[0])}]), path)
+    with pytest.raises(TinyRLError) as got:
+        load_sft(path, chat_tok, sft_config(path))
+    assert "row 0" in got.value.message and "tools is not a list of tool schemas" in got.value.message
+    assert "inside a list" in got.value.hint
+    tok = chat_tok.__class__.from_pretrained(chat_tok.name_or_path)
+    tok.chat_template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}" + TEMPLATE
+    path = multiturn_file(tmp_path / "system-first.parquet", rows=1)
+    with pytest.raises(TinyRLError) as got:  # was transformers' traceback, exit 1
+        load_sft(path, tok, sft_config(path))
+    assert "chat template cannot render" in got.value.message and "user first" in got.value.message
+
+
 def test_single_turn_with_the_chat_template_renders_prompts_as_train_does(sft_files, chat_tok):
     from tinyrl.setup import tokenize_rows
     from tinyrl.sft.data import load_sft

@@ -203,11 +203,17 @@ def _row_tools(row: dict, s) -> list[dict] | None:
                               hint="store the tool schemas as a list, or as JSON text") from exc
     else:
         tools = without_nulls(tools)
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise TinyRLError(f"{s.tools_key} is not a list of tool schemas: {tools!r:.120}",
+                          hint="give each row a list of function schemas ([{'type': 'function', 'function': "
+                               "{...}}]), as a list or its JSON text; a single schema goes inside a list too")
     return tools or None
 
 
 def _renderer(tokenizer, tools: list[dict] | None):
     """render(messages, generation_prompt) -> text, by the chat template, with the row's tools."""
+    from jinja2 import TemplateError  # transformers' own template engine
+
     if not getattr(tokenizer, "chat_template", None):
         raise TinyRLError("multi-turn SFT renders messages with a chat template, and this tokenizer has none",
                           hint="set model.custom_chat_template to a Jinja template (text or file), or use an "
@@ -215,7 +221,13 @@ def _renderer(tokenizer, tools: list[dict] | None):
     kwargs = {"tools": tools} if tools else {}
 
     def render_messages(these: list[dict], generation_prompt: bool = False) -> str:
-        return tokenizer.apply_chat_template(these, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
+        try:
+            return tokenizer.apply_chat_template(these, tokenize=False, add_generation_prompt=generation_prompt,
+                                                 **kwargs)
+        except (TemplateError, ValueError) as exc:  # the template's raise_exception, transformers' checks
+            raise TinyRLError(f"the chat template cannot render this conversation: {type(exc).__name__}: {exc}",
+                              hint="check the row's roles, tool calls and tools against the chat template "
+                                   "(model.custom_chat_template, else the tokenizer's)") from exc
     return render_messages
 
 
