@@ -205,6 +205,20 @@ def test_tools_that_are_not_a_list_or_a_template_that_raises_say_what_to_fix(tmp
     assert "chat template cannot render" in got.value.message and "user first" in got.value.message
 
 
+def test_sharegpt_or_capitalised_roles_are_named_not_left_untrained(tmp_path, chat_tok):
+    from tinyrl.sft.data import load_sft
+
+    for roles, said in ((("human", "gpt"), "messages[0] has the role 'human'"),
+                        (("user", "Assistant"), "messages[1] has the role 'Assistant'")):
+        path = tmp_path / f"{roles[0]}.parquet"
+        conversation = [{"role": roles[0], "content": "Hi"}, {"role": roles[1], "content": "Hello"},
+                        {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye"}]
+        pq.write_table(pa.Table.from_pylist([{"messages": conversation}]), path)
+        with pytest.raises(TinyRLError) as got:  # the first turn went untrained (or human/gpt: "no assistant")
+            load_sft(path, chat_tok, sft_config(path))
+        assert said in got.value.message and "gpt -> assistant" in got.value.hint
+
+
 def test_single_turn_with_the_chat_template_renders_prompts_as_train_does(sft_files, chat_tok):
     from tinyrl.setup import tokenize_rows
     from tinyrl.sft.data import load_sft

@@ -186,10 +186,27 @@ def _row_messages(row: dict, s) -> list[dict]:
         raise TinyRLError(f"{s.messages_key} is not a list of {{'role', 'content'}} messages: {messages!r:.120}",
                           hint=_HINT)
     messages = without_nulls(messages)
-    if not any(m["role"] == "assistant" for m in messages):
-        raise TinyRLError(f"{s.messages_key} has no assistant turn, so nothing to learn",
-                          hint="drop the row, or add the assistant's reply")
+    _check_roles([m["role"] for m in messages], s.messages_key)
     return messages
+
+
+ROLES = ("system", "user", "assistant", "tool")  # what chat templates write, and the loss reads
+# Names that mean one of ROLES but that a template renders as a role of their own (Qwen2.5
+# writes "<|im_start|>gpt"), so their turns went untrained or unlike the model's own turns.
+ROLE_ALIASES = {"human": "user", "gpt": "assistant"}  # ShareGPT's
+
+
+def _check_roles(roles: list, key: str) -> None:
+    hint = ("roles are 'system', 'user', 'assistant' (the turns trained on) and 'tool'; rename "
+            "ShareGPT's human -> user and gpt -> assistant")
+    for i, role in enumerate(roles):
+        meant = ROLE_ALIASES.get(role) or (str(role).lower() if str(role).lower() in ROLES else None)
+        if role not in ROLES and meant:
+            raise TinyRLError(f"{key}[{i}] has the role {role!r}, which the chat template does not read "
+                              f"as {meant!r}", hint=hint)
+    if "assistant" not in roles:
+        raise TinyRLError(f"{key} has no assistant turn, so nothing to learn (roles: {', '.join(map(str, roles))})",
+                          hint=hint + "; or drop the row")
 
 
 def _row_tools(row: dict, s) -> list[dict] | None:
