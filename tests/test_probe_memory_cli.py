@@ -256,3 +256,16 @@ def test_cuda_probe_puts_measured_micro_batches_into_the_plan(monkeypatch):
     beside = planned.phases["actor_update"].parts["cuda_context"] + planned.phases["actor_update"].parts["vllm_asleep"]
     assert fractions[0] == pytest.approx((planned.budget_bytes - beside) / Props.total_memory)
     assert fractions[-1] == 1.0
+
+
+def test_the_hf_engines_kv_cache_is_not_called_vllms(monkeypatch, capsys):
+    """retool-4090 with rollout.engine=hf: the HF engine holds every episode's cache; the row
+    said "vLLM KV cache", on a plan without vLLM."""
+    r = probe_json(monkeypatch, capsys, "--preset", "retool-4090", "--gpu", "rtx4090", "--simulate",
+                   "--set", "rollout.engine=hf")
+    rollout = r["phases"]["rollout"]["categories"]
+    assert rollout["HF engine KV cache"] > 30 * 2**30 and rollout["vLLM KV cache"] == 0
+    check_consistent(r)
+    code, stdout, _ = cli(monkeypatch, capsys, "probe-memory", "--preset", "retool-4090", "--gpu", "rtx4090",
+                          "--simulate", "--set", "rollout.engine=hf")
+    assert code == 0 and "HF engine KV cache" in stdout and "vLLM" not in stdout.split("DOES NOT FIT")[0]

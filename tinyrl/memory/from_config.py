@@ -214,10 +214,11 @@ def categories(cfg: Config, plan: MemoryPlan) -> dict[str, dict[str, int]]:
             chunk = min(act, fm.logprob_chunk_bytes(tokens, spec["vocab_size"],
                                                     backward=name == "actor_update"))
         c["activations"], c["log-prob chunk"] = act - chunk, chunk
+        c["HF engine KV cache"] = p.pop("hf_kv_cache", 0)  # rollout.engine=hf: its own, not vLLM's
         reserved = p.pop("vllm_reserved", 0)
         share = plan.vllm_share if reserved else {}
         c["vLLM weights"] = share.get("weights", 0)
-        c["vLLM KV cache"] = share.get("kv_cache", 0) + p.pop("hf_kv_cache", 0)
+        c["vLLM KV cache"] = share.get("kv_cache", 0)
         c["vLLM other"] = reserved - c["vLLM weights"] - share.get("kv_cache", 0)
         c["runtime context"] = p.pop("cuda_context", 0) + p.pop("vllm_asleep", 0)
         c["allocator headroom"] = p.pop("allocator", 0)  # one largest transient block (simulate.py)
