@@ -269,3 +269,14 @@ def test_the_hf_engines_kv_cache_is_not_called_vllms(monkeypatch, capsys):
     code, stdout, _ = cli(monkeypatch, capsys, "probe-memory", "--preset", "retool-4090", "--gpu", "rtx4090",
                           "--simulate", "--set", "rollout.engine=hf")
     assert code == 0 and "HF engine KV cache" in stdout and "vLLM" not in stdout.split("DOES NOT FIT")[0]
+
+
+def test_an_hf_rollout_that_does_not_fit_is_told_to_keep_vllm_first(monkeypatch, capsys):
+    """retool-4090 with rollout.engine=hf: only the rollout is over (its KV cache of all 256
+    episodes); the advice led with settings that cannot close 26 GiB and offered the log-prob
+    chunk, which no rollout holds, but not the engine README says to keep."""
+    code, stdout, _ = cli(monkeypatch, capsys, "probe-memory", "--preset", "retool-4090", "--gpu", "rtx4090",
+                          "--simulate", "--set", "rollout.engine=hf")
+    said = " ".join(stdout.split())
+    assert code == 0 and "- try: rollout.engine=vllm (" in said
+    assert "model.logprob_chunk=512" not in said

@@ -160,10 +160,20 @@ def advice(cfg: Config, plan: MemoryPlan) -> list[str]:
                    f"of {plan.budget_bytes / GiB:.2f} GiB" + (f" ({why})" if why else ""))
     if not out:
         return out
+    failing = {name for name, ph in plan.phases.items() if not ph.fits}
+    return out + ["try: " + "; or ".join(_tips(cfg, failing))]
+
+
+def _tips(cfg: Config, failing: set[str]) -> list[str]:
+    """The settings that shrink what the failing phases hold, the largest lever first."""
     m, resp = cfg.model, cfg.rollout.max_response_length
     tips = ([f"lower sft.max_length (now {cfg.sft.max_length}: a longer row is an error, so drop or split the longest "
              "rows first)"] if cfg.command == "sft"
             else [f"lower rollout.max_response_length (now {resp}), e.g. {max(64, resp // 2)}"])
+    if "rollout" in failing and cfg.rollout.engine == "hf" and m.quantize == "none":
+        # the HF engine holds every episode's whole context at once; vLLM pages what decodes
+        tips.insert(0, "rollout.engine=vllm (its paged KV cache holds only the sequences decoding at once; "
+                       "the HF engine holds all of them whole)")
     if m.finetune == "full":
         tips.append("model.finetune=lora (one frozen base + adapters instead of three full models)")
     if m.quantize == "none" and m.finetune == "lora":
@@ -172,15 +182,16 @@ def advice(cfg: Config, plan: MemoryPlan) -> list[str]:
     if m.finetune == "lora" and m.lora_rank > 16:
         tips.append(f"a smaller model.lora_rank (now {m.lora_rank}), e.g. {m.lora_rank // 2}")
     # a chunk spans the micro-batch's response tokens: a phase that barely fits one row holds
-    # min(chunk, one response), so below a 512-token response the smaller chunk saves nothing
+    # min(chunk, one response), so below a 512-token response the smaller chunk saves nothing;
+    # the rollout holds no chunk, so the tip is for a failing training phase only
     in_effect = min(m.logprob_chunk, row_shape(cfg)[1])
-    if in_effect > 512:
+    if in_effect > 512 and failing & set(TRAINING_PHASES):
         chunk = fm.logprob_chunk_bytes(in_effect, _vocab(cfg), backward=True)
         tips.append(f"model.logprob_chunk=512 (now {m.logprob_chunk}: {chunk / GiB:.2f} GiB of "
                     "logits and their gradients per chunk)")
     if not m.gradient_checkpointing:
         tips.append("model.gradient_checkpointing=true")
-    return out + ["try: " + "; or ".join(tips)]
+    return tips
 
 
 def _vocab(cfg: Config) -> int:
