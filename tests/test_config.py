@@ -134,6 +134,19 @@ def test_a_critic_run_that_sets_one_roles_rate_says_the_other_is_at_a_default(tm
     assert notes == []
 
 
+def test_tool_settings_for_a_task_without_tools_are_said_to_do_nothing():
+    """rollout.max_turns and the tool limits were accepted for Countdown and changed nothing,
+    without a word (task.tool_error_penalty there is a problem: test_another_tasks_option_...)."""
+    notes: list[str] = []
+    load_config("countdown-tiny", ["rollout.max_turns=3", "rollout.tool_timeout_s=2"], notes=notes)
+    assert notes == [f"rollout.{key} is given but this run does not read it: task 'countdown' calls no tools "
+                     "(tasks with tools: retool, arith)" for key in ("max_turns", "tool_timeout_s")], notes
+    for name in ("countdown-tools-demo", "countdown-tiny"):  # a task with tools, and no tool setting given
+        quiet: list[str] = []
+        load_config(name, ["rollout.max_turns=3"] if name == "countdown-tools-demo" else [], notes=quiet)
+        assert quiet == [], name
+
+
 def test_no_shipped_critic_preset_leaves_a_rate_at_another_size_default():
     for name in list_presets():
         if "-sft" in name:  # countdown-demo-sft, retool-sft-4090

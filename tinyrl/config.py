@@ -372,7 +372,25 @@ def _unread_because(cfg: Config, dotted: str) -> str | None:
         return "it samples the data.val_files problems, and there are none"
     if dotted == "trainer.val_before_train" and cfg.trainer.val_before_train and not cfg.trainer.test_every:
         return "trainer.test_every is 0 (no validation); set trainer.test_every"
+    if dotted in TOOL_SETTINGS:
+        return _no_tools(cfg.task.name)
     return None
+
+
+# Settings that bound episodes with tools (rollout/turns.py): a task that declares no tools never
+# reads them. (task.tool_error_penalty is retool's own option: tinyrl.tasks refuses it elsewhere.)
+TOOL_SETTINGS = ("rollout.max_turns", "rollout.max_tool_calls", "rollout.max_tool_response_tokens",
+                 "rollout.tool_timeout_s", "rollout.tool_memory_mb", "rollout.tool_workers")
+
+
+def _no_tools(task_name: str) -> str | None:
+    from tinyrl.tasks import all_tasks  # local: the task modules import this one
+
+    tasks = all_tasks()
+    if task_name not in tasks or tasks[task_name].tools:
+        return None  # an unknown task is a problem of its own, said by the config check
+    with_tools = ", ".join(name for name, task in tasks.items() if task.tools)
+    return f"task {task_name!r} calls no tools (tasks with tools: {with_tools})"
 
 
 # Keys that moved to the task section (issue 13): old presets get a pointer, old runs are migrated.
