@@ -532,3 +532,17 @@ def test_init_from_a_run_on_another_base_is_refused(tmp_path):
     with pytest.raises(TinyRLError) as exc:
         load_config("countdown-tiny", [f"model.init_from={tmp_path / 'src'}"])
     assert "was trained on Qwen/Qwen2.5-0.5B" in exc.value.message and "no checkpoint yet" in exc.value.message
+
+
+def test_a_tools_key_set_by_hand_must_name_a_column(tmp_path, chat_tok):
+    """sft.tools_key=tool_schemas on a file whose column is `tools`: every row's schemas were
+    dropped without a word (the default column may be absent: conversations without tools)."""
+    from tinyrl.sft.data import load_sft
+
+    path = multiturn_file(tmp_path / "chat.parquet", rows=1)
+    with pytest.raises(TinyRLError) as got:
+        load_sft(path, chat_tok, sft_config(path, "sft.tools_key=tool_schemas"))
+    assert "has no column tool_schemas (sft.tools_key)" in got.value.message and "tools" in got.value.message
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pa.Table.from_pylist([{"messages": CONVERSATION}]), plain)
+    assert len(load_sft(plain, chat_tok, sft_config(plain))) == 1  # no tools column, default key: fine

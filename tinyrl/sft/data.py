@@ -87,12 +87,25 @@ def detect_format(columns: list[str], sft_cfg) -> str:
     multi = sft_cfg.messages_key in columns
     if want == "auto":
         want = "multiturn" if multi else "single" if single else ""
+    if want == "multiturn" and multi:
+        _check_tools_column(columns, sft_cfg)
     if (want == "single" and single) or (want == "multiturn" and multi):
         return want
     needs = {"single": f"{sft_cfg.prompt_key} + {sft_cfg.response_key}", "multiturn": sft_cfg.messages_key}
     what = f"columns {needs[want]} (sft.format = {want})" if want else \
         f"columns {needs['single']} or {needs['multiturn']}"
     raise TinyRLError(f"has no {what}; it has: {', '.join(columns)}", hint=_HINT)
+
+
+def _check_tools_column(columns: list[str], sft_cfg) -> None:
+    """The default tools column may be absent (a conversation without tools); one named in
+    sft.tools_key by hand must be there, or every row's tools were dropped without a word."""
+    from tinyrl.config import SFTConfig
+
+    if sft_cfg.tools_key not in columns and sft_cfg.tools_key != SFTConfig().tools_key:
+        raise TinyRLError(f"has no column {sft_cfg.tools_key} (sft.tools_key); it has: {', '.join(columns)}",
+                          hint=f"set sft.tools_key to the column holding the tool schemas, or leave it at "
+                               f"{SFTConfig().tools_key!r} for conversations without tools")
 
 
 def load_sft(path: Path, tokenizer, cfg, max_rows: int | None = None) -> SFTRows:
