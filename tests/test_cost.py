@@ -341,3 +341,26 @@ def test_a_run_priced_under_another_preset_a_bare_currency_and_the_phase_sum_say
     code, stdout, _ = cli(monkeypatch, capsys, "estimate-cost", "--preset", "countdown-0.5b-4090", "--currency", "EUR",
                           "--price", "2", "--json")
     assert code == 0 and json.loads(stdout)["currency"] == "EUR" and json.loads(stdout)["price_per_hour"] == 2
+
+
+def test_the_roofline_decodes_with_the_memory_plans_vllm_settings_once_there_is_one(monkeypatch, tmp_path):
+    """With rollout.vllm left at 0 (auto), `train` takes the share and max_num_seqs from the memory
+    plan (retool-4090: 0.71 and 95 on a 4090) while the roofline guessed 50% and 59 sequences.
+    Once probe-memory has planned the config on the card (its plan file), the roofline reads it."""
+    from tinyrl.hardware import get_gpu
+    from tinyrl.memory.from_config import plan_for_config, plan_path, save_plan
+
+    monkeypatch.setenv("TINYRL_CACHE", str(tmp_path / "cache"))
+    cfg = load_config("countdown-4090", [f"data.train_path={tmp_path / 'x.parquet'}"])
+    guessed = estimate_cost(cfg, gpu_name="rtx4090")
+    assert any("50% of the card (a guess: `tinyrl probe-memory --preset countdown-4090`" in a
+               for a in guessed.assumptions)
+    gpu = get_gpu("rtx4090")
+    plan = plan_for_config(cfg, gpu, simulate=False)  # the rough plan: the same fields, in a second
+    path = save_plan(plan, plan_path(cfg, gpu))
+    read = estimate_cost(cfg, gpu_name="rtx4090")
+    share, seqs = plan.vllm_gpu_memory_utilization, plan.vllm_max_num_seqs
+    assert (share, seqs) != (0.5, 0) and read.hours_per_epoch != guessed.hours_per_epoch
+    assert any(f"vLLM gets {share:.0%} of the card, " in a and f"max_num_seqs {seqs}" in a for a in read.assumptions)
+    assert any(str(path) in a and "as `train` sets them" in a for a in read.assumptions), read.assumptions
+    assert cfg.rollout.vllm.gpu_memory_utilization == 0  # the user's config is left as given

@@ -195,6 +195,28 @@ def roofline_for(cfg: Config, gpu: Any, assumptions: Assumptions = Assumptions()
                           hint="set rollout.vllm.gpu_memory_utilization higher, or shorter lengths") from exc
 
 
+def as_planned(cfg: Config, gpu: Any) -> tuple[Config, list[str]]:
+    """The config with the vLLM settings `train` takes from this card's memory plan, when
+    `tinyrl probe-memory` has made one for it (the plan's cache; nothing is planned here: that
+    takes minutes): the roofline then sizes decoding as the run will, not with a guessed share."""
+    import copy
+
+    from tinyrl.memory.from_config import apply_plan, plan_path, read_plan
+
+    vllm = cfg.rollout.vllm
+    if vllm.gpu_memory_utilization and vllm.max_num_seqs:
+        return cfg, []  # both set: the plan would keep them
+    path = plan_path(cfg, gpu)
+    plan = read_plan(path)
+    if plan is None or not plan.vllm_gpu_memory_utilization:
+        return cfg, []  # the roofline's own assumption, said in its lines
+    planned = copy.deepcopy(cfg)
+    taken = [line.partition(" (")[0] for line in apply_plan(planned, plan)
+             if line.startswith("rollout.vllm.") and line.endswith("(from the memory plan)")]
+    return planned, [f"roofline: {'; '.join(taken)}: from the memory plan of this config on the {gpu.name} "
+                     f"(probe-memory's, {path}), as `train` sets them"] if taken else []
+
+
 def tool_work(cfg: Config) -> dict[str, int]:
     """A task with tools: calls per episode at most, and how many run at once (0 = this machine's cores)."""
     from tinyrl.contention import usable_cpus
@@ -219,10 +241,12 @@ def roofline_assumptions(cfg: Config, a: Assumptions, r: Roofline) -> list[str]:
             f"roofline: {a.sft_step_overhead_s:g} s fixed per step for the optimizer step and bookkeeping (a guess)",
         ]
     share = cfg.rollout.vllm.gpu_memory_utilization or a.vllm_memory_share
+    guessed = "" if cfg.rollout.vllm.gpu_memory_utilization else \
+        f" (a guess: `tinyrl probe-memory --preset {cfg.preset or 'P'}` plans the run's share, then read here)"
     return [
         f"roofline: utilisation {a.train_mfu:.0%} of peak bf16 for trainer passes, {a.prefill_mfu:.0%} for "
         f"prefill, {a.decode_mfu:.0%} as the decode compute roof; {a.bandwidth_efficiency:.0%} of spec-sheet bandwidth",
-        f"roofline: vLLM gets {share:.0%} of the card, {a.vllm_non_kv_bytes / 2**30:.1f} GiB of it not KV cache; "
+        f"roofline: vLLM gets {share:.0%} of the card{guessed}, {a.vllm_non_kv_bytes / 2**30:.1f} GiB of it not KV cache; "
         f"{d['decode_concurrency']:.0f} sequences decode at once ({d['decode_bound']}-bound, "
         f"{d['decode_step_ms']:.1f} ms per decode step); max_num_seqs {cfg.rollout.vllm.max_num_seqs or a.max_num_seqs}",
         f"roofline: every prompt and response at full length x{a.prompt_fill:g}/x{a.response_fill:g} "
@@ -339,7 +363,9 @@ def estimate_cost(
     roof, roof_error = None, ""
     try:
         if not on_cpu:  # a card's roofline says nothing of a CPU's seconds
-            r = roofline_for(cfg, gpu, assumptions)
+            planned, plan_note = as_planned(cfg, gpu)
+            notes += plan_note
+            r = roofline_for(planned, gpu, assumptions)
             roof = {"sec_per_step": r.sec_per_step, "phases": r.phases, "details": r.details,
                     "constants": assumptions.to_dict()}
     except TinyRLError as exc:
@@ -360,7 +386,7 @@ def estimate_cost(
     if roof is not None:
         if source != "roofline":  # how far the model is from reality is worth seeing every time
             notes.append(f"{source} seconds/step are {seconds / r.sec_per_step:.2f}x the roofline's {r.sec_per_step:.2f}")
-        notes += roofline_assumptions(cfg, assumptions, r)
+        notes += roofline_assumptions(planned, assumptions, r)
     elif roof_error:
         notes.append(f"no roofline for comparison: {roof_error}")
 
