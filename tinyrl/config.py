@@ -258,7 +258,8 @@ def list_presets() -> dict[str, Path]:
 def load_config(preset: str, overrides: list[str] | None = None, check: bool = True,
                 notes: list[str] | None = None, resume_dir: Path | None = None) -> Config:
     """Preset file (or a path to a .toml) + `key.sub=value` overrides, validated. Warnings that
-    are not errors (role_rate_notes) are appended to `notes` when the caller passes a list.
+    are not errors (role_rate_notes, unread_setting_notes) are appended to `notes` when the
+    caller passes a list.
     `resume_dir`: the run `--resume` continues (its own starting model stands for model.init_from)."""
     path = _preset_path(preset)
     raw = read_preset(path)
@@ -374,11 +375,20 @@ def _unread_because(cfg: Config, dotted: str) -> str | None:
         return "trainer.test_every is 0 (no validation); set trainer.test_every"
     if dotted in TOOL_SETTINGS:
         return _no_tools(cfg.task.name)
+    if section == "task" and key not in ("name", "template"):
+        from tinyrl.tasks import option_unread  # local: the task modules import this one
+
+        return option_unread(cfg, key)
     return None
 
 
+def _read_by_run(cfg: Config, dotted: str) -> bool:
+    """Whether this run reads `dotted` (an unknown estimator: assume so, it is a problem of its own)."""
+    return cfg.algorithm.adv_estimator not in ADV_ESTIMATORS or _unread_because(cfg, dotted) is None
+
+
 # Settings that bound episodes with tools (rollout/turns.py): a task that declares no tools never
-# reads them. (task.tool_error_penalty is retool's own option: tinyrl.tasks refuses it elsewhere.)
+# reads them. (The [task] options: each task lists its own, Task.options.)
 TOOL_SETTINGS = ("rollout.max_turns", "rollout.max_tool_calls", "rollout.max_tool_response_tokens",
                  "rollout.tool_timeout_s", "rollout.tool_memory_mb", "rollout.tool_workers")
 
@@ -680,8 +690,9 @@ def _settings_of_type(obj: Any, kind: type, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-# Integer settings: counts, sizes and steps. Those below must be at least 1; seeds may be any
-# integer; a few have their own rule further down (or in their task). Every other integer is a
+# Integer settings: counts, sizes and steps. Those below must be at least 1; seeds may be negative
+# (trainer.seed within +-SEED_LIMIT, data.generate_seed any integer); a few have their own rule
+# further down (or in their task). Every other integer is a
 # count or a step where 0 means "off" / "from the plan" / "the default", so it must be >= 0:
 # a new integer key is covered without being listed (trainer.max_steps = -3 used to run on).
 AT_LEAST_ONE = ("algorithm.max_gen_rounds", "algorithm.kl_horizon", "trainer.train_batch_size", "rollout.n",
@@ -690,6 +701,7 @@ AT_LEAST_ONE = ("algorithm.max_gen_rounds", "algorithm.kl_horizon", "trainer.tra
                 "trainer.keep_last", "data.max_test_prompts", "sft.max_length", "rollout.max_turns",
                 "rollout.max_tool_response_tokens")
 ANY_INTEGER = ("trainer.seed", "data.generate_seed")
+SEED_LIMIT = 2**32  # the trainer derives generator seeds as seed * 1_000_033 + ...: torch takes 64 bits
 MAX_CALL_S = 86_400.0  # per call of a reward, a tool or math-verify: setitimer raised OverflowError at 1e10
 OWN_RULE = ("actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size", "rollout.vllm.sleep_level", "task.max_number",
             "rollout.tool_memory_mb")
@@ -707,6 +719,10 @@ def _count_problems(cfg: Config) -> list[str]:
     if cfg.rollout.tool_memory_mb < MIN_MEMORY_MB:
         out.append(f"rollout.tool_memory_mb = {cfg.rollout.tool_memory_mb} must be at least {MIN_MEMORY_MB} "
                    "(MiB of address space per tool call; the interpreter alone needs ~30)")
+    seed = cfg.trainer.seed  # (data.generate_seed seeds by its text: any integer does)
+    if not -SEED_LIMIT < seed < SEED_LIMIT:
+        out.append(f"trainer.seed = {seed} is out of range for a seed; set one between -{SEED_LIMIT - 1:,} and "
+                   f"{SEED_LIMIT - 1:,} (e.g. 1)")
     return out
 
 
@@ -731,7 +747,6 @@ def _number_problems(cfg: Config) -> list[str]:
     return out
 
 
-SEED_LIMIT = 2**32  # the trainer derives generator seeds as seed * 1_000_033 + ...: torch takes 64 bits
 
 
 def _algorithm_range_problems(cfg: Config) -> list[str]:
@@ -743,38 +758,32 @@ def _algorithm_range_problems(cfg: Config) -> list[str]:
     alg, out = cfg.algorithm, []
     for dotted in ("actor.grad_clip", "critic.grad_clip", "critic.cliprange_value"):
         value = get_setting(cfg, dotted)
-        if math.isfinite(value) and value <= 0:
+        if math.isfinite(value) and value <= 0 and _read_by_run(cfg, dotted):
             out.append(f"{dotted} = {value} must be > 0 (0 scales every gradient to zero); set 1.0"
                        if dotted.endswith("grad_clip") else f"{dotted} = {value} must be > 0; set 0.5")
     low, high = cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high  # nan/inf: said by _number_problems
     if math.isfinite(low) and not 0 <= low < 1:
         out.append(f"actor.clip_ratio_low = {cfg.actor.clip_ratio_low} must be in [0, 1) (the ratio is clipped "
                    "below at 1 - clip_ratio_low); set 0.2")
-    if high < 0:
+    if math.isfinite(high) and high < 0:
         out.append(f"actor.clip_ratio_high = {cfg.actor.clip_ratio_high} must be >= 0 (the ratio is clipped above "
                    "at 1 + clip_ratio_high); set 0.2, or 0.28 for DAPO's clip-higher")
     for dotted in ("algorithm.gamma", "algorithm.lam"):
         value = get_setting(cfg, dotted)
-        if math.isfinite(value) and not 0 <= value <= 1:
+        if math.isfinite(value) and not 0 <= value <= 1 and _read_by_run(cfg, dotted):
             out.append(f"{dotted} = {value} must be in [0, 1]; set 1.0")
     for dotted in ("algorithm.kl_coef", "algorithm.kl_loss_coef", "actor.weight_decay", "critic.weight_decay",
                    "algorithm.overlong_penalty_factor"):
-        value = get_setting(cfg, dotted)
-        if value < 0:
+        value = get_setting(cfg, dotted)  # nan/inf: said by _number_problems
+        if math.isfinite(value) and value < 0 and _read_by_run(cfg, dotted):
             out.append(f"{dotted} = {value} must be >= 0")
-    if alg.kl_ctrl == "adaptive" and not alg.kl_in_reward:  # verl's controller too is the in-reward KL's
-        out.append("algorithm.kl_ctrl = adaptive adjusts the KL coefficient in the reward, but algorithm.kl_in_reward "
-                   "is false (a KL loss uses algorithm.kl_loss_coef as it is); set algorithm.kl_ctrl=fixed, or "
-                   "algorithm.kl_in_reward=true (and use_kl_loss=false)")
-    if alg.kl_ctrl == "adaptive" and alg.kl_target <= 0:
+    # (kl_ctrl = adaptive without the KL in the reward: a note, unread_setting_notes; verl's
+    # controller too is the in-reward KL's. A refusal stopped runs started before it from resuming.)
+    if alg.kl_ctrl == "adaptive" and alg.kl_in_reward and alg.kl_target <= 0:
         out.append(f"algorithm.kl_target = {alg.kl_target} must be > 0 for algorithm.kl_ctrl = adaptive; set 0.1")
     if alg.overlong_buffer > cfg.rollout.max_response_length:
         out.append(f"algorithm.overlong_buffer = {alg.overlong_buffer} tokens is longer than rollout.max_response_length "
                    f"= {cfg.rollout.max_response_length}; set it below that (DAPO: a quarter of it), or 0 for off")
-    seed = cfg.trainer.seed  # (data.generate_seed seeds by its text: any integer does)
-    if not -SEED_LIMIT < seed < SEED_LIMIT:
-        out.append(f"trainer.seed = {seed} is too large for a seed; set one between -{SEED_LIMIT - 1:,} and "
-                   f"{SEED_LIMIT - 1:,} (e.g. 1)")
     return out
 
 

@@ -15,7 +15,7 @@ from functools import cache
 from tinyrl.errors import TinyRLError
 from tinyrl.tasks.base import RewardFn, Task
 
-__all__ = ["RewardFn", "Task", "all_tasks", "check_rows", "get_task", "task_problems", "template_of", "task_line", "answer_patterns"]
+__all__ = ["RewardFn", "Task", "all_tasks", "check_rows", "get_task", "option_unread", "task_problems", "template_of", "task_line", "answer_patterns"]
 
 _MODULES = ("countdown", "math", "retool", "arith")
 
@@ -73,28 +73,22 @@ def task_problems(cfg) -> list[str]:
         if not cfg.data.chat_template:
             out.append(f"the {t.name} task calls tools, so its prompts must go through the chat template: "
                        "set data.chat_template=true (and model.custom_chat_template when the tokenizer has none)")
-    return out + _unread_options(cfg, tasks) + task.config_problems(t)
+    return out + task.config_problems(t)
 
 
-def _unread_options(cfg, tasks: dict) -> list[str]:
-    """[task] options set away from their defaults that no task of this run reads (the run's
-    task, and tasks named as reward functions): ignored without a word before."""
-    from dataclasses import MISSING, fields
-
-    t = cfg.task
-    used = [tasks[t.name]] + [tasks[s] for s in [cfg.reward.fn, *cfg.reward.extra_fns] if s in tasks]
-    read = {"name", "template"}.union(*(task.options for task in used))
-    out = []
-    for f in fields(t):
-        value = getattr(t, f.name)
-        default = f.default_factory() if f.default_factory is not MISSING else f.default
-        if f.name in read or value == default:
-            continue
-        readers = [name for name, task in tasks.items() if f.name in task.options]
-        out.append(f"task.{f.name} = {value!r} is not read by the {t.name} task "
-                   f"(its options: {', '.join(sorted(read - {'name', 'template'})) or 'none'}); it is an option "
-                   f"of {', '.join(readers) or 'no task'}: remove it, or set task.name to that task")
-    return out
+def option_unread(cfg, key: str) -> str | None:
+    """Why no task of this run (its task, and tasks used as reward functions) reads the [task]
+    option `key`; None when one does (config.unread_setting_notes says the why)."""
+    tasks = all_tasks()
+    if cfg.task.name not in tasks:
+        return None  # an unknown task is a problem of its own
+    used = [cfg.task.name] + [s for s in [cfg.reward.fn, *cfg.reward.extra_fns] if s in tasks]
+    if any(key in tasks[name].options for name in used):
+        return None
+    readers = [name for name, task in tasks.items() if key in task.options]
+    own = ", ".join(tasks[cfg.task.name].options) or "none"
+    return (f"it is not an option of the {cfg.task.name} task (its options: {own})"
+            + (f"; {' and '.join(readers)} {'reads' if len(readers) == 1 else 'read'} it" if readers else ""))
 
 
 def data_hint(cfg) -> str:
