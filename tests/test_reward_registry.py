@@ -201,6 +201,7 @@ def test_a_failure_in_the_workers_own_code_is_said_as_such_and_the_worker_lives_
         load_reward_fn(f"{path}:odd")
     assert f"loading {path}:odd failed in its worker process: RuntimeError: no signature here" in info.value.message
     assert "ended its worker" not in info.value.message and "tinyrl bug" in info.value.hint
+    assert "--resume" not in info.value.hint  # loading precedes every step: no checkpoint to speak of
     assert "Traceback" in capfd.readouterr().err
 
     fn = load_reward_fn(f"{path}:reward")

@@ -83,9 +83,7 @@ def presets_show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of TOML-like text."),
 ) -> None:
     """Print the fully resolved config of a preset (defaults + file + --set overrides)."""
-    from tinyrl.config import load_config
-
-    from tinyrl.config import problems_of
+    from tinyrl.config import load_config, problems_of
 
     cfg = load_config(name, overrides, check=False)
     if as_json:

@@ -103,7 +103,9 @@ class Learner:
                                                         self.models.row_groups(mini.batch))
                     acc["grad_norm"] = self._step()
                     stats_all.append(acc)
-        lr = self.sched.get_last_lr()[0]  # the rate these steps used (verl logs it so), read before it moves on
+        # The rate these steps used, read before it moves on. verl 0.9.1 logs the next step's
+        # (engine lr_scheduler_step: step(), then get_last_lr()): its curves lead ours by a step in warm-up.
+        lr = self.sched.get_last_lr()[0]
         self.sched.step()
         keys = {k for s in stats_all for k in s}
         out = {f"{self.role}/{k}": sum(s.get(k, 0.0) for s in stats_all) / len(stats_all) for k in keys}

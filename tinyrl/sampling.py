@@ -59,5 +59,6 @@ def fill_batch(rows: list[int], more_rows: Callable[[int], list[int]], generate:
             break
     out.groups_kept = len(out.rows)
     if not out.rows:  # every group of every round was flat: train on the last round as it is
-        out.episodes, out.rows, out.scored = episodes, list(rows), scored  # (zero GRPO advantage: a no-op step)
+        # (a grouped estimator's advantage is then the overlong penalty's and an in-reward KL's only)
+        out.episodes, out.rows, out.scored = episodes, list(rows), scored
     return out

@@ -120,10 +120,22 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def without_nulls(value):
+    """`value` without the None that parquet writes for a key a row lacks: a column of structs
+    holds every key of every row, so a web_search call's arguments read back with "code": None
+    from another row's code_interpreter call (and each tool schema with the others' parameters),
+    which the template then writes into the trained text. A null inside JSON text is kept."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value
+
+
 def tools_kwargs(row: Any) -> dict:
     """A row's per-episode tool state, verl's `extra_info.tools_kwargs`: {tool name:
-    {"create_kwargs": {...}}} ({} when the row has none; a tool a parquet struct holds for other
-    rows only is None here and dropped)."""
+    {"create_kwargs": {...}}} ({} when the row has none; a tool, or a key, a parquet struct holds
+    for other rows only is None here and dropped: without_nulls)."""
     extra = row.get("extra_info") if hasattr(row, "get") else None
     found = extra.get("tools_kwargs") if hasattr(extra, "get") else None
     if not found:
@@ -131,7 +143,7 @@ def tools_kwargs(row: Any) -> dict:
     if not hasattr(found, "items"):
         raise TinyRLError(f"extra_info.tools_kwargs is {type(found).__name__}, not a mapping: {found!r:.200}",
                           hint="use extra_info.tools_kwargs = {tool name: {'create_kwargs': {...}}}, as verl's data")
-    return {str(name): _plain(kw) for name, kw in found.items() if kw is not None}
+    return {str(name): without_nulls(_plain(kw)) for name, kw in found.items() if kw is not None}
 
 
 def ground_truth(row: Any) -> Any:

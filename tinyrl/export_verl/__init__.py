@@ -98,12 +98,11 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
         for one in spec:
             if ":" in one and not one.startswith("user_reward/"):
                 header.append(f"reward.fn = {one}: that module must be importable where verl runs.")
-        warnings = [f"WARNING: {w}" for w in mapping.warnings]
-        files.write_script(stage, mapping.overrides, header, warnings + model_notes + mapping.notes, cfg.trainer.wandb,
-                           pythonpath=bool(tool_files))
+        files.write_script(stage, mapping.overrides, header, model_notes + mapping.notes, cfg.trainer.wandb,
+                           pythonpath=bool(tool_files), warnings=mapping.warnings)
         (stage / "tinyrl_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    for w in warnings if warn else ():
-        warn(w)
+    for w in mapping.warnings if warn else ():
+        warn(f"WARNING: {w}")
     return out
 
 

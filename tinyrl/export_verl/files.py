@@ -252,8 +252,10 @@ def _hydra_value(key: str, value: Any) -> str:
 
 
 def write_script(out: Path, overrides: dict[str, Any], header: list[str], notes: list[str],
-                 wandb: bool, pythonpath: bool = False) -> Path:
+                 wandb: bool, pythonpath: bool = False, warnings: list[str] = ()) -> Path:
     lines = ["#!/usr/bin/env bash"] + [f"# {h}" if h else "#" for h in header]
+    if warnings:  # what would stop or mislead verl (the CLI prints them too)
+        lines += ["#"] + [f"# WARNING: {w}" for w in warnings]
     lines += ["#", "# tinyrl settings verl cannot take as they are (every other setting is mapped below):"]
     lines += [f"#   - {n}" for n in notes] or ["#   (none)"]
     lines += ["", "set -euo pipefail", 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"']

@@ -9,7 +9,7 @@ module does not know (added to tinyrl after it) becomes a note too, so nothing i
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tinyrl.config import Config, has_critic  # tinyrl.roles: verl, too, builds a critic for gae only
@@ -84,10 +84,8 @@ def map_config(cfg: Config, ctx: Context) -> Mapping:
     o = m.overrides
     for part in (_model, _data, _rollout, _algorithm, _actor, _critic, _trainer):
         part(cfg, ctx, m, o)
-    for dotted in ("reward.fn", "reward.extra_fns", "reward.weights", "reward.timeout_s", "task.name", "task.template",
-                   "task.format_score", "task.strict", "task.answer_format", "task.correct_score",
-                   "task.wrong_score", "task.verify_timeout_s", "task.operands", "task.max_number",
-                   "task.tool_error_penalty"):
+    for dotted in ("reward.fn", "reward.extra_fns", "reward.weights", "reward.timeout_s",
+                   *(f"task.{f.name}" for f in fields(cfg.task))):
         m.get(cfg, dotted, None)  # baked into reward_fn.py (the template and generation options: in the data)
     # verl 0.9.1 moved the top-level custom_reward_function.* (still accepted, migrated in
     # experimental/reward_loop/reward_loop.py) to reward.custom_reward_function.*: use the new home.

@@ -112,12 +112,12 @@ class WorkerReward:
                  "checkpoints on disk are kept: --resume continues once it is fixed")
 
 
-def _internal_error(what: str, exc: Exception) -> tuple:
+def _internal_error(what: str, exc: Exception, during_run: bool) -> tuple:
     traceback.print_exc()  # to the run's stderr: where it happened
+    kept = " The checkpoints on disk are kept (--resume)" if during_run else ""  # a load precedes any step
     return ("error", f"{what}: {type(exc).__name__}: {exc}",
             "the traceback is above: if it ends in your reward's code, fix it there; otherwise it is a "
-            "tinyrl bug, please report it with that traceback. The checkpoints on disk are kept (--resume)",
-            _pickled(exc))
+            f"tinyrl bug, please report it with that traceback.{kept}", _pickled(exc))
 
 
 def _pickled(exc: BaseException | None) -> bytes | None:
@@ -160,7 +160,7 @@ def serve(fd: int) -> None:
         except (EOFError, OSError):
             return  # the trainer closed the pipe, or died
         except Exception as exc:  # noqa: BLE001 - a sample this process cannot rebuild: answer, live on
-            reply = _internal_error(f"could not receive a sample for {spec}", exc)
+            reply = _internal_error(f"could not receive a sample for {spec}", exc, during_run=fn is not None)
         else:
             try:
                 if message[0] == "load":
@@ -178,8 +178,9 @@ def serve(fd: int) -> None:
             # else is this worker's code failing: said as such, not as a dead worker, which reads
             # as the user's crash ("os._exit(), a crash in C code").
             except Exception as exc:  # noqa: BLE001
-                doing = "loading" if message[0] == "load" else "calling"
-                reply = _internal_error(f"{doing} {spec} failed in its worker process", exc)
+                loading = message[0] == "load"
+                reply = _internal_error(f"{'loading' if loading else 'calling'} {spec} failed in its worker process",
+                                        exc, during_run=not loading)
         try:
             conn.send(reply)
         except OSError:  # the trainer is gone (killed while this call ran): nobody to answer

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from tinyrl.data.io import not_parquet_hint
+from tinyrl.data.io import not_parquet_hint, without_nulls
 from tinyrl.errors import TinyRLError
 from tinyrl.models import Batch, make_batch
 
@@ -259,18 +259,6 @@ def _renderer(tokenizer, tools: list[dict] | None):
                               hint="check the row's roles, tool calls and tools against the chat template "
                                    "(model.custom_chat_template, else the tokenizer's)") from exc
     return render_messages
-
-
-def without_nulls(value):
-    """`value` without the None that parquet writes for a key a row lacks: a column of structs
-    holds every key of every row, so a web_search call's arguments read back with "code": None
-    from another row's code_interpreter call (and each tool schema with the others' parameters),
-    which the template then writes into the trained text. A null inside JSON text is kept."""
-    if isinstance(value, dict):
-        return {k: without_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [without_nulls(v) for v in value]
-    return value
 
 
 def _opening(messages: list[dict], render_messages) -> str:
