@@ -73,8 +73,11 @@ def test_every_card_presets_prompts_render_with_the_checks_model(preset, tmp_pat
     from tinyrl.setup import prepare_inputs
 
     # the tiny model stands in for the random one (same tokenizer); its context is 2,048 tokens
+    # (an overlong buffer must fit the shorter responses: math-grpo-4090's 512 is refused at 256)
+    buffer = min(load_config(preset, check=False).algorithm.overlong_buffer, 64)
     sets = gpu_check.card_overrides(preset, str(tiny_model_dir)) + [
-        "trainer.device=cpu", "rollout.max_response_length=256", "data.max_prompt_length=256"]
+        "trainer.device=cpu", "rollout.max_response_length=256", "data.max_prompt_length=256",
+        f"algorithm.overlong_buffer={buffer}"]
     cfg = load_config(preset, sets + ["data.generate_train_size=8"])
     ensure_data(cfg, tmp_path)
     assert prepare_inputs(cfg, tmp_path / "run").train_prompts

@@ -121,10 +121,10 @@ def test_resume_on_another_machine_may_change_how_many_tool_calls_run_at_once():
     a --set of it, which a machine with fewer cores could not change."""
     from tinyrl.resume_check import compare
 
-    saved = load_config("countdown-tools-demo", ["rollout.tool_workers=4"]).to_dict()
-    now = load_config("countdown-tools-demo", ["rollout.tool_workers=1"]).to_dict()
+    saved = load_config("countdown-tools-demo", ["rollout.tool_workers=4"], check=False).to_dict()
+    now = load_config("countdown-tools-demo", ["rollout.tool_workers=1"], check=False).to_dict()
     assert compare(saved, now) == ([], ["rollout.tool_workers: 4 -> 1"])
-    changed = load_config("countdown-tools-demo", ["rollout.tool_workers=1", "rollout.tool_timeout_s=2"]).to_dict()
+    changed = load_config("countdown-tools-demo", ["rollout.tool_workers=1", "rollout.tool_timeout_s=2"], check=False).to_dict()
     assert compare(saved, changed)[0] == ["rollout.tool_timeout_s: 10.0 -> 2.0"]  # an episode's outcome: kept
 
 
