@@ -747,8 +747,6 @@ def _number_problems(cfg: Config) -> list[str]:
     return out
 
 
-
-
 def _algorithm_range_problems(cfg: Config) -> list[str]:
     """Values that run without an error but train wrongly: a gradient clip of 0 zeroes every
     update (a negative one reverses it), a clip range below 0 swaps clamp's bounds, a negative

@@ -211,8 +211,10 @@ def as_planned(cfg: Config, gpu: Any) -> tuple[Config, list[str]]:
     if plan is None or not plan.vllm_gpu_memory_utilization:
         return cfg, []  # the roofline's own assumption, said in its lines
     planned = copy.deepcopy(cfg)
-    taken = [line.partition(" (")[0] for line in apply_plan(planned, plan)
-             if line.startswith("rollout.vllm.") and line.endswith("(from the memory plan)")]
+    apply_plan(planned, plan)
+    taken = [f"rollout.vllm.{key} = {getattr(planned.rollout.vllm, key)}"
+             for key in ("gpu_memory_utilization", "max_num_seqs")
+             if getattr(planned.rollout.vllm, key) != getattr(vllm, key)]  # what the plan filled in
     return planned, [f"roofline: {'; '.join(taken)}: from the memory plan of this config on the {gpu.name} "
                      f"(probe-memory's, {path}), as `train` sets them"] if taken else []
 

@@ -5,8 +5,8 @@ A checkpoint only means something with the settings that made it: the model and 
 the data and its order, the algorithm and its optimizer. Those may not change on resume (an
 error naming each key). The keys below change how long the run goes, what it logs and saves,
 how it validates, how the same maths is split into micro-batches, or how many tool calls run
-at once: they may change, and each change is listed. The learning rates are NOT among them: the scheduler's saved state carries the
-base rate and would silently override a new one.
+at once: they may change, and each change is listed. The learning rates are NOT among them:
+the scheduler's saved state carries the base rate and would silently override a new one.
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ class Task:
     task_line: Callable[[str], str | None] = lambda prompt: None   # the line of a prompt worth showing
     answer_patterns: tuple[str, ...] = field(default=())           # regexes of the answer span (dashboard)
     config_problems: Callable[[Any], list[str]] = lambda task_cfg: []
-    # The [task] options it reads besides name and template: another task's option set on this
-    # task is refused, not silently ignored (tinyrl.tasks.task_problems)
+    # The [task] options it reads besides name and template: another task's option given for
+    # this task is said at the start of a run, not silently ignored (tinyrl.tasks.option_unread)
     options: tuple[str, ...] = ()
     # A data row -> why the task's reward cannot read its reward_model.ground_truth (None: it can),
     # checked for every row before anything is generated (tinyrl.tasks.check_rows)
