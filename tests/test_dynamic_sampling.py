@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tinyrl.sampling import fill_batch
+from tinyrl.sampling import fill_batch, unseen_rows
 from tinyrl.tasks.rewards import Scores
 
 
@@ -60,3 +60,46 @@ def test_all_flat_falls_back_to_the_last_round():
     filled, calls = run(lambda row, k: -1, max_rounds=2)
     assert len(calls) == 2 and filled.rows == [10, 11, 12] and len(filled.episodes) == 6
     assert filled.groups_kept == 0  # logged as batch/groups_kept: the fallback is visible
+
+
+def test_more_rounds_never_roll_out_a_prompt_the_step_already_has():
+    seen = {0, 1, 2}
+    assert unseen_rows([2, 7, 0, 5, 1, 9], seen, 2) == [7, 5] and seen == {0, 1, 2, 5, 7}
+    assert unseen_rows([5, 9, 7, 3], seen, 3) == [9, 3]    # fewer when the data set runs out
+    assert unseen_rows([0, 9, 3], seen, 3) == []
+
+
+def test_a_round_with_no_prompt_left_ends_the_filling():
+    calls = []
+
+    def generate(rows):
+        calls.append(list(rows))
+        return [C(i, r) for i, r in enumerate(rows) for _ in range(2)]
+
+    def score(comps, rows):
+        return Scores([0.0] * len(comps), [False] * len(comps), {"task": [0.0] * len(comps)})
+
+    filled = fill_batch([0, 1], lambda round_: [], generate, score, 2, 4)
+    assert calls == [[0, 1]] and filled.rounds == 1 and filled.rows == [0, 1]  # the flat fallback
+
+
+def test_the_trainers_extra_rounds_roll_out_each_prompt_once(tmp_path):
+    """12 prompts, 8 a step, every group flat: the second round can only add the 4 the step has
+    not rolled out, and there is no third. Drawn from the whole set, rounds repeated prompts (the
+    same group twice in one batch's loss)."""
+    from helpers.scripted_engine import ScriptedEngine
+    from test_trainer import tiny_config
+    from tinyrl.data.countdown import generate_countdown
+    from tinyrl.trainer import Trainer
+
+    train, _ = generate_countdown(tmp_path / "data", 12, 4, progress=False)
+    cfg = tiny_config(tmp_path, "algorithm.dynamic_sampling=true", "algorithm.adv_estimator=grpo",
+                      "rollout.n=2", "algorithm.max_gen_rounds=4", "algorithm.use_kl_loss=false")
+    trainer = Trainer(cfg, tmp_path / "run")
+    trainer.engine = ScriptedEngine(trainer.inputs.tokenizer, lambda context, j: "no idea")  # all flat
+    rolled = []
+    generate = trainer.engine.generate
+    trainer.engine.generate = lambda prompts, sampling: (rolled.extend(map(tuple, prompts)), generate(prompts, sampling))[1]
+    m = trainer.train_step()
+    assert len({tuple(p) for p in trainer.inputs.train_prompts}) == 12  # 12 distinct prompts
+    assert len(rolled) == len(set(rolled)) == 12 and m["batch/gen_rounds"] == 2

@@ -37,7 +37,10 @@ def fill_batch(rows: list[int], more_rows: Callable[[int], list[int]], generate:
     out = Filled([], [], Scores(parts=None), 0, 0)
     for round_ in range(max_rounds):
         if round_:
-            rows = more_rows(round_)
+            more = more_rows(round_)
+            if not more:  # the data set has no prompt left that this step has not rolled out
+                break
+            rows = more
         episodes = generate(rows)
         scored = score(episodes, rows)
         out.rounds, out.groups_seen = round_ + 1, out.groups_seen + len(rows)
@@ -61,4 +64,13 @@ def fill_batch(rows: list[int], more_rows: Callable[[int], list[int]], generate:
     if not out.rows:  # every group of every round was flat: train on the last round as it is
         # (a grouped estimator's advantage is then the overlong penalty's and an in-reward KL's only)
         out.episodes, out.rows, out.scored = episodes, list(rows), scored
+    return out
+
+
+def unseen_rows(order: list[int], seen: set[int], k: int) -> list[int]:
+    """The first k rows of `order` not in `seen` (the step's rows and earlier rounds'), added to
+    `seen`. A group drawn twice in one step would count one prompt twice in the batch and its
+    loss; fewer than k when the data set runs out."""
+    out = [r for r in order if r not in seen][:k]
+    seen.update(out)
     return out

@@ -376,7 +376,7 @@ class Trainer:
         self._batch_stats = {}
         if not cfg.algorithm.dynamic_sampling:
             return generate(rows), rows, None
-        from tinyrl.sampling import fill_batch
+        from tinyrl.sampling import fill_batch, unseen_rows
 
         def score(episodes, these):
             with timed(Phase.REWARD):
@@ -384,9 +384,12 @@ class Trainer:
                                                          [self.inputs.train_rows[these[e.prompt_index]] for e in episodes],
                                                          episodes=episodes)
 
+        rolled_out = set(rows)
+
         def more_rows(round_: int) -> list[int]:  # seeded by (step, round): a resumed run draws the same
             g = torch.Generator().manual_seed(cfg.trainer.seed * 1_000_033 + step * 101 + round_)
-            return torch.randperm(len(self.inputs.train_prompts), generator=g)[:len(rows)].tolist()
+            order = torch.randperm(len(self.inputs.train_prompts), generator=g).tolist()
+            return unseen_rows(order, rolled_out, len(rows))
 
         n_rounds = [0]
 
