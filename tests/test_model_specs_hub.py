@@ -123,6 +123,15 @@ def test_an_id_that_cannot_be_found_is_one_screen_naming_why_and_what_to_do(tmp_
     assert offline.returncode == 2 and "(HF_HUB_OFFLINE is set)" in offline.stderr.replace("│", " ")
 
 
+def test_a_hub_host_that_does_not_resolve_is_said_at_once(tmp_path):
+    """No network: huggingface_hub retried the name lookup ~25 s (5 tries, backing off) before
+    saying LocalEntryNotFoundError. A real lookup of a name that cannot exist (.invalid, RFC 2606)."""
+    done = price("someone/no-such-model", tmp_path / "hf", "https://hub.tinyrl.invalid", tmp_path)
+    text = " ".join(done.stderr.replace("│", " ").split())
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "could not be downloaded (hub.tinyrl.invalid cannot be resolved: " in text and "no network?" in text
+
+
 def test_a_missing_local_path_is_not_looked_up_on_the_hub():
     for path in ("/models/mine", "./mine", "~/mine", "a/b/c"):
         with pytest.raises(TinyRLError, match="not a directory with config.json"):

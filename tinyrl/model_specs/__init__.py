@@ -75,15 +75,18 @@ def _hub_spec(name: str, download: bool, shipped: str) -> dict:
     except (OSError, EntryNotFoundError, ValueError) as cached_miss:
         reason = cached_miss
     if download and name not in _hub_failures:
-        try:
-            return _read_json(Path(hf_hub_download(name, "config.json")))
-        except (OSError, EntryNotFoundError, ValueError) as exc:
-            _hub_failures[name] = TinyRLError(
-                f"no model config for {name!r}: not shipped with tinyrl, not in the Hugging Face cache, "
-                f"and its config.json could not be downloaded ({_why(exc)})",
-                hint="check model.name (org/name as on huggingface.co) and the network (a gated model needs "
-                     f"`hf auth login`); offline, fetch it where there is a network (`hf download {name} "
-                     f"config.json`) or give model.name a local model directory; shipped: {shipped}")
+        why = _unresolved_endpoint()
+        if why is None:
+            try:
+                return _read_json(Path(hf_hub_download(name, "config.json")))
+            except (OSError, EntryNotFoundError, ValueError) as exc:
+                why = _why(exc)
+        _hub_failures[name] = TinyRLError(
+            f"no model config for {name!r}: not shipped with tinyrl, not in the Hugging Face cache, "
+            f"and its config.json could not be downloaded ({why})",
+            hint="check model.name (org/name as on huggingface.co) and the network (a gated model needs "
+                 f"`hf auth login`); offline, fetch it where there is a network (`hf download {name} "
+                 f"config.json`) or give model.name a local model directory; shipped: {shipped}")
     if name in _hub_failures:
         raise _hub_failures[name]
     raise TinyRLError(f"no model config for {name!r}: not shipped with tinyrl and not in the Hugging Face "
@@ -91,6 +94,30 @@ def _hub_spec(name: str, download: bool, shipped: str) -> dict:
                       hint=f"run a command that plans or prices it once with a network (`tinyrl estimate-cost "
                            f"--set model.name={name}`), fetch it (`hf download {name} config.json`), or give "
                            f"model.name a local model directory; shipped: {shipped}")
+
+
+def _unresolved_endpoint() -> str | None:
+    """Why the Hub's host cannot be reached at all, or None. A name that does not resolve (no
+    network) is certain in milliseconds, where huggingface_hub retries it for ~25 s (5 tries,
+    backing off). Behind a proxy the local resolver may not know the host, and HF_HUB_OFFLINE
+    has its own message (_why): no check then."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode() or any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy",
+                                                                      "ALL_PROXY", "all_proxy")):
+        return None
+    host = urlparse(constants.ENDPOINT).hostname
+    if not host:
+        return None
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError as exc:  # socket.gaierror: no such name, or no resolver reachable
+        return f"{host} cannot be resolved: {exc.strerror or exc}; no network?"
+    return None
 
 
 def _why(exc: Exception) -> str:
