@@ -311,6 +311,14 @@ def test_from_run_can_start_from_the_exported_actor(tmp_path):
     assert args["data.train_batch_size"] == "128" and args["trainer.total_epochs"] == "2"
     assert "also verl's KL reference" in script.read_text()
     assert json.loads((tmp_path / "o" / "tinyrl_config.json").read_text())["trainer"]["total_epochs"] == 2
+    # a `tinyrl export` of a run on another base: verl's critic (this base) would not match its actor
+    (actor / "tinyrl_export.json").write_text(json.dumps({"run_dir": "r", "step": 3, "base": "Qwen/Qwen2.5-0.5B"}))
+    other = subprocess.run([sys.executable, "-m", "tinyrl.cli", "export-verl", "--from-run", str(run),
+                            "--actor", str(actor), "--out", str(tmp_path / "o2")], capture_output=True, text=True,
+                           timeout=120)
+    said = " ".join(other.stderr.replace("│", " ").split())
+    assert other.returncode == 2 and "exported from a run on Qwen/Qwen2.5-0.5B" in said, other.stderr
+    assert "--set model.name=Qwen/Qwen2.5-0.5B" in said and not (tmp_path / "o2").exists()
 
 
 def test_an_export_never_writes_over_its_own_inputs(tmp_path):

@@ -38,6 +38,7 @@ def model_path(cfg: Config, actor: Path | None) -> tuple[str, list[str]]:
         if not (actor / "config.json").is_file():
             raise TinyRLError(f"--actor {actor} is not a Hugging Face model directory (no config.json)",
                               hint="write one with `tinyrl export RUN_DIR --out DIR` and pass that DIR")
+        _check_actor_base(actor, cfg.model.name)
         return str(actor.resolve()), [
             f"verl starts from the exported actor {actor.resolve()}: it is also verl's KL reference "
             f"(tinyrl's reference was the base {cfg.model.name}), and the critic starts afresh from the base"]
@@ -49,6 +50,26 @@ def model_path(cfg: Config, actor: Path | None) -> tuple[str, list[str]]:
     if local.exists():
         return str(local.resolve()), [f"model.name is a local directory: copy {local.resolve()} where verl runs"]
     return cfg.model.name, []
+
+
+def _check_actor_base(actor: Path, base: str) -> None:
+    """A `tinyrl export` names the base its run trained on: verl's critic starts from this
+    config's base, so another base (a 0.5B actor beside a 3B critic) would run, mismatched."""
+    try:
+        exported_from = json.loads((actor / "tinyrl_export.json").read_text())["base"]
+    except (OSError, ValueError, KeyError, TypeError):  # not a tinyrl export (or an older one): nothing to compare
+        return
+    if _same_model(exported_from, base):
+        return
+    raise TinyRLError(f"--actor {actor} was exported from a run on {exported_from}, and this config's base "
+                      f"(model.name) is {base}: verl's critic would start from another model than its actor",
+                      hint=f"export that run's own settings (--from-run RUN_DIR), or --set model.name={exported_from}")
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Hub ids by name; local directories by where they resolve (relative paths differ by cwd)."""
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    return a == b or (pa.exists() and pb.exists() and pa.resolve() == pb.resolve())
 
 
 def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite: bool = False,
