@@ -58,9 +58,11 @@ def sft_files(tmp_path_factory):
 
 
 def multiturn_file(path, rows: int = 8, tools_as_json: bool = False):
+    """With tools_as_json the tools and the messages columns are JSON text (was: messages refused)."""
     tools = [{"name": "calculator", "description": "adds"}]
+    as_stored = json.dumps if tools_as_json else (lambda value: value)
     pq.write_table(pa.Table.from_pylist([
-        {"messages": CONVERSATION, "tools": json.dumps(tools) if tools_as_json else tools} for _ in range(rows)]), path)
+        {"messages": as_stored(CONVERSATION), "tools": as_stored(tools)} for _ in range(rows)]), path)
     return path
 
 
@@ -102,7 +104,7 @@ def test_countdown_sft_targets_score_full_marks_and_prompts_match_rl(sft_files, 
 def test_multiturn_loss_mask_covers_exactly_the_assistant_turns(tmp_path, chat_tok):
     from tinyrl.sft.data import load_sft
 
-    for as_json in (False, True):  # tools as a list column, or as JSON text (verl writes both)
+    for as_json in (False, True):  # tools and messages as list columns, or as JSON text (verl writes both)
         path = multiturn_file(tmp_path / f"chat{as_json}.parquet", rows=1, tools_as_json=as_json)
         tok = chat_tok
         data = load_sft(path, tok, sft_config(path))

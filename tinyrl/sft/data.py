@@ -194,6 +194,13 @@ def multi_turn(row: dict, tokenizer, cfg) -> list[tuple[str, int]]:
 
 def _row_messages(row: dict, s) -> list[dict]:
     messages = row[s.messages_key]
+    if isinstance(messages, str) and messages.lstrip().startswith("["):  # JSON text, as tools may be
+        try:
+            messages = json.loads(messages)
+        except ValueError as exc:
+            raise TinyRLError(f"{s.messages_key} is text that starts as a JSON list but is not JSON: {exc}",
+                              hint="store the conversation as a list of {'role', 'content'}, or as its JSON "
+                                   "text") from exc
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m
                                                                   for m in messages):
         raise TinyRLError(f"{s.messages_key} is not a list of {{'role', 'content'}} messages: {messages!r:.120}",
