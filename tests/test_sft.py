@@ -455,7 +455,7 @@ def test_rl_from_an_sft_run_has_the_sft_model_as_reference_and_start(tmp_path, s
 def test_bad_sft_input_is_one_screen_and_exit_2(tmp_path, monkeypatch, capsys, countdown_train):
     run = tmp_path / "run"
     base = ["sft", "--preset", "countdown-tiny-sft", "--out", str(run), "--no-dashboard",
-            "--set", "trainer.test_every=0"]
+            "--set", "trainer.test_every=0", "--set", "trainer.train_batch_size=8"]
     # an RL prompt file: no response column
     code, err = cli(monkeypatch, capsys, *base, "--set", f"data.train_path={countdown_train(64)}")
     assert code == 2 and "has no columns prompt + response or messages" in err and "what to do" in err
@@ -476,6 +476,13 @@ def test_bad_sft_input_is_one_screen_and_exit_2(tmp_path, monkeypatch, capsys, c
     code, err = cli(monkeypatch, capsys, *base, "--set", f"data.train_path={tmp_path / 'typo.parquet'}")
     assert code == 2 and "file not found" in err and "--sft --out DIR`" in err, err
     assert not (run / "metrics.jsonl").exists()
+    # fewer rows than one batch: said before the model loads (was: after), like RL's prompts
+    import tinyrl.sft.trainer
+
+    monkeypatch.setattr(tinyrl.sft.trainer, "PolicyModels", None)  # a load would raise TypeError
+    code, err = cli(monkeypatch, capsys, *base, "--set", f"data.train_path={chat}", "--set",
+                    f"model.custom_chat_template={json.dumps(TEMPLATE)}", "--set", "trainer.train_batch_size=16")
+    assert code == 2 and "the training data has 8 rows, fewer than one batch" in err, err
 
 
 def test_a_users_conversations_in_jsonl_or_as_the_scored_test_file_say_what_to_set(tmp_path, monkeypatch, capsys):

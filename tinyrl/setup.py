@@ -111,6 +111,8 @@ def check_data_rows(cfg: Config) -> None:
     # the training file's size too: said here, not after the model and vLLM have loaded
     if rl and (train := check(cfg.data.train_path, None)) is not None:
         check_one_batch(len(train), "prompts", cfg.trainer.train_batch_size)
+    if not rl and (n_rows := _parquet_rows(resolve_path(cfg.data.train_path))) is not None:
+        check_one_batch(n_rows, "rows", cfg.trainer.train_batch_size)  # SFT: one row, one sample
     if cfg.trainer.test_every and (rl or cfg.sft.val_generate):
         held_out = [cfg.data.test_path] + ([str(p) for _, p in parse_data_args(cfg.data.val_files)] if rl else [])
         for name in held_out:
@@ -126,6 +128,18 @@ def check_data_rows(cfg: Config) -> None:
                     hint="--set sft.val_generate=false to validate on the loss alone (val/loss), or set "
                          f"data.test_path to a file of the {cfg.task.name} task's prompts with their "
                          "responses") from exc
+
+
+def _parquet_rows(path: Path) -> int | None:
+    """A parquet file's row count from its footer, or None (absent or unreadable: the SFT
+    loader says why, with the row)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows if path.is_file() else None
+    except (pa.ArrowException, OSError, ValueError):
+        return None
 
 
 def check_one_batch(n_rows: int, rows_are: str, batch: int) -> None:
