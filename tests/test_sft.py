@@ -555,3 +555,29 @@ def test_a_tools_key_set_by_hand_must_name_a_column(tmp_path, chat_tok):
     plain = tmp_path / "plain.parquet"
     pq.write_table(pa.Table.from_pylist([{"messages": CONVERSATION}]), plain)
     assert len(load_sft(plain, chat_tok, sft_config(plain))) == 1  # no tools column, default key: fine
+
+
+def test_conversations_that_call_tools_without_schemas_are_counted_for_the_start_note(tmp_path, tiny_model_dir):
+    """A tool call trained under a prompt that lists no tools (no `tools` column) is not what RL
+    prompts show: counted per file, said at the start; rows with schemas, or without calls, are not."""
+    from tinyrl.setup import load_tokenizer
+    from tinyrl.sft.data import load_sft, schemas_note
+
+    tok = load_tokenizer(str(tiny_model_dir), "presets/chat_templates/tiny-hermes.jinja")
+    calling = _calling("code_interpreter", {"code": "print(1)"})
+    path = tmp_path / "mixed.parquet"
+    pq.write_table(pa.Table.from_pylist([{"messages": calling, "tools": None}, {"messages": calling, "tools": None},
+                                         {"messages": calling, "tools": TOOL_SCHEMAS},
+                                         {"messages": CONVERSATION, "tools": None}]), path)
+    rows = load_sft(path, tok, sft_config(path, "sft.max_length=400"))
+    assert rows.calls_without_schemas == 2
+    note = schemas_note(rows, path, "tools")
+    assert note.startswith(f"2 of 4 conversations in {path} call tools but carry no tool schemas (column tools")
+    plain = tmp_path / "plain.parquet"  # no tools column, no calls
+    pq.write_table(pa.Table.from_pylist([{"messages": CONVERSATION}]), plain)
+    assert schemas_note(load_sft(plain, tok, sft_config(plain)), plain, "tools") is None
+    from tinyrl.sft.trainer import SFTTrainer  # and the run says it when it starts
+
+    trainer = SFTTrainer(sft_config(path, "sft.max_length=400", "trainer.train_batch_size=4",
+                                    "model.custom_chat_template=presets/chat_templates/tiny-hermes.jinja"), tmp_path / "r")
+    assert note in trainer.notices

@@ -40,6 +40,7 @@ class SFTRows:
     responses: list[list[int]]
     loss_masks: list[list[int]]
     format: str                                  # single | multiturn
+    calls_without_schemas: int = 0               # multiturn rows that call tools but carry no tool schemas
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -135,6 +136,9 @@ def load_sft(path: Path, tokenizer, cfg, max_rows: int | None = None) -> SFTRows
         except TinyRLError as exc:  # say where: a large file has one bad row
             raise TinyRLError(f"{path} row {i} (counting from 0): {exc.message}", hint=exc.hint) from exc
     out = SFTRows([], [], [], fmt)
+    if fmt == "multiturn":
+        out.calls_without_schemas = sum(1 for row in rows if _calls_tools(_row_messages(row, cfg.sft))
+                                        and not _row_tools(row, cfg.sft))
     eos = tokenizer.eos_token_id if fmt == "single" else None
     for i, tokens in enumerate(tokenize(segments, tokenizer, eos)):
         try:
@@ -208,6 +212,21 @@ def _row_messages(row: dict, s) -> list[dict]:
     messages = without_nulls(messages)
     _check_roles([m["role"] for m in messages], s.messages_key)
     return messages
+
+
+def _calls_tools(messages: list[dict]) -> bool:
+    return any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+
+
+def schemas_note(rows: SFTRows, path: Path, tools_key: str) -> str | None:
+    """Said at the start: a conversation that calls tools is trained with the tool list its
+    template renders from the row's schemas; without them the model learns calls under a prompt
+    that lists no tools, and RL prompts (tinyrl's and verl's) list them."""
+    if not rows.calls_without_schemas:
+        return None
+    return (f"{rows.calls_without_schemas} of {len(rows)} conversations in {path} call tools but carry no tool "
+            f"schemas (column {tools_key}, sft.tools_key): they are trained under a prompt that lists no "
+            "tools, where RL prompts list them; add each row's schemas to train what RL will see")
 
 
 ROLES = ("system", "user", "assistant", "tool")  # what chat templates write, and the loss reads
