@@ -364,3 +364,16 @@ def test_the_roofline_decodes_with_the_memory_plans_vllm_settings_once_there_is_
     assert any(f"vLLM gets {share:.0%} of the card, " in a and f"max_num_seqs {seqs}" in a for a in read.assumptions)
     assert any(str(path) in a and "as `train` sets them" in a for a in read.assumptions), read.assumptions
     assert cfg.rollout.vllm.gpu_memory_utilization == 0  # the user's config is left as given
+
+
+def test_an_rl_preset_that_starts_from_an_sft_run_is_priced_before_that_run_exists(monkeypatch, capsys, tmp_path):
+    """countdown-demo's model.init_from = runs/countdown-demo-sft: a price (or a plan: probe-memory
+    loads the config the same way, ~30 s of tracing not repeated here) needs only its base's
+    shapes, so it is given before the SFT run is made; `train` still refuses."""
+    monkeypatch.chdir(tmp_path)  # no runs/ here
+    code, stdout, err = cli(monkeypatch, capsys, "estimate-cost", "--preset", "countdown-demo", "--json",
+                            *no_data(tmp_path))
+    assert code == 0, err
+    assert json.loads(stdout)["roofline"]["sec_per_step"] > 0
+    with pytest.raises(TinyRLError, match="is not a run directory"):
+        load_config("countdown-demo")

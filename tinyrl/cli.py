@@ -310,7 +310,7 @@ def probe_memory(
     from tinyrl.memory import from_config as mp
     from tinyrl.memory import render
 
-    cfg = load_config(preset, overrides)
+    cfg = load_config(preset, overrides, planning=True)
     if plan_out is not None:  # said now, not after the plan
         check_file_target(plan_out, lost="nothing was planned", example="plan.json")
     mode = mp.choose_mode(simulate, device, memory_limit, torch.cuda.is_available())
@@ -422,7 +422,7 @@ def estimate_cost_cmd(
         raise TinyRLError("--set needs --preset", hint="e.g. --preset countdown-4090 --set trainer.train_batch_size=128")
     if preset is None and from_run is None:
         raise TinyRLError("give --preset NAME, or --from-run RUN_DIR", hint="e.g. tinyrl estimate-cost --preset countdown-4090")
-    cfg = load_config(preset, overrides) if preset else None
+    cfg = load_config(preset, overrides, planning=True) if preset else None
     est = estimate_cost(cfg, gpu_name=gpu, price=price, currency=currency, epochs=epochs, run_dir=from_run,
                         sec_per_step=sec_per_step, prompts=prompts)
     if as_json:

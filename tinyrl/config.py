@@ -256,11 +256,13 @@ def list_presets() -> dict[str, Path]:
 
 
 def load_config(preset: str, overrides: list[str] | None = None, check: bool = True,
-                notes: list[str] | None = None, resume_dir: Path | None = None) -> Config:
+                notes: list[str] | None = None, resume_dir: Path | None = None, planning: bool = False) -> Config:
     """Preset file (or a path to a .toml) + `key.sub=value` overrides, validated. Warnings that
     are not errors (role_rate_notes, unread_setting_notes) are appended to `notes` when the
     caller passes a list.
-    `resume_dir`: the run `--resume` continues (its own starting model stands for model.init_from)."""
+    `resume_dir`: the run `--resume` continues (its own starting model stands for model.init_from).
+    `planning`: planned or priced, not run (probe-memory, estimate-cost): model.init_from's run
+    need not exist yet, as a plan reads only model.name's shapes, which init_from must share."""
     path = _preset_path(preset)
     raw = read_preset(path)
     cfg = Config(preset=path.stem)
@@ -268,7 +270,7 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
     for item in overrides or []:
         problems += _apply_override(cfg, item)
     if check or problems:  # a parse problem raises below: with every other problem, not the first kind only
-        problems += problems_of(cfg, resume_dir)
+        problems += problems_of(cfg, resume_dir, planning)
     if notes is not None:
         given = {f"{sec}.{k}" for sec, keys in raw.items() if isinstance(keys, dict) for k in keys}
         given |= {item.split("=", 1)[0].strip() for item in overrides or []}
@@ -599,7 +601,7 @@ def has_critic(cfg: Config) -> bool:
     return Role.CRITIC in roles_of(cfg)
 
 
-def problems_of(cfg: Config, resume_dir: Path | None = None) -> list[str]:
+def problems_of(cfg: Config, resume_dir: Path | None = None, planning: bool = False) -> list[str]:
     """Every problem at once, each saying what to set."""
     out = []
     for dotted, allowed in CHOICES.items():
@@ -656,7 +658,7 @@ def problems_of(cfg: Config, resume_dir: Path | None = None) -> list[str]:
                    "(transformers samples from the NF4 base) or model.quantize=none")
     out += _length_problems(cfg)
     out += _data_problems(cfg)
-    out += _init_from_problems(cfg, resume_dir)
+    out += _init_from_problems(cfg, resume_dir, planning)
     out += _reward_problems(cfg)
     from tinyrl.tasks import task_problems  # local: the task modules import their own libraries lazily
 
@@ -833,16 +835,17 @@ def _data_problems(cfg: Config) -> list[str]:
     return out  # a missing data.train_path is generated (when the task can) on first use
 
 
-def _init_from_problems(cfg: Config, resume_dir: Path | None) -> list[str]:
+def _init_from_problems(cfg: Config, resume_dir: Path | None, planning: bool = False) -> list[str]:
     """model.init_from: a run directory with a checkpoint, made on the same base model. A resumed
-    run reads only its own copy (RUN/init_model), so the source may have moved or gone."""
+    run reads only its own copy (RUN/init_model), so the source may have moved or gone; a plan
+    or a price needs none yet (`planning`)."""
     if not cfg.model.init_from:
         return []
     from tinyrl.init_from import resumes_from_own_copy, source_problems  # local: keeps `tinyrl --help` fast
 
     if resume_dir is not None and resumes_from_own_copy(cfg, resume_dir):
         return []
-    return source_problems(cfg)
+    return source_problems(cfg, not_made_yet_ok=planning)
 
 
 def _reward_problems(cfg: Config) -> list[str]:

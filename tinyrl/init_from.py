@@ -26,15 +26,15 @@ INIT_DIR = "init_model"
 MARKER = "tinyrl_export.json"  # written last by export_run: a directory without it is unfinished
 
 
-def source_problems(cfg) -> list[str]:
+def source_problems(cfg, not_made_yet_ok: bool = False) -> list[str]:
     """model.init_from's problems (config.problems_of): a run directory with a checkpoint, made
-    on the same base model."""
+    on the same base model. `not_made_yet_ok`: a run not made (or saved) yet is none (a plan)."""
     from tinyrl import checkpoint as ckpt
 
     setting = cfg.model.init_from
     src = Path(setting).expanduser()
     if not (src / "config.json").is_file():
-        return [f"model.init_from = {setting} is not a run directory (no config.json); "
+        return [] if not_made_yet_ok else [f"model.init_from = {setting} is not a run directory (no config.json); "
                 + (_made_by(src, cfg.trainer.out_dir) or "give the --out directory of a `tinyrl sft` (or `tinyrl train`) run")]
     try:
         saved = json.loads((src / "config.json").read_text())
@@ -45,7 +45,7 @@ def source_problems(cfg) -> list[str]:
     if not same_model(base, src, cfg.model.name):
         out.append(f"model.init_from = {setting} was trained on {base}, but model.name = {cfg.model.name}; "
                    f"set model.name={_as_seen_from_here(base, src)}")
-    if not ckpt.list_checkpoints(src / "checkpoints"):
+    if not ckpt.list_checkpoints(src / "checkpoints") and not not_made_yet_ok:
         out.append(f"model.init_from = {setting} has no checkpoint yet; let it run until its first save "
                    "(trainer.save_every, and always at its last step)")
     return out
