@@ -37,7 +37,7 @@ from pathlib import Path
 import tinyrl  # noqa: F401  (before transformers/peft)
 import torch
 
-from tinyrl.config import load_config
+from tinyrl.config import layered, load_config
 from tinyrl.hardware import detect_gpu, get_gpu
 from tinyrl.memory import from_config as mp
 from tinyrl.memory import versus
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.doctor:
             del trainer  # the doctor's child gets the card without this run's models and cache
             free_memory()
-            failed += doctor_rows(preset, sets + args.sets, work)
+            failed += doctor_rows(preset, layered(sets, args.sets), work)  # a command line: each key once
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("FAILED: " + "; ".join(failed) if failed else "all checks passed")

@@ -69,6 +69,32 @@ def test_wrong_set_key_is_one_screen_and_exit_2():
         assert ('"rollout": {' if fmt else "[rollout.vllm]") in bad.stdout
 
 
+def test_a_key_set_twice_is_refused_naming_both_values():
+    """`--set rollout.n=-1 --set rollout.n=abc` reported a problem for each value, as if both
+    were set; which one the user meant is not ours to guess."""
+    done = tinyrl("presets", "show", "countdown-tiny", "--set", "rollout.n=-1", "--set", "rollout.n=abc")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    text = " ".join(done.stderr.replace("│", " ").split())
+    assert "rollout.n is given 2 times: --set rollout.n=-1, --set rollout.n=abc" in text, text
+    assert "must be int" not in text  # neither value is judged: the duplicate is the problem
+    assert "a key given twice is refused" in " ".join(tinyrl("train", "--help").stdout.replace("│", " ").split())
+
+
+def test_a_program_layers_its_settings_over_a_users_without_repeating_a_key():
+    from tinyrl.config import layered, repeated_sets
+
+    merged = layered(["trainer.max_steps=9", "actor.lr=1e-3"], ["trainer.max_steps=2", "trainer.test_every=0"])
+    assert merged == ["actor.lr=1e-3", "trainer.max_steps=2", "trainer.test_every=0"]
+    assert repeated_sets(merged) == []
+    from pathlib import Path
+
+    from tinyrl.doctor.bench import bench_command  # its child `tinyrl train` gets each key once
+
+    args = bench_command("countdown-tiny", ["trainer.test_every=5"], 2, Path("run"), [])
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    assert repeated_sets(sets) == [] and "trainer.test_every=0" in sets
+
+
 def test_debug_shows_the_traceback():
     done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "presets", "show", "nope"], capture_output=True,
                           text=True, env={**ENV, "TINYRL_DEBUG": "1"})

@@ -1,6 +1,7 @@
 """The `tinyrl` command line. Thin commands; the only place that prints library errors.
 
-Every command that takes --preset also takes repeatable `--set key.sub=value` overrides.
+Every command that takes --preset also takes repeatable `--set key.sub=value` overrides (each
+key once: a key given twice is refused as ambiguous).
 Errors: a TinyRLError becomes one screen (what is wrong + what to set) and exit code 2;
 TINYRL_DEBUG=1 adds the traceback.
 """
@@ -52,7 +53,22 @@ def _width_from_environment() -> None:
         console.width = int(columns) if columns.isdigit() else None  # None: the terminal's size
 
 PresetOpt = typer.Option(..., "--preset", "-p", help="Preset name (see `tinyrl presets`) or path to a .toml file.")
-SetOpt = typer.Option(None, "--set", "-s", help="Override a setting, e.g. --set actor.lr=1e-6 (repeatable).")
+
+
+def _each_key_once(items: Optional[list[str]]) -> Optional[list[str]]:
+    """--set's check: a key given twice is ambiguous input, refused (exit 2) naming every value."""
+    from tinyrl.config import repeated_sets
+
+    repeated = repeated_sets(items or [])
+    if repeated:
+        raise TinyRLError("--set gives a key more than once:\n" + "\n".join(f"  - {line}" for line in repeated),
+                          hint="give each key once, with the value you mean")
+    return items
+
+
+SetOpt = typer.Option(None, "--set", "-s", callback=_each_key_once,
+                      help="Override a setting, e.g. --set actor.lr=1e-6 (repeatable, one value per key: "
+                      "a key given twice is refused).")
 # train and sft
 RunDirOpt = typer.Option(None, "--out", help="Run directory (default: runs/PRESET).")
 MaxStepsOpt = typer.Option(None, help="End at this global step, before or past the preset's end (a resumed run counts on).")

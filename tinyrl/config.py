@@ -273,7 +273,7 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
         problems += problems_of(cfg, resume_dir, planning)
     if notes is not None:
         given = {f"{sec}.{k}" for sec, keys in raw.items() if isinstance(keys, dict) for k in keys}
-        given |= {item.split("=", 1)[0].strip() for item in overrides or []}
+        given |= {set_key(item) for item in overrides or []}
         notes += role_rate_notes(cfg, given) + unread_setting_notes(cfg, given)
     if problems:
         raise TinyRLError(
@@ -507,6 +507,30 @@ def _apply_override(cfg: Config, item: str) -> list[str]:
         return [f"{dotted} is a section; set one of its keys: {keys}"]
     problem = _set_typed(obj, parts[-1], _parse_value(text.strip()), dotted)
     return [problem] if problem else []
+
+
+def set_key(item: str) -> str:
+    """The dotted key of a --set item: 'actor.lr=1e-6' -> 'actor.lr'."""
+    return item.split("=", 1)[0].strip()
+
+
+def repeated_sets(items: list[str]) -> list[str]:
+    """One line per key that a --set list gives more than once, naming every value. The CLI
+    refuses them (which one did the user mean?) instead of letting the last win: the config
+    check used to report a problem for each value, as if both were set."""
+    by_key: dict[str, list[str]] = {}
+    for item in items:
+        by_key.setdefault(set_key(item), []).append(item.strip())
+    return [f"{key} is given {len(values)} times: " + ", ".join(f"--set {v}" for v in values)
+            for key, values in by_key.items() if len(values) > 1]
+
+
+def layered(user: list[str] | None, own: list[str]) -> list[str]:
+    """A program's settings on top of a user's --set list (the doctor's small batch): the
+    user's items for a key that `own` sets are dropped, so a command line built from the
+    result names each key once, and the program's value is the one that runs."""
+    mine = {set_key(item) for item in own}
+    return [item for item in user or [] if set_key(item) not in mine] + list(own)
 
 
 def _parse_value(text: str) -> Any:

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tinyrl.config import load_config, resolve_path
+from tinyrl.config import layered, load_config, resolve_path
 from tinyrl.doctor.report import Report, Row
 from tinyrl.errors import TinyRLError
 
@@ -27,8 +27,9 @@ def bench_command(preset: str, overrides: list[str] | None, steps: int, run_dir:
                   command: str = "train") -> list[str]:
     args = [sys.executable, "-m", "tinyrl.cli", command, "--preset", preset, "--max-steps", str(steps),
             "--out", str(run_dir), "--no-dashboard"]
-    # No validation or mid-run checkpoints: the bench times training steps.
-    for item in list(overrides or []) + extra + ["trainer.test_every=0", "trainer.save_every=0"]:
+    # No validation or mid-run checkpoints: the bench times training steps. layered: the CLI
+    # refuses a key given twice, and a user's trainer.test_every must not stop the bench.
+    for item in layered(overrides, extra + ["trainer.test_every=0", "trainer.save_every=0"]):
         args += ["--set", item]
     return args
 

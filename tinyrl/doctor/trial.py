@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tinyrl.checkpoint import human_bytes
-from tinyrl.config import Config, load_config, resolve_path
+from tinyrl.config import Config, layered, load_config, resolve_path
 from tinyrl.doctor.report import Report, Row, skipped
 from tinyrl.errors import TinyRLError
 
@@ -53,7 +53,7 @@ def trial_config(preset: str, overrides: list[str] | None) -> Config:
     small = [f"trainer.train_batch_size={SMALL_BATCH}", "actor.ppo_mini_batch_size=0", "critic.ppo_mini_batch_size=0",
              f"trainer.max_steps={STEPS}", "trainer.test_every=0", "trainer.save_every=0",
              "trainer.tensorboard=false", "trainer.wandb=false"]
-    return load_config(preset, list(overrides or []) + small)
+    return load_config(preset, layered(overrides, small))
 
 
 def ensure_data(cfg: Config, workdir: Path, rows: int = 64) -> str:
