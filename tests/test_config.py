@@ -349,3 +349,18 @@ def test_no_shipped_preset_gives_a_setting_it_does_not_read(name):
     notes: list[str] = []
     load_config(name, check=False, notes=notes)
     assert not [n for n in notes if "does not read it" in n]
+
+
+def test_tool_workers_are_bounded_when_the_run_calls_tools(monkeypatch):
+    """rollout.tool_workers = 100000 was taken: each call at once is a sandboxed process."""
+    import tinyrl.contention
+
+    monkeypatch.setattr(tinyrl.contention, "usable_cpus", lambda: 2)
+    message = _problems("retool-4090", "rollout.tool_workers=100000")
+    assert "rollout.tool_workers = 100000 is more than 256" in message, message
+    assert "set rollout.tool_workers=0 (one a usable core: 2 here)" in message, message
+    # the bound is not this machine's: a 4090 box's 16 is planned from a 2-core laptop (estimate-cost)
+    assert load_config("retool-4090", ["rollout.tool_workers=256"]).rollout.tool_workers == 256
+    notes: list[str] = []  # a task without tools never reads it: a note, not a refusal
+    load_config("countdown-tiny", ["rollout.tool_workers=100000"], notes=notes)
+    assert any(n.startswith("rollout.tool_workers is given but this run does not read it") for n in notes)

@@ -729,6 +729,9 @@ AT_LEAST_ONE = ("algorithm.max_gen_rounds", "algorithm.kl_horizon", "trainer.tra
 ANY_INTEGER = ("trainer.seed", "data.generate_seed")
 SEED_LIMIT = 2**32  # the trainer derives generator seeds as seed * 1_000_033 + ...: torch takes 64 bits
 MAX_CALL_S = 86_400.0  # per call of a reward, a tool or math-verify: setitimer raised OverflowError at 1e10
+# rollout.tool_workers' bound: each is a Python process; past the cores of the largest single
+# machines (~256), more at once only queue for the cores and each holds its own memory.
+MAX_TOOL_WORKERS = 256
 OWN_RULE = ("actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size", "rollout.vllm.sleep_level", "task.max_number",
             "rollout.tool_memory_mb")
 
@@ -745,11 +748,25 @@ def _count_problems(cfg: Config) -> list[str]:
     if cfg.rollout.tool_memory_mb < MIN_MEMORY_MB:
         out.append(f"rollout.tool_memory_mb = {cfg.rollout.tool_memory_mb} must be at least {MIN_MEMORY_MB} "
                    "(MiB of address space per tool call; the interpreter alone needs ~30)")
+    out += _tool_worker_problems(cfg)
     seed = cfg.trainer.seed  # (data.generate_seed seeds by its text: any integer does)
     if not -SEED_LIMIT < seed < SEED_LIMIT:
         out.append(f"trainer.seed = {seed} is out of range for a seed; set one between -{SEED_LIMIT - 1:,} and "
                    f"{SEED_LIMIT - 1:,} (e.g. 1)")
     return out
+
+
+def _tool_worker_problems(cfg: Config) -> list[str]:
+    """rollout.tool_workers: each call at once is a sandboxed Python process (100000 was taken).
+    The bound is fixed, not this machine's cores: estimate-cost and export-verl check a config
+    for another machine, and a resumed run may change it (resume_check.CHANGEABLE)."""
+    workers = cfg.rollout.tool_workers
+    if workers <= MAX_TOOL_WORKERS or not _read_by_run(cfg, "rollout.tool_workers"):
+        return []
+    from tinyrl.contention import usable_cpus
+
+    return [f"rollout.tool_workers = {workers} is more than {MAX_TOOL_WORKERS} sandboxed tool calls at once; set "
+            f"rollout.tool_workers=0 (one a usable core: {usable_cpus()} here), or a count up to a few a core"]
 
 
 def _number_problems(cfg: Config) -> list[str]:
