@@ -123,10 +123,15 @@ def base_of_run(cfg, run_dir: Path) -> str:
     return str(path)
 
 
-def describe(model_dir: str | Path) -> str:
-    """One line: which run and step a starting model came from."""
+def describe(model_dir: str | Path, resume: bool = False) -> str:
+    """One line: which run and step a starting model came from. On --resume the run goes on
+    from its own checkpoint: "starting from RUN at step N" read as if it resumed there."""
     info = json.loads((Path(model_dir) / MARKER).read_text())
-    return f"model.init_from: starting from {info['run_dir']} at step {info['step']} ({model_dir})"
+    source = f"{info['run_dir']} at step {info['step']} ({model_dir})"
+    if resume:
+        return (f"model.init_from: the base of this run is {source}, written when it began; "
+                "it resumes from its own latest checkpoint")
+    return f"model.init_from: starting from {source}"
 
 
 def _made_from(dest: Path, source: Path) -> bool:

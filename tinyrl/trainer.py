@@ -69,7 +69,7 @@ class Trainer:
         if cfg.model.init_from:
             from tinyrl.init_from import describe
 
-            self._notice(describe(self.inputs.model_path))
+            self._notice(describe(self.inputs.model_path, resume))
         torch.manual_seed(cfg.trainer.seed)
         random.seed(cfg.trainer.seed)
         # Only the roles the algorithm needs: no critic for GRPO & co, no reference copy without KL

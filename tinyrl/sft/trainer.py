@@ -53,7 +53,7 @@ class SFTTrainer(Trainer):
         train_path = ensure_sft_data(cfg)
         self.model_path = model_path_of(cfg, run_dir)  # model.init_from works here too (SFT on SFT)
         if cfg.model.init_from:
-            self._notice(describe(self.model_path))
+            self._notice(describe(self.model_path, resume))
         self.tokenizer = load_tokenizer(self.model_path, cfg.model.custom_chat_template)
         self.pad_id = self.tokenizer.pad_token_id
         self.train_rows: SFTRows = load_sft(train_path, self.tokenizer, cfg)
