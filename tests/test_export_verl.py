@@ -400,6 +400,34 @@ def multi_turn_fields() -> set[str]:
     return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
 
 
+def verls_kl_names(verl_yaml) -> list[set[str]]:
+    """The names verl's kl_penalty_forward accepts, one set per branch (one estimator each), read
+    from verl/trainer/ppo/core_algos.py (importing it needs ray)."""
+    import ast
+
+    source = Path(importlib.util.find_spec("verl").submodule_search_locations[0]) / "trainer" / "ppo" / "core_algos.py"
+    fn = next(n for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.FunctionDef)
+              and n.name == "kl_penalty_forward")
+    tests = [n.test for n in fn.body if isinstance(n, ast.If) and isinstance(n.test, ast.Compare)]
+    return [{c.value for c in ast.walk(t.comparators[0]) if isinstance(c, ast.Constant)} for t in tests]
+
+
+def test_every_kl_name_means_the_same_estimator_in_tinyrl_and_verl(verl_yaml, tmp_path):
+    """algorithm.kl_penalty = kl (verl's name for k1) was refused; the export passes the name
+    through, so each of ours must be verl's for the same estimator, and verl's ours."""
+    from tinyrl.rl.kl_names import KL_ALIASES
+
+    branches = [names - {"full"} for names in verls_kl_names(verl_yaml)]  # full: NotImplementedError in verl
+    branches = [names for names in branches if names]
+    assert set().union(*branches) == set(KL_ALIASES)
+    for names in branches:  # one verl branch, one estimator of ours
+        assert len({KL_ALIASES[name] for name in names}) == 1, names
+    for name in ("kl", "low_var_kl", "mse"):
+        cfg = load_config("countdown-tiny", [f"algorithm.kl_penalty={name}"])
+        assert map_config(cfg, Context(model_path="m", train_files="t", val_files="v",
+                                       reward_path="r", steps_per_epoch=1)).overrides["algorithm.kl_penalty"] == name
+
+
 def test_a_task_with_tools_exports_verls_multi_turn_rollout(tmp_path, verl_yaml):
     out = retool_export(tmp_path)
     keys = dict(a.split("=", 1) for a in script_args(out / "run_verl.sh"))

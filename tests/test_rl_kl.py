@@ -44,6 +44,16 @@ def test_aliases_match():
         torch.testing.assert_close(kl_penalty(LP, REF, a), kl_penalty(LP, REF, b))
 
 
+def test_the_config_takes_every_name_the_estimators_take():
+    """kl_penalty() took verl's "kl" while the config refused it: one table now (tinyrl.rl.kl_names)."""
+    from tinyrl.config import load_config
+    from tinyrl.rl.kl_names import KL_NAMES
+
+    for name in KL_NAMES:
+        cfg = load_config("countdown-tiny", [f"algorithm.kl_penalty={name}", f"algorithm.kl_loss_type={name}"])
+        assert kl_penalty(LP, REF, cfg.algorithm.kl_penalty).shape == LP.shape
+
+
 def test_unknown_kind_lists_valid_names():
     with pytest.raises(TinyRLError) as e:
         kl_penalty(LP, REF, "k4")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from tinyrl.errors import TinyRLError
+from tinyrl.rl.kl_names import KL_NAMES
 from tinyrl.roles import ESTIMATOR_NAMES, ESTIMATORS, Role, run_roles
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +98,7 @@ class AlgorithmConfig:
     gamma: float = 1.0
     lam: float = 1.0
     kl_in_reward: bool = True             # TinyZero PPO: k1 penalty in the reward
-    kl_penalty: str = "k1"                # k1 | abs | k2 | k3 (estimator for in-reward KL)
+    kl_penalty: str = "k1"                # k1 | abs | k2 | k3, or verl's kl | mse | low_var_kl (in-reward KL)
     kl_ctrl: str = "fixed"                # fixed | adaptive
     kl_coef: float = 0.001
     kl_target: float = 0.1                # adaptive controller only
@@ -585,7 +586,6 @@ def _set_typed(obj: Any, key: str, value: Any, dotted: str) -> str | None:
 # --------------------------------------------------------------------------- validation
 
 ADV_ESTIMATORS = ESTIMATOR_NAMES  # tinyrl.roles: the one table
-KL_KINDS = ("k1", "abs", "k2", "mse", "k3", "low_var_kl")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 CHOICES = {
     "command": ("train", "sft"),
@@ -594,8 +594,8 @@ CHOICES = {
     "model.quantize": ("none", "nf4"),
     "rollout.engine": ("auto", "hf", "vllm"),
     "algorithm.adv_estimator": ADV_ESTIMATORS,
-    "algorithm.kl_penalty": KL_KINDS,
-    "algorithm.kl_loss_type": KL_KINDS,
+    "algorithm.kl_penalty": KL_NAMES,     # tinyrl.rl.kl_names: ours and verl's (kl = k1, mse = k2, ...)
+    "algorithm.kl_loss_type": KL_NAMES,
     "algorithm.kl_ctrl": ("fixed", "adaptive"),
     "actor.loss_agg_mode": LOSS_AGG_MODES,
     "critic.loss_agg_mode": LOSS_AGG_MODES,

@@ -21,7 +21,7 @@ AR = "actor_rollout_ref"
 # without the std division (`algorithm.norm_adv_by_std_in_grpo=false`, verl's Dr.GRPO recipe).
 # verl's name of each of tinyrl.roles.ESTIMATORS (tests/test_roles.py: every one is here)
 ADV = {"gae": "gae", "grpo": "grpo", "dr_grpo": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_plus_plus"}
-# verl's kl_penalty() accepts tinyrl's names as they are: k1|kl, abs, k2|mse, k3|low_var_kl.
+# algorithm.kl_penalty / kl_loss_type pass as they are: tinyrl.rl.kl_names is verl's names (tested).
 DTYPE = {"bf16": "bfloat16", "fp16": "float16", "auto": "bfloat16"}
 # tinyrl feeds the prompt text as it is (the template is already in the data); verl 0.9.1 always
 # renders `prompt` through the tokenizer's chat template, so give it one that adds nothing.

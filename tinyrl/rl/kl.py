@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from tinyrl.errors import TinyRLError
+from tinyrl.rl.kl_names import KL_ALIASES, KL_NAMES
 from tinyrl.rl.masking import masked_mean
 
 
@@ -36,26 +37,22 @@ def _k3(lp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.exp(k) - k - 1.0, min=-10.0, max=10.0)
 
 
-KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "k1": _k1,
-    "kl": _k1,          # verl's name for k1
-    "abs": _abs,
-    "k2": _k2,
-    "mse": _k2,
-    "k3": _k3,
-    "low_var_kl": _k3,
+_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "k1": _k1, "abs": _abs, "k2": _k2, "k3": _k3,
 }
+if set(_ESTIMATORS) != set(KL_ALIASES.values()):  # every name (verl's too) is an alias of one of these
+    raise ImportError(f"tinyrl.rl.kl computes {sorted(_ESTIMATORS)} but tinyrl.rl.kl_names names "
+                      f"{sorted(set(KL_ALIASES.values()))}: make them agree")
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str = "k1") -> torch.Tensor:
     """Per-token KL estimate. logprob, ref_logprob: [B, T] -> [B, T] (no masking)."""
-    fn = KL_ESTIMATORS.get(kind)
-    if fn is None:
+    if kind not in KL_ALIASES:
         raise TinyRLError(
             f"unknown KL estimator '{kind}'",
-            f"set algorithm.kl_penalty / algorithm.kl_loss_type to one of: {', '.join(KL_ESTIMATORS)}",
+            f"set algorithm.kl_penalty / algorithm.kl_loss_type to one of: {', '.join(KL_NAMES)}",
         )
-    return fn(logprob, ref_logprob)
+    return _ESTIMATORS[KL_ALIASES[kind]](logprob, ref_logprob)
 
 
 @torch.no_grad()
