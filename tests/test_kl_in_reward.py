@@ -39,3 +39,20 @@ def test_grouped_estimators_see_the_kl_penalty_in_the_reward(estimator):
     assert a[0] > a[1] and a[2] > a[3], a  # the sample that drifted is worse than its twin
     if estimator == "dr_grpo":
         assert a.tolist() == pytest.approx([0.5, -0.5, 0.25, -0.25])
+
+
+@pytest.mark.parametrize("kind", ["k1", "low_var_kl"])
+def test_a_kl_loss_run_logs_the_estimator_its_loss_uses(kind):
+    """kl/mean was the k1 estimate whatever algorithm.kl_loss_type said (k3 by default)."""
+    from tinyrl.rl.kl import kl_penalty
+    from tinyrl.rl.masking import masked_mean
+
+    cfg = load_config("countdown-demo", ["algorithm.adv_estimator=grpo", "algorithm.kl_in_reward=false",
+                                         "algorithm.use_kl_loss=true", f"algorithm.kl_loss_type={kind}"], check=False)
+    host = SimpleNamespace(cfg=cfg, kl_ctrl=FixedKLController(1.0), rollout_is="off")
+    traj = _traj()
+    metrics = Trainer._advantages(host, traj)
+    expected = float(masked_mean(kl_penalty(traj.old_lp, traj.ref_lp, kind), traj.mask))
+    assert metrics["kl/mean"] == pytest.approx(expected)
+    if kind != "k1":  # k3 of these rows is not k1's (0.5 + 0.25) / 4
+        assert metrics["kl/mean"] != pytest.approx((0.5 + 0.25) / 4)

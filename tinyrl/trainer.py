@@ -437,9 +437,13 @@ class Trainer:
                                                               self.kl_ctrl.value, alg.kl_penalty)
             kl_metrics["kl/mean"] = float(kl_mean)
         elif traj.ref_lp is not None and (traj.old_lp is not None or traj.rollout_lp is not None):
-            # one_pass_update: the hf engine's log-probs are the same policy's (the parity guard's numbers)
+            # the KL loss's own estimator (it was k1 whatever algorithm.kl_loss_type said: a k3 run
+            # showed a number its loss never used), at the policy before the update (verl's
+            # actor/kl_loss is the same estimator during it). one_pass_update: the hf engine's
+            # log-probs are the same policy's (the parity guard's numbers).
             policy_lp = traj.old_lp if traj.old_lp is not None else traj.rollout_lp
-            kl_metrics["kl/mean"] = float(masked_mean(klmod.kl_penalty(policy_lp, traj.ref_lp, "k1"), traj.mask))
+            kind = self.cfg.algorithm.kl_loss_type
+            kl_metrics["kl/mean"] = float(masked_mean(klmod.kl_penalty(policy_lp, traj.ref_lp, kind), traj.mask))
         # With the KL in the reward the grouped estimators (grpo, dr_grpo, rloo) must read the
         # token rewards' sum, as verl does: the bare scores would drop the penalty without a word.
         traj.advantages, traj.returns = adv.compute_advantages(
