@@ -392,3 +392,31 @@ def test_the_critic_update_is_a_plain_value_regression(tiny_model_dir):
     own, ref = own_values(), ref_values().detach()
     assert float(((own - start).abs() * m).max()) > 0.05, "the critic's values moved"
     torch.testing.assert_close(own * m, ref * m, rtol=1e-3, atol=2e-4)
+
+
+def test_rl_update_passes_run_without_lora_dropout_so_the_first_ratio_is_one(tiny_model_dir):
+    """model.lora_dropout = 0.5: the old log-probs (eval mode, no dropout) and the update's
+    (train mode) differed before any optimizer step, so PPO's ratio was not 1 and clipping was
+    biased. RL builds its adapters without dropout; SFT keeps it."""
+    cfg = _config("lora", checkpointing=False, **{"model.lora_dropout": 0.5})
+    batch = make_batch([[5, 9, 7, 6], [8, 3]], [[4, 11, 2], [8, 12, 30, 7]], pad_id=0)
+
+    def eval_and_train_logprobs(models):
+        with torch.no_grad():
+            for name, p in models.actor.named_parameters():
+                if "lora_B" in name:  # B starts at zero: dropout before A would change nothing
+                    p.normal_(0, 0.5)
+            out = []
+            for mode in (False, True):
+                models.train(mode)
+                torch.manual_seed(0)
+                with models.role("actor"):
+                    out.append(models.token_logprobs("actor", batch))
+            return out
+
+    old, update = eval_and_train_logprobs(_models(cfg, tiny_model_dir))
+    assert torch.equal(old, update)  # ratio exp(update - old) is exactly 1
+    torch.manual_seed(0)
+    sft = PolicyModels(cfg.model, str(tiny_model_dir), torch.device("cpu"), actor_only=True)
+    old, update = eval_and_train_logprobs(sft)
+    assert not torch.allclose(old, update)  # SFT's dropout is on in train mode

@@ -29,7 +29,7 @@ class ModelConfig:
     finetune: str = "lora"                # lora: one frozen base + adapters; full: separate critic
     lora_rank: int = 32
     lora_alpha: int = 64
-    lora_dropout: float = 0.0
+    lora_dropout: float = 0.0             # `tinyrl sft` only: RL trains without dropout (models.py)
     lora_targets: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
@@ -376,6 +376,9 @@ def _unread_because(cfg: Config, dotted: str) -> str | None:
         return "it samples the data.val_files problems, and there are none"
     if dotted == "trainer.val_before_train" and cfg.trainer.val_before_train and not cfg.trainer.test_every:
         return "trainer.test_every is 0 (no validation); set trainer.test_every"
+    if dotted == "model.lora_dropout":
+        return ("RL trains its adapters without dropout (tinyrl.models: the PPO ratio to the old "
+                "log-probs, computed without it, must start at 1); `tinyrl sft` reads it")
     if dotted in TOOL_SETTINGS:
         return _no_tools(cfg.task.name)
     if section == "task" and key not in ("name", "template"):

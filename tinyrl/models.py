@@ -219,13 +219,21 @@ class PolicyModels:
     def _with_adapters(self, base: nn.Module) -> nn.Module:
         from peft import LoraConfig, get_peft_model
 
-        lora = LoraConfig(r=self.cfg.lora_rank, lora_alpha=self.cfg.lora_alpha, lora_dropout=self.cfg.lora_dropout,
+        lora = LoraConfig(r=self.cfg.lora_rank, lora_alpha=self.cfg.lora_alpha, lora_dropout=self._lora_dropout(),
                           target_modules=list(self.cfg.lora_targets), task_type="CAUSAL_LM")
         model = get_peft_model(base, lora, adapter_name=str(Role.ACTOR))
         if self.with_critic:
             model.add_adapter(str(Role.CRITIC), lora)
         model.set_adapter(str(Role.ACTOR))
         return model
+
+    def _lora_dropout(self) -> float:
+        """model.lora_dropout for SFT; none in RL. RL's old log-probs (and values) come from an
+        eval-mode pass, without dropout, and its update's from a train-mode pass: with dropout
+        the PPO ratio was not 1 at the first micro-step and the clipping biased (peft 0.21
+        applies lora_dropout's nn.Dropout in train mode only). TRL's GRPOConfig.disable_dropout
+        exists for the same reason; verl's FSDP engine builds its LoraConfig without dropout."""
+        return self.cfg.lora_dropout if self.actor_only else 0.0
 
     # ----------------------------------------------------------------- parameters
 
