@@ -376,7 +376,7 @@ def _unread_because(cfg: Config, dotted: str) -> str | None:
         return "it samples the data.val_files problems, and there are none"
     if dotted == "trainer.val_before_train" and cfg.trainer.val_before_train and not cfg.trainer.test_every:
         return "trainer.test_every is 0 (no validation); set trainer.test_every"
-    if dotted == "model.lora_dropout":
+    if dotted == "model.lora_dropout" and cfg.model.lora_dropout:
         return ("RL trains its adapters without dropout (tinyrl.models: the PPO ratio to the old "
                 "log-probs, computed without it, must start at 1); `tinyrl sft` reads it")
     if dotted in TOOL_SETTINGS:
