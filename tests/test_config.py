@@ -296,6 +296,11 @@ def test_settings_that_would_train_wrongly_in_silence_are_refused_together():
                                                      "data.generate_seed=9223372036854775807"], check=False))
     nan = problems_of(load_config("math-tiny", ["actor.clip_ratio_low=nan", "algorithm.gamma=nan"], check=False))
     assert len(nan) == 2 and all("not a finite number" in p for p in nan)  # said once each
+    # LoRA dropout, read by `tinyrl sft` alone: 5 failed only when the model loaded
+    assert problems_of(load_config("countdown-tiny-sft", ["model.lora_dropout=5"], check=False)) == [
+        "model.lora_dropout = 5.0 must be in [0, 1) (the share of adapter inputs zeroed in training); set 0.05, "
+        "or 0 for none"]
+    assert not problems_of(load_config("countdown-tiny", ["model.lora_dropout=5"], check=False))  # RL: a note
 
 
 def test_an_adaptive_kl_controller_without_the_kl_in_the_reward_is_said_to_be_unread():

@@ -825,6 +825,10 @@ def _algorithm_range_problems(cfg: Config) -> list[str]:
     # controller too is the in-reward KL's. A refusal stopped runs started before it from resuming.)
     if alg.kl_ctrl == "adaptive" and alg.kl_in_reward and alg.kl_target <= 0:
         out.append(f"algorithm.kl_target = {alg.kl_target} must be > 0 for algorithm.kl_ctrl = adaptive; set 0.1")
+    dropout = cfg.model.lora_dropout  # read by `tinyrl sft` alone (RL: a note); torch took 5 only at the model load
+    if cfg.command == "sft" and cfg.model.finetune == "lora" and math.isfinite(dropout) and not 0 <= dropout < 1:
+        out.append(f"model.lora_dropout = {dropout} must be in [0, 1) (the share of adapter inputs zeroed "
+                   "in training); set 0.05, or 0 for none")
     if alg.overlong_buffer > cfg.rollout.max_response_length:
         out.append(f"algorithm.overlong_buffer = {alg.overlong_buffer} tokens is longer than rollout.max_response_length "
                    f"= {cfg.rollout.max_response_length}; set it below that (DAPO: a quarter of it), or 0 for off")
