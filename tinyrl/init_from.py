@@ -34,7 +34,9 @@ def source_problems(cfg, not_made_yet_ok: bool = False) -> list[str]:
     setting = cfg.model.init_from
     src = Path(setting).expanduser()
     if not (src / "config.json").is_file():
-        return [] if not_made_yet_ok else [f"model.init_from = {setting} is not a run directory (no config.json); "
+        if not_made_yet_ok:
+            return []
+        return [f"model.init_from = {setting} is not a run directory (no config.json); "
                 + (_made_by(src, cfg.trainer.out_dir) or "give the --out directory of a `tinyrl sft` (or `tinyrl train`) run")]
     try:
         saved = json.loads((src / "config.json").read_text())
