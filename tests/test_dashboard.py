@@ -396,3 +396,21 @@ def test_hostile_tool_output_and_names_are_drawn_as_inert_text():
     assert "assistant ▸ calling\\x1b]0;owned\\x07 [red]x[/red]" in plain and "\\x1b[5mmake 3" in plain
     assert "\x1b]" not in out and "\x1b[5m" not in out
     assert dashboard.safe_text("a\tb\nc é") == "a\tb\nc é"  # tabs, newlines and text untouched
+
+
+def test_a_resumed_runs_dashboard_starts_from_the_validations_it_logged(tmp_path):
+    """`--resume` of the demo (after a Ctrl-C) showed `val –` until its last step, though its
+    step-0 validation was in metrics.jsonl: the CLI hands the logged ones to the dashboard."""
+    import json
+
+    from tinyrl.cli import _show_earlier_validations
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        {"step": 0, "val/score": 0.164}, metrics(1), metrics(2, **{"val/score": 0.184}), metrics(3))))
+    d, buf = plain_dash()
+    _show_earlier_validations(d, tmp_path)
+    d.update(metrics(4))
+    assert "| val 0.184 |" in buf.getvalue()
+    assert re.search(r"val score\s+0\.184 @2", frame(d))
+    _show_earlier_validations(d, tmp_path / "none")  # a run resumed before its first step logged: nothing
+

@@ -155,15 +155,25 @@ def test_grpo_micro_batches_hold_whole_prompts_in_the_forward_and_the_update(tmp
 
 def test_val_before_train_logs_step_zero_and_the_last_step_always_validates(tmp_path):
     # test_every=5 with 2 steps: without the last-step rule there would be no "after" at all
+    import io
+
+    from rich.console import Console
+
+    from tinyrl.dashboard import Dashboard
+
     cfg = tiny_config(tmp_path, "trainer.test_every=5", "trainer.val_before_train=true", "data.max_test_prompts=4")
     run = tmp_path / "run"
-    trainer = Trainer(cfg, run)
+    shown = io.StringIO()
+    trainer = Trainer(cfg, run, dashboard=Dashboard({"total_steps": 2}, mode="plain", console=Console(file=shown)))
     history = trainer.train()
     assert [m["step"] for m in history] == [1, 2]  # step 0 is a validation, not a training step
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2]
     assert set(lines[0]) == {"step", "val/score", "val/reward_mean"} and trainer.val_before == lines[0]
     assert "val/score" not in lines[1] and "val/score" in lines[2]
+    # the step-0 score is on step 1's line (it said "val –" until the run's last step)
+    step1 = next(x for x in shown.getvalue().splitlines() if x.startswith("step 1/2"))
+    assert f"| val {lines[0]['val/score']:.3f} |" in step1, step1
 
 
 def test_critic_warmup_holds_the_actor_while_the_critic_learns(tmp_path):

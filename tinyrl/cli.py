@@ -281,6 +281,8 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
         trainer.dash = dash
         for notice in (config_notes or []) + notes + trainer.notices:
             dash.log(notice)
+        if resume:
+            _show_earlier_validations(dash, run_dir)
         trainer.train(max_steps)
     message, code = interrupts.end_of_run(trainer, run_dir, trainer.total_steps(max_steps), resume_cmd)
     if code == 0:
@@ -292,6 +294,16 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
         raise TinyRLError(message, hint=f"free disk space, then redo those steps with: {resume_cmd}", exit_code=code)
     err.print(message, highlight=False, soft_wrap=True)
     sys.exit(code)
+
+
+def _show_earlier_validations(dash, run_dir: Path) -> None:
+    """A resumed run's dashboard starts from the validations its steps so far logged (the
+    trainer has cut metrics.jsonl back to the checkpoint's step), not from "–"."""
+    from tinyrl.jsonl import read_records
+
+    path = run_dir / "metrics.jsonl"
+    for record in read_records(path) if path.is_file() else []:
+        dash.validated(record)
 
 
 def _print_accuracy_change(run_dir: Path, n_prompts: Optional[int]) -> None:

@@ -323,13 +323,7 @@ class Dashboard:
             if sample is not None:
                 self._sample = dict(sample)
             step = metrics.get("step")
-            if metrics.get("val/score") is not None:
-                self._val = (metrics["val/score"], step)
-            by_file = val_files(metrics)
-            for name, figures in by_file.items():
-                self._val_files[name] = (figures, step)
-            if metrics.get("val/loss") is not None:  # `tinyrl sft`
-                self._val = (metrics["val/loss"], step)
+            by_file = self._take_validation(metrics)
             if metrics.get("training/rollout_probs_diff") is not None:
                 self._probs_diff = (metrics["training/rollout_probs_diff"], step)
             if any(k.startswith("critic/") for k in metrics):
@@ -349,6 +343,26 @@ class Dashboard:
             self._print_plain(line)
             for name, figures in by_file.items():
                 self._print_plain(val_line(name, figures, step))
+
+    def validated(self, metrics: dict) -> None:
+        """A validation that is not a step: trainer.val_before_train's step 0, or the last one a
+        resumed run logged before (tinyrl.cli). `val` shows it until the next one, where it
+        said "–" for the whole run (the demo validates at step 0 and at its last step only)."""
+        with self._lock:
+            self._take_validation(metrics)
+
+    def _take_validation(self, metrics: dict) -> dict[str, dict[str, Any]]:
+        """Keeps the validation figures in `metrics` (held until the next ones; the caller holds
+        the lock); returns data.val_files' figures by file."""
+        step = metrics.get("step")
+        if metrics.get("val/score") is not None:
+            self._val = (metrics["val/score"], step)
+        by_file = val_files(metrics)
+        for name, figures in by_file.items():
+            self._val_files[name] = (figures, step)
+        if metrics.get("val/loss") is not None:  # `tinyrl sft`
+            self._val = (metrics["val/loss"], step)
+        return by_file
 
     def log(self, message: str) -> None:
         if self.mode == "off":

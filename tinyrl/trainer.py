@@ -252,6 +252,8 @@ class Trainer:
         if "val/score" in metrics:  # an SFT run's validation may hold only its loss
             self._notice(f"before training: val/score {metrics['val/score']:.4f} on "
                          f"{len(self.inputs.test_prompts)} test prompts (greedy)")
+        if self.dash is not None:
+            self.dash.validated(metrics)
         return metrics
 
     def _prompt_rows(self, step: int) -> list[int]:
