@@ -414,3 +414,14 @@ def test_a_resumed_runs_dashboard_starts_from_the_validations_it_logged(tmp_path
     assert re.search(r"val score\s+0\.184 @2", frame(d))
     _show_earlier_validations(d, tmp_path / "none")  # a run resumed before its first step logged: nothing
 
+
+def test_an_sft_frame_has_no_rollout_fields():
+    """SFT samples nothing: its frame said "latest sample: waiting for the first step" and showed
+    `len mean –`, `len max –`, `clipped –` from the first step to the last."""
+    d = Dashboard({**INFO, "algorithm": "sft", "preset": "countdown-demo-sft"}, mode="off")
+    d.update({"step": 58, "epoch": 0, "sft/loss": 0.7551, "sft/lr": 3e-3, "sft/grad_norm": 0.43,
+              "memory/kind": "ram", "memory/used_bytes": int(0.85 * GIB), "memory/total_bytes": int(23.6 * GIB)})
+    text = frame(d)
+    assert "sft loss" in text and re.search(r"RAM used\s+0\.85 GiB", text)
+    assert "waiting for the first step" not in text and "latest sample" not in text
+    assert "len mean" not in text and "clipped" not in text and "· length" not in text

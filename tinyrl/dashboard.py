@@ -411,7 +411,8 @@ class Dashboard:
             top.add_column(ratio=1)
         sft = "sft/loss" in snap["m"]
         top.add_row(self._sft_panel(snap, width) if sft else self._reward_panel(snap, width),
-                    self._sft_optimizer_panel(snap) if sft else self._policy_panel(snap), self._memory_panel(snap))
+                    self._sft_optimizer_panel(snap) if sft else self._policy_panel(snap),
+                    self._memory_panel(snap, lengths=not sft))
         bottom = Table.grid(expand=True, padding=(0, 1))
         bottom.add_column(ratio=2)
         # A run without a critic (SFT, GRPO and the other critic-free estimators: tinyrl.roles)
@@ -422,7 +423,9 @@ class Dashboard:
             bottom.add_column(ratio=1)
         bottom.add_row(*panels)
         val = [self._val_files_panel(snap)] if snap["val_files"] else []
-        return Group(self._header(snap, now), top, bottom, *val, self._sample_panel(snap, width))
+        # SFT samples nothing: its sample panel said "waiting for the first step" to the end
+        sample = [] if sft else [self._sample_panel(snap, width)]
+        return Group(self._header(snap, now), top, bottom, *val, *sample)
 
     def _header(self, snap: dict, now: float) -> Panel:
         i, m = self.info, snap["m"]
@@ -488,7 +491,8 @@ class Dashboard:
             ("rollout Δp", fmt(diff) + (f" @{diff_step}" if diff_step is not None else "")),
         ]), title="KL · policy", border_style="magenta")
 
-    def _memory_panel(self, snap: dict) -> Panel:
+    def _memory_panel(self, snap: dict, lengths: bool = True) -> Panel:
+        """`lengths`: the rollout's response lengths too (an SFT run has no rollout)."""
         m = snap["m"]
         label = memory_label(m.get("memory/kind"))
         used, total = m.get("memory/used_bytes"), m.get("memory/total_bytes")
@@ -497,16 +501,17 @@ class Dashboard:
         rows = self._kv([
             (f"{label} used", f"{fmt_gib(used)} GiB"), (f"{label} peak", f"{fmt_gib(m.get('memory/peak_bytes'))} GiB"),
             (f"{label} total", f"{fmt_gib(total)} GiB"),
+        ] + ([
             ("len mean", fmt(m.get("response_length/mean"), ".1f")),
             ("len max", fmt(m.get("response_length/max"), ".0f")),
             ("clipped", fmt(clip * 100, ".1f") + "%" if isinstance(clip, (int, float)) else DASH),
-        ])
+        ] if lengths else []))
         rows.add_row(f"{label} use", ProgressBar(total=total if ok else None, completed=used if ok else 0, width=12))
         for phase, planned in self._planned_phases():
             measured = m.get(f"memory/phase/{phase}_peak_bytes")
             rows.add_row(phase.replace("_update", " upd"), f"{fmt_gib(measured)}/{fmt_gib(planned)} GiB plan")
         title = "memory (process RAM)" if label == "RAM" else "memory"
-        return Panel(rows, title=f"{title} · length", border_style="cyan")
+        return Panel(rows, title=f"{title} · length" if lengths else title, border_style="cyan")
 
     def _planned_phases(self) -> list[tuple[str, int]]:
         """(phase, planned peak allocated bytes) from run_info["memory_plan"] (a CUDA run's
