@@ -373,3 +373,16 @@ def test_no_step_zero_validation_no_accuracy_change_line(tmp_path):
     assert accuracy_change(recs) is None  # first validation at step 5 is not "before training"
     assert accuracy_change([{"step": 0, "val/score": 0.5}]) is None  # nothing after it yet
     assert "(-25.0 points)" in accuracy_change([{"step": 0, "val/score": 0.5}, {"step": 3, "val/score": 0.25}], 256)
+
+
+def test_the_timings_plot_leaves_out_the_step_zero_validation():
+    """The demo's timings.png began with a step 0 of 0 s (its val_before_train record, which times
+    nothing): a ramp from 0 up to step 1's seconds, at a step that trained nothing."""
+    from tinyrl.report import timing_stacks
+
+    recs = [{"step": 0, "val/score": 0.16},
+            {"step": 1, "timing/rollout": 0.4, "timing/actor_update": 1.5, "timing/step": 2.0},
+            {"step": 2, "timing/rollout": 0.5, "timing/actor_update": 1.2, "timing/step": 1.8, "val/score": 0.2}]
+    phases, xs, stacks = timing_stacks(recs)
+    assert phases == ["rollout", "actor_update"] and xs == [1, 2]
+    assert stacks == [[0.4, 0.5], [1.5, 1.2]]

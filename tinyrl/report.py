@@ -179,11 +179,19 @@ def _phase_keys(recs: list[dict]) -> list[str]:
     return [p for p in PHASES if any(_number(r.get(f"timing/{p}")) is not None for r in recs)]
 
 
-def _plot_timings(ax, recs: list[dict]) -> None:
+def timing_stacks(recs: list[dict]) -> tuple[list[str], list[float], list[list[float]]]:
+    """(phases, steps, seconds per phase at each step) over the steps that timed a phase: a
+    record without timings (trainer.val_before_train's step 0) is no step of 0 s, which the
+    stacked plot drew as a ramp from 0 up to the first step."""
     phases = _phase_keys(recs)
-    xs = [r["step"] for r in recs]
+    timed = [r for r in recs if any(_number(r.get(f"timing/{p}")) is not None for p in phases)]
     # A phase a step did not run (validate, checkpoint) counts 0 s there, so the stack stays aligned.
-    stacks = [[_number(r.get(f"timing/{p}")) or 0.0 for r in recs] for p in phases]
+    return phases, [r["step"] for r in timed], [[_number(r.get(f"timing/{p}")) or 0.0 for r in timed]
+                                                for p in phases]
+
+
+def _plot_timings(ax, recs: list[dict]) -> None:
+    phases, xs, stacks = timing_stacks(recs)
     if len(xs) <= 60:
         bottom = [0.0] * len(xs)
         for p, ys in zip(phases, stacks):
