@@ -256,3 +256,19 @@ def test_bad_sampling_options_and_data_names_are_said_at_once_before_anything_lo
     assert "give --data a file of the countdown task's prompts" in caught.value.hint and "data.train_path" not in \
         caught.value.hint
     assert not (tmp_path / "ev").exists()
+
+
+def test_piped_eval_says_its_progress_in_a_few_lines():
+    """Off a terminal Rich draws no bar: the demo's `tinyrl eval RUN | tee` said nothing for 100 s."""
+    from tinyrl.eval import plain_progress
+
+    said: list[str] = []
+    tick = plain_progress(2048, said.append)
+    for _ in range(2048 // 16):
+        tick(16)  # CHUNK_PROMPTS at a time, as score_prompts ticks
+    assert len(said) == 10
+    assert said[0].startswith("evaluating: 208/2,048 prompts (10%), 0:0") and said[-1].startswith(
+        "evaluating: 2,048/2,048 prompts (100%)")
+    once: list[str] = []
+    plain_progress(5, once.append)(5)  # fewer prompts than parts: one line, not ten
+    assert len(once) == 1

@@ -363,21 +363,48 @@ def _write(out: Path, summary: dict, results: list) -> None:
                                "again") from exc
 
 
+def plain_progress(total: int, say: Callable[[str], None], parts: int = 10) -> Callable[[int], None]:
+    """A tick(k) that says `evaluating: done/total prompts (P%), elapsed` each time another
+    1/`parts` of the work is done: progress off a terminal, a few lines in all."""
+    start, done, said = time.monotonic(), 0, 0
+
+    def tick(k: int) -> None:
+        nonlocal done, said
+        done += k
+        reached = done * parts // max(total, 1)
+        if reached > said:
+            said = reached
+            elapsed = int(time.monotonic() - start)
+            say(f"evaluating: {done:,}/{total:,} prompts ({100 * done // max(total, 1)}%), "
+                f"{elapsed // 60}:{elapsed % 60:02d} elapsed")
+    return tick
+
+
+def _ticker(bar, total: int, console) -> Callable[[int], None]:
+    """The bar's advance on a terminal; piped, where Rich draws no bar (the demo's eval said
+    nothing for 100 s), plain_progress's lines."""
+    if bar is not None:
+        job = bar.add_task("evaluating (prompts)", total=total)
+        return lambda k: bar.advance(job, k)
+    return plain_progress(total, lambda line: console.print(line, highlight=False, soft_wrap=True))
+
+
 def _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, greedy, max_new, seed, progress,
          tool_rollout=None):
     from contextlib import nullcontext
 
+    from rich.console import Console
+
     total = sum(len(prompts) for _, prompts, _ in loaded) * ((1 if greedy else 0) + (1 if n else 0))
-    if progress:
-        from rich.console import Console
+    console = Console(stderr=True)
+    if progress and console.is_terminal:
         from rich.progress import Progress
 
-        bar_ctx = Progress(console=Console(stderr=True), transient=True)
+        bar_ctx = Progress(console=console, transient=True)
     else:
         bar_ctx = nullcontext(None)
     with bar_ctx as bar:
-        job = bar.add_task("evaluating (prompts)", total=total) if bar else None
-        tick = (lambda k: bar.advance(job, k)) if bar else (lambda k: None)
+        tick = _ticker(bar, total, console) if progress else (lambda k: None)
         return [score_prompts(eng, tokenizer, prompts, rows, task, task_cfg, n=n, ks=ks, temperature=temperature,
                               top_p=top_p, greedy=greedy, max_new_tokens=max_new, seed=seed, name=name, tick=tick,
                               tool_rollout=tool_rollout)
