@@ -67,6 +67,8 @@ def test_plain_mode_prints_one_stable_line_per_step_even_past_80_columns():
     assert lines[0].startswith("step 1/40 | epoch 0 | reward 0.083 [0.000, 1.000] | kl 0.0012 (coef 0.0010)")
     assert "| len 31.2 (max 64) |" in lines[0] and "| pg_clip 0.031 |" in lines[0]
     assert "| vf_loss 0.4560 |" in lines[0] and "| 1.90s |" in lines[0] and "| 512 tok/s |" in lines[0]
+    # the PPO demo's bar is the critic's explained variance: piped, it was in metrics.jsonl only
+    assert "| vf_loss 0.4560 | ev +0.120 |" in lines[0]
     assert lines[0].endswith("| RAM 1.20/15.60 GiB")
     assert "| val – |" in lines[0]
     # the last validation score stays on the lines after the validation step
@@ -367,7 +369,7 @@ def test_tool_metrics_show_in_the_live_view_and_on_every_plain_line_once_seen():
         p.update(metrics(3))  # a step without them: the fields stay, as dashes
     lines = buf.getvalue().splitlines()
     assert "tools" not in lines[0]
-    assert "| vf_loss 0.4560 | tools 12 (errors 2, timeouts 1, 3.46s) | turns 2.50 | tok_mismatch 3 (text 1) | val" in lines[1]
+    assert "| vf_loss 0.4560 | ev +0.120 | tools 12 (errors 2, timeouts 1, 3.46s) | turns 2.50 | tok_mismatch 3 (text 1) | val" in lines[1]
     assert "| tools – (errors –, timeouts –, –s) | turns – | tok_mismatch – (text –) |" in lines[2]
     # without tools the line is exactly what it was
     assert plain_line(metrics(1), 40, None, critic=True) == lines[0]

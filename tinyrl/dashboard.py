@@ -220,8 +220,8 @@ def plain_line(m: dict, total_steps: Any, val: Any, critic: bool, tools: bool = 
         f"pg_clip {fmt(m.get('actor/pg_clipfrac'), '.3f')}",
         f"entropy {fmt(m.get('actor/entropy'), '.3f')}",
     ]
-    if critic:
-        parts.append(f"vf_loss {fmt(m.get('critic/vf_loss'))}")
+    if critic:  # the explained variance is how a PPO run shows its critic learning (README's PPO demo)
+        parts += [f"vf_loss {fmt(m.get('critic/vf_loss'))}", f"ev {fmt(m.get('critic/explained_var'), '+.3f')}"]
     if tools:
         parts += tool_fields(m)
     parts += [
