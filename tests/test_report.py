@@ -386,3 +386,15 @@ def test_the_timings_plot_leaves_out_the_step_zero_validation():
     phases, xs, stacks = timing_stacks(recs)
     assert phases == ["rollout", "actor_update"] and xs == [1, 2]
     assert stacks == [[0.4, 0.5], [1.5, 1.2]]
+
+
+def test_an_sft_runs_summary_has_its_greedy_accuracy_when_it_measured_one():
+    """countdown-demo-sft validates greedily (sft.val_generate): its val_score.png was drawn, but
+    summary.txt gave the loss only, not the 16.4% that the RL demo then starts from."""
+    from tinyrl.report import summarize
+
+    recs = [{"step": 1, "sft/loss": 2.5}, {"step": 300, "sft/loss": 0.42, "val/loss": 0.39, "val/score": 0.164}]
+    lines = summarize(recs, None)
+    assert "final val loss: 0.3900 (step 300)" in lines
+    assert "final val score: 0.1640 (step 300)" in lines
+    assert not any("val score" in line for line in summarize(recs[:1] + [{"step": 2, "sft/loss": 1.0}], None))

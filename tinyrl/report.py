@@ -386,8 +386,10 @@ def summarize(recs: list[dict], config: dict | None) -> list[str]:
     else:
         lines.append("reward/mean: not recorded")
     vx, val = series(recs, "val/score")
-    if not sl:
-        lines.append(f"final val score: {val[-1]:.4f} (step {vx[-1]:g})" if val else "final val score: none (no validation steps)")
+    if val:  # an SFT run's too (sft.val_generate: the demo's accuracy before RL)
+        lines.append(f"final val score: {val[-1]:.4f} (step {vx[-1]:g})")
+    elif not sl:
+        lines.append("final val score: none (no validation steps)")
     lines += val_summary(recs)
     lines += tools_summary(recs)
     change = accuracy_change(recs)
