@@ -68,3 +68,21 @@ def test_the_next_loop_in_the_same_process_stops_cleanly_again(stops):
     with interrupts.training() as s:
         signal.raise_signal(signal.SIGINT)
         assert s.requested and not s.ended
+
+
+def test_a_resumed_run_already_at_its_end_says_nothing_was_trained():
+    """`tinyrl train --preset countdown-demo --resume` of the finished demo said only "run finished
+    at step 60", as if it had trained; a run that did train says what it always said."""
+    from types import SimpleNamespace
+
+    def ended(step: int, total: int, started_at: int) -> str:
+        trainer = SimpleNamespace(step=step, stopped_by=None, run=SimpleNamespace(unwritten=dict),
+                                  saves=SimpleNamespace(unsaved=lambda step: ""))
+        message, code = interrupts.end_of_run(trainer, "runs/d", total, "tinyrl train ...", started_at)
+        assert code == 0
+        return message
+
+    assert "nothing was trained. To train further: --resume --max-steps N, N past 60" in ended(60, 60, 60)
+    assert ended(60, 60, 30).startswith("run finished at step 60: runs/d")
+    assert ended(60, 60, 0).startswith("run finished at step 60: runs/d")
+    assert "the end, step 40, is behind it; nothing was trained" in ended(60, 40, 60)

@@ -283,8 +283,9 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
             dash.log(notice)
         if resume:
             _show_earlier_validations(dash, run_dir)
+        started_at = trainer.step
         trainer.train(max_steps)
-    message, code = interrupts.end_of_run(trainer, run_dir, trainer.total_steps(max_steps), resume_cmd)
+    message, code = interrupts.end_of_run(trainer, run_dir, trainer.total_steps(max_steps), resume_cmd, started_at)
     if code == 0:
         inputs = getattr(trainer, "inputs", None)  # the RL trainer's prompts; an SFT run has its own data
         _print_accuracy_change(run_dir, len(inputs.test_prompts) if inputs is not None else None)

@@ -163,9 +163,10 @@ def training() -> Iterator[StopSignals]:
             stops.uninstall()
 
 
-def end_of_run(trainer, run_dir, total: int, resume_cmd: str) -> tuple[str, int]:
+def end_of_run(trainer, run_dir, total: int, resume_cmd: str, started_at: int = 0) -> tuple[str, int]:
     """What the CLI says when train() returns, and the exit code: 0 when every step is on disk;
-    130/143 after a signal (where it stopped, how to resume); 1 when steps were not checkpointed."""
+    130/143 after a signal (where it stopped, how to resume); 1 when steps were not checkpointed.
+    `started_at`: the step the run (a resumed one) began at."""
     lost = trainer.run.unwritten()
     lost_text = ("; log lines not written (disk full): " + ", ".join(f"{n} in {k}" for k, n in lost.items())
                  if lost else "")
@@ -183,6 +184,17 @@ def end_of_run(trainer, run_dir, total: int, resume_cmd: str) -> tuple[str, int]
                 + f"\nresume with: {resume_cmd}", exit_code(trainer.stopped_by))
     if unsaved:
         return f"the run reached step {trainer.step}, but {unsaved}{lost_text}", 1
-    # `--resume --max-steps 3` of a run at step 6: nothing trained, and it should say why
-    past = f" (it was there already: the end, step {total}, is behind it; nothing was trained)" if trainer.step > total else ""
-    return f"run finished at step {trainer.step}{past}: {run_dir}{lost_text}  (plots: tinyrl report {run_dir})", 0
+    return (f"run finished at step {trainer.step}{_why_nothing_trained(trainer.step, total, started_at)}: "
+            f"{run_dir}{lost_text}  (plots: tinyrl report {run_dir})", 0)
+
+
+def _why_nothing_trained(step: int, total: int, started_at: int) -> str:
+    """`--resume` of a run already at its end trains nothing, and should say why: the end is
+    behind it (`--max-steps 3` at step 6), or it is the end (a finished run resumed as it was,
+    which said only "run finished at step 60", as if it had trained)."""
+    if step > total:
+        return f" (it was there already: the end, step {total}, is behind it; nothing was trained)"
+    if step == started_at:
+        return (f" (it was there already: step {total} is its end; nothing was trained. To train further: "
+                f"--resume --max-steps N, N past {total})")
+    return ""
