@@ -427,3 +427,13 @@ def test_an_sft_frame_has_no_rollout_fields():
     assert "sft loss" in text and re.search(r"RAM used\s+0\.85 GiB", text)
     assert "waiting for the first step" not in text and "latest sample" not in text
     assert "len mean" not in text and "clipped" not in text and "· length" not in text
+
+
+def test_an_sft_frame_holds_its_val_score_like_its_val_loss():
+    """With trainer.test_every=5 the SFT panel read `val loss 1.1658 @5` but `val score –` at step 9."""
+    d = Dashboard({**INFO, "algorithm": "sft"}, mode="off")
+    base = {"epoch": 0, "sft/loss": 1.0, "memory/kind": "ram"}
+    d.update({**base, "step": 5, "val/loss": 1.1658, "val/score": 0.125})
+    d.update({**base, "step": 9})
+    text = frame(d)
+    assert re.search(r"val loss\s+1\.1658 @5", text) and re.search(r"val score\s+0\.125 @5", text)

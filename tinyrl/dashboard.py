@@ -202,13 +202,14 @@ def episode_view(turns: list[dict], calls: list[dict], reward: Any, width: int) 
     return out
 
 
-def plain_line(m: dict, total_steps: Any, val: Any, critic: bool, tools: bool = False) -> str:
+def plain_line(m: dict, total_steps: Any, val: Any, critic: bool, tools: bool = False, val_loss: Any = None) -> str:
     """One stable, greppable line per step (same fields in the same order every step).
+    `val`, `val_loss`: the last validation's score and (SFT) loss.
     `tools`: the run's episodes call tools (a TOOL_METRICS key was seen), so the tool fields
     are on every line from then on."""
     kind = m.get("memory/kind")
     if "sft/loss" in m:
-        return sft_line(m, total_steps, val)
+        return sft_line(m, total_steps, val_loss, val)
     parts = [
         f"step {fmt(m.get('step'))}/{fmt(total_steps)}",
         f"epoch {fmt(m.get('epoch'))}",
@@ -247,13 +248,13 @@ def mismatch_label(m: dict) -> str:
     return f"{fmt(m.get('episode/tokenization_mismatch'), COUNT)} (text {fmt(m.get('episode/text_mismatch'), COUNT)})"
 
 
-def sft_line(m: dict, total_steps: Any, val_loss: Any) -> str:
+def sft_line(m: dict, total_steps: Any, val_loss: Any, val_score: Any = None) -> str:
     """`tinyrl sft`'s line: losses instead of rewards, no rollout. The validation fields appear
     once there is a figure (an SFT run validates every trainer.test_every steps, the demo only
-    at its end: 299 lines of `val loss – | val score –` said nothing)."""
+    at its end: 299 lines of `val loss – | val score –` said nothing), and hold until the next."""
     kind = m.get("memory/kind")
     val = ([f"val loss {fmt(val_loss, '.4f')}"] if val_loss is not None else []) + \
-        ([f"val score {fmt(m.get('val/score'), '.3f')}"] if m.get("val/score") is not None else [])
+        ([f"val score {fmt(val_score, '.3f')}"] if val_score is not None else [])
     return " | ".join([
         f"step {fmt(m.get('step'))}/{fmt(total_steps)}", f"epoch {fmt(m.get('epoch'))}",
         f"loss {fmt(m.get('sft/loss'), '.4f')}", *val,
@@ -289,6 +290,7 @@ class Dashboard:
         self._metrics: dict = {}
         self._sample: dict | None = None
         self._val: tuple[Any, Any] = (None, None)          # (score, step) of the last validation
+        self._val_loss: tuple[Any, Any] = (None, None)     # (loss, step): `tinyrl sft`'s
         self._val_files: dict[str, tuple[dict, Any]] = {}  # data.val_files: name -> (figures, step)
         self._probs_diff: tuple[Any, Any] = (None, None)   # (value, step): reported only sometimes
         self._rewards: deque = deque(maxlen=240)
@@ -337,8 +339,8 @@ class Dashboard:
             self._step_time_sum += took
             self._step_count += 1
             self._last_update = now
-            line = plain_line(self._metrics, self.info.get("total_steps"), self._val[0],
-                              self._critic_expected, self._tools_seen) if self.mode == "plain" else None
+            line = plain_line(self._metrics, self.info.get("total_steps"), self._val[0], self._critic_expected,
+                              self._tools_seen, self._val_loss[0]) if self.mode == "plain" else None
         if line is not None:
             self._print_plain(line)
             for name, figures in by_file.items():
@@ -361,7 +363,7 @@ class Dashboard:
         for name, figures in by_file.items():
             self._val_files[name] = (figures, step)
         if metrics.get("val/loss") is not None:  # `tinyrl sft`
-            self._val = (metrics["val/loss"], step)
+            self._val_loss = (metrics["val/loss"], step)
         return by_file
 
     def log(self, message: str) -> None:
@@ -383,7 +385,7 @@ class Dashboard:
     def _snapshot(self) -> dict:
         with self._lock:
             return {
-                "m": dict(self._metrics), "sample": self._sample, "val": self._val,
+                "m": dict(self._metrics), "sample": self._sample, "val": self._val, "val_loss": self._val_loss,
                 "val_files": dict(self._val_files),
                 "probs_diff": self._probs_diff, "rewards": list(self._rewards),
                 "mean_step": self._step_time_sum / self._step_count if self._step_count else None,
@@ -466,10 +468,10 @@ class Dashboard:
         return Panel(Group(rows, spark), title="reward", border_style="green")
 
     def _sft_panel(self, snap: dict, width: int) -> Panel:
-        m, (val, val_step) = snap["m"], snap["val"]
+        m, (loss, loss_step), (score, score_step) = snap["m"], snap["val_loss"], snap["val"]
         rows = self._kv([("loss", fmt(m.get("sft/loss"), ".4f")),
-                         ("val loss", fmt(val, ".4f") + (f" @{val_step}" if val_step is not None else "")),
-                         ("val score", fmt(m.get("val/score"), ".3f")),
+                         ("val loss", fmt(loss, ".4f") + (f" @{loss_step}" if loss_step is not None else "")),
+                         ("val score", fmt(score, ".3f") + (f" @{score_step}" if score_step is not None else "")),
                          ("tokens", fmt(m.get("sft/loss_tokens"), ",.0f"))])
         spark = Text(sparkline(snap["rewards"], max(8, width // 3 - 6)), style="green")  # the losses
         return Panel(Group(rows, spark), title="sft loss", border_style="green")
