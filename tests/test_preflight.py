@@ -42,6 +42,9 @@ def test_cpu_run_checks_disk_and_says_plans_are_for_cards(tmp_path):
     assert any(n.startswith("disk:") for n in notes)
     assert any("memory planning applies to CUDA cards" in n and "4096" in n for n in notes)
     assert not (tmp_path / "run").exists()  # nothing written
+    # a budget left at 0 is said as the number the trainer takes (it read "critic default tokens")
+    ppo = pf.preflight(tiny("critic.micro_batch_tokens=0"), tmp_path / "run")
+    assert any("(actor 4096, critic 8192 tokens)" in n for n in ppo), ppo
 
 
 def test_too_little_disk_stops_the_run_with_the_numbers(monkeypatch, tmp_path):

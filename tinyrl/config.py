@@ -118,6 +118,9 @@ class AlgorithmConfig:
     rollout_is_cap: float = 2.0           # C: weights are min(ratio, C)
 
 
+DEFAULT_MICRO_TOKENS = 8192  # a micro_batch_tokens of 0 when no memory plan gives one (a CPU run)
+
+
 @dataclass
 class LearnerConfig:
     """What every trainable role owns: its optimizer, schedule, batching and loss aggregation.

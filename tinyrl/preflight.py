@@ -17,7 +17,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tinyrl.config import Config, has_critic, resolve_path
+from tinyrl.config import DEFAULT_MICRO_TOKENS, Config, has_critic, resolve_path
 from tinyrl.errors import TinyRLError
 from tinyrl.hardware import GPU, check_arch_supported, detect_gpu, nvidia_driver_version, why_no_cuda
 from tinyrl.memory import formulas as fm
@@ -45,9 +45,10 @@ def preflight(cfg: Config, run_dir: Path) -> list[str]:
     if gpu is None:
         if cfg.trainer.device == "auto" and nvidia_driver_version():
             notes.append(f"WARNING: this machine has an NVIDIA driver but the run is on the CPU: {why_no_cuda()}")
-        critic = f", critic {cfg.critic.micro_batch_tokens or 'default'}" if has_critic(cfg) else ""
+        # the budgets the trainer takes (a 0 is DEFAULT_MICRO_TOKENS), not "critic default tokens"
+        critic = f", critic {cfg.critic.micro_batch_tokens or DEFAULT_MICRO_TOKENS}" if has_critic(cfg) else ""
         notes.append("memory planning applies to CUDA cards; this CPU run uses the preset's micro-batch "
-                     f"budgets (actor {cfg.actor.micro_batch_tokens or 'default'}{critic} tokens)")
+                     f"budgets (actor {cfg.actor.micro_batch_tokens or DEFAULT_MICRO_TOKENS}{critic} tokens)")
         return notes
     return notes + check_memory(cfg, gpu, run_dir)
 

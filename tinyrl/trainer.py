@@ -32,7 +32,7 @@ import torch
 
 from tinyrl import checkpoint as ckpt
 from tinyrl import interrupts, rundir
-from tinyrl.config import Config, resolve_rollout_is, roles_of
+from tinyrl.config import DEFAULT_MICRO_TOKENS, Config, resolve_rollout_is, roles_of
 from tinyrl.errors import TinyRLError
 from tinyrl.learners import make_learners
 from tinyrl.memory.from_config import row_width
@@ -51,7 +51,6 @@ from tinyrl.setup import RunInputs, check_one_batch, prepare_inputs
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MICRO_TOKENS = 8192  # used when neither the preset nor a memory plan gives a budget
 
 
 class Trainer:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from tinyrl.config import Config, resolve_path
+from tinyrl.config import DEFAULT_MICRO_TOKENS, Config, resolve_path
 from tinyrl.learners import Learner, sft_loss_fn
 from tinyrl.memory.from_config import row_width
 from tinyrl.microbatch import BudgetKeeper
@@ -34,7 +34,7 @@ from tinyrl.models import PolicyModels
 from tinyrl.phases import Phase
 from tinyrl.runlog import memory_reading
 from tinyrl.sft.data import SFTRows, load_sft, schemas_note
-from tinyrl.trainer import DEFAULT_MICRO_TOKENS, Trainer, _Timer
+from tinyrl.trainer import Trainer, _Timer
 
 
 def sft_learner_config(cfg: Config):
