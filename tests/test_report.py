@@ -398,3 +398,14 @@ def test_an_sft_runs_summary_has_its_greedy_accuracy_when_it_measured_one():
     assert "final val loss: 0.3900 (step 300)" in lines
     assert "final val score: 0.1640 (step 300)" in lines
     assert not any("val score" in line for line in summarize(recs[:1] + [{"step": 2, "sft/loss": 1.0}], None))
+
+
+def test_the_step_count_leaves_out_the_validation_before_training():
+    """The demo's summary said "steps: 61 recorded, step 0 to 60" for its 60 steps."""
+    from tinyrl.report import steps_line
+
+    recs = [{"step": 0, "val/score": 0.16, "val/reward_mean": 0.2}] + \
+        [{"step": s, "reward/mean": 0.1} for s in range(1, 61)]
+    assert steps_line(recs) == "steps: 60 recorded, step 1 to 60 (and a validation before training, step 0)"
+    assert steps_line(recs[1:]) == "steps: 60 recorded, step 1 to 60"
+    assert steps_line(recs[:1]) == "steps: none trained (and a validation before training, step 0)"

@@ -366,13 +366,22 @@ def tools_summary(recs: list[dict]) -> list[str]:
     return lines
 
 
+def steps_line(recs: list[dict]) -> str:
+    """How many steps the run trained: trainer.val_before_train's step-0 record (validation
+    figures only) is said apart, where it made the demo's 60 steps "61 recorded, step 0 to 60"."""
+    steps = [r["step"] for r in recs if any(not k.startswith("val/") for k in r if k != "step")]
+    before = " (and a validation before training, step 0)" if any(r["step"] == 0 for r in recs) else ""
+    if not steps:
+        return f"steps: none trained{before}"
+    return f"steps: {len(steps)} recorded, step {steps[0]:g} to {steps[-1]:g}{before}"
+
+
 def summarize(recs: list[dict], config: dict | None) -> list[str]:
     lines = []
     if config:
         lines.append(f"preset: {config.get('preset', '–')}  model: {config.get('model', {}).get('name', '–')}"
                      if isinstance(config.get("model"), dict) else f"preset: {config.get('preset', '–')}")
-    steps = [r["step"] for r in recs]
-    lines.append(f"steps: {len(recs)} recorded, step {steps[0]:g} to {steps[-1]:g}")
+    lines.append(steps_line(recs))
     xs, rw = series(recs, "reward/mean")
     sx, sl = series(recs, "sft/loss")
     if sl:  # `tinyrl sft`: losses, not rewards
