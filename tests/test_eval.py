@@ -272,3 +272,38 @@ def test_piped_eval_says_its_progress_in_a_few_lines():
     once: list[str] = []
     plain_progress(5, once.append)(5)  # fewer prompts than parts: one line, not ten
     assert len(once) == 1
+
+
+def test_a_sigterm_mid_eval_removes_the_merged_model_and_says_so(math_run, tmp_path, monkeypatch, capsys):
+    """SIGTERM killed `tinyrl eval RUN` where it was, leaving the run's merged model in TMPDIR
+    (tinyrl-eval-*; a 3B's is ~12 GB); now it unwinds, cleans up and exits 143 with a line."""
+    import os
+    import signal
+    import tempfile
+
+    from tinyrl import interrupts
+    from tinyrl.cli import main
+
+    run, _ = math_run
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(interrupts, "_ACTIVE", None)  # a fresh process handler, taken away below
+
+    def killed(*args, **kwargs):  # the run merged into TMPDIR, its model about to load
+        os.kill(os.getpid(), signal.SIGTERM)  # raised as Interrupted at the next line of Python
+        pytest.fail("the signal did not stop the evaluation")
+    monkeypatch.setattr(ev, "_engine", killed)
+    monkeypatch.setattr(sys, "argv", ["tinyrl", "eval", str(run), "--n", "0", "--out", str(tmp_path / "ev")])
+
+    def unhandled(signum, frame):  # without eval's handler, a failure here rather than this process killed
+        pytest.fail("SIGTERM reached no tinyrl handler")
+    before = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        with pytest.raises(SystemExit) as done:
+            main()
+    finally:
+        if interrupts.active() is not None:
+            interrupts.active().uninstall()
+        signal.signal(signal.SIGTERM, before)
+    assert done.value.code == 143
+    assert "stopped by SIGTERM; nothing was written" in capsys.readouterr().err
+    assert not list(tmp_path.glob("tinyrl-eval-*")) and not (tmp_path / "ev").exists()

@@ -489,9 +489,19 @@ def eval_cmd(
     if engine not in ("auto", "hf", "vllm"):
         raise TinyRLError(f"--engine {engine!r} is not auto, hf or vllm", hint="e.g. --engine hf")
     _log_to_stderr()
-    summary, where = evaluate(target, data, task_name=task, n=n, ks=ks, temperature=temperature, top_p=top_p,
-                              greedy=greedy, engine=engine, max_new_tokens=max_tokens, out_dir=out_dir,
-                              chat_template=chat_template, seed=seed, progress=not as_json, tools=tools)
+    from tinyrl import interrupts
+
+    # SIGTERM killed eval outright, leaving the run's merged model (a 3B: ~12 GB) in TMPDIR; as
+    # Interrupted it unwinds through the temporary directory. Ctrl-C ended silently (Typer's exit 130).
+    interrupts.install()
+    try:
+        summary, where = evaluate(target, data, task_name=task, n=n, ks=ks, temperature=temperature, top_p=top_p,
+                                  greedy=greedy, engine=engine, max_new_tokens=max_tokens, out_dir=out_dir,
+                                  chat_template=chat_template, seed=seed, progress=not as_json, tools=tools)
+    except interrupts.Interrupted as exc:
+        err.print(f"stopped by {interrupts.SIGNAL_NAMES.get(exc.signum, exc.signum)}; nothing was written",
+                  highlight=False, soft_wrap=True)
+        sys.exit(interrupts.exit_code(exc.signum))
     if as_json:
         print(json.dumps(summary, indent=2))
         return
