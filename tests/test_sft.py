@@ -480,7 +480,7 @@ def test_bad_sft_input_is_one_screen_and_exit_2(tmp_path, monkeypatch, capsys, c
     import tinyrl.sft.trainer
 
     monkeypatch.setattr(tinyrl.sft.trainer, "PolicyModels", None)  # a load would raise TypeError
-    code, err = cli(monkeypatch, capsys, *base, "--set", f"data.train_path={chat}", "--set",
+    code, err = cli(monkeypatch, capsys, *base[:-2], "--set", f"data.train_path={chat}", "--set",  # base[-2:]: its batch
                     f"model.custom_chat_template={json.dumps(TEMPLATE)}", "--set", "trainer.train_batch_size=16")
     assert code == 2 and "the training data has 8 rows, fewer than one batch" in err, err
 
