@@ -170,8 +170,8 @@ def test_convert_problem_answer_tables(tmp_path, suffix):
     src = tmp_path / f"bench{suffix}"
     {".parquet": lambda: frame.to_parquet(src), ".jsonl": lambda: frame.to_json(src, orient="records", lines=True),
      ".csv": lambda: frame.to_csv(src, index=False)}[suffix]()
-    path, n = mt.convert(str(src), tmp_path / "out", "boxed")
-    assert path == tmp_path / "out" / "bench.parquet" and n == 2  # the blank problem is skipped
+    path, n, skipped = mt.convert(str(src), tmp_path / "out", "boxed")
+    assert path == tmp_path / "out" / "bench.parquet" and (n, skipped) == (2, 1)  # the blank problem is skipped
     rows = load_prompts(path).to_dict("records")
     assert rows[0]["data_source"] == "lighteval/MATH" and "\\boxed{}" in prompt_text(rows[0])
     assert [ground_truth(r) for r in rows] == ["4", "\\frac{1}{2}"]
@@ -179,38 +179,53 @@ def test_convert_problem_answer_tables(tmp_path, suffix):
         mt.convert(str(src), tmp_path / "out", "boxed")
 
 
+def test_convert_skips_missing_cells_and_keeps_answers_as_written(tmp_path, capsys):
+    # an empty CSV cell or a JSON null read as NaN: it became the problem "nan" or the ground
+    # truth "nan" (no answer could score), and type inference made the answer "2" into "2.0"
+    (tmp_path / "t.csv").write_text("question,answer\nWhat is 1+1?,2\nWhat is 2+2?,\n,5\nLeading zero?,007\n")
+    (tmp_path / "j.jsonl").write_text('{"question": "a?", "answer": null}\n{"question": "b?", "answer": "3"}\n'
+                                      '{"question": null, "answer": "4"}\n')
+    for name, truths in (("t.csv", ["2", "007"]), ("j.jsonl", ["3"])):
+        path, n, skipped = mt.convert(str(tmp_path / name), tmp_path / "out", "boxed")
+        assert [ground_truth(r) for r in load_prompts(path).to_dict("records")] == truths
+        assert (n, skipped) == (len(truths), 2)
+    mt.data_command(out_dir=tmp_path / "cli", source=str(tmp_path / "t.csv"), template="boxed", name=None,
+                    problem_key=None, answer_key=None, train_size=1, test_size=1, seed=0)
+    assert "(2 rows; 2 rows without a problem or an answer skipped)" in " ".join(capsys.readouterr().out.split())
+
+
 def test_convert_gsm8k_and_aime_style_columns(tmp_path):
     gsm = tmp_path / "gsm.jsonl"
     gsm.write_text("\n".join(json.dumps(r) for r in [
         {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"},
         {"question": "A big sum?", "answer": "so\n#### 1,234"}]))
-    path, _ = mt.convert(str(gsm), tmp_path / "out", "dapo")
+    path, _, _ = mt.convert(str(gsm), tmp_path / "out", "dapo")
     assert [ground_truth(r) for r in load_prompts(path).to_dict("records")] == ["7", "1234"]
     aime = tmp_path / "aime.parquet"
     pd.DataFrame({"ID": ["x-1"], "Problem": ["Find n."], "Answer": [204]}).to_parquet(aime)
-    path, _ = mt.convert(str(aime), tmp_path / "out", "dapo")
+    path, _, _ = mt.convert(str(aime), tmp_path / "out", "dapo")
     assert ground_truth(load_prompts(path).to_dict("records")[0]) == "204"
     worked = tmp_path / "worked.parquet"
     pd.DataFrame({"problem": ["p"], "solution": ["so it is \\boxed{\\frac{1}{3}}."]}).to_parquet(worked)
-    path, _ = mt.convert(str(worked), tmp_path / "out", "boxed")
+    path, _, _ = mt.convert(str(worked), tmp_path / "out", "boxed")
     assert ground_truth(load_prompts(path).to_dict("records")[0]) == "\\frac{1}{3}"
 
 
 def test_convert_keeps_verl_files_and_asks_for_unknown_columns(tmp_path):
     train, _ = mt.generate(tmp_path / "g", 4, 4)
-    path, n = mt.convert(str(train), tmp_path / "copy", "boxed")  # verl's schema: kept as it is
+    path, n, _ = mt.convert(str(train), tmp_path / "copy", "boxed")  # verl's schema: kept as it is
     assert n == 4 and pd.read_parquet(path).equals(pd.read_parquet(train))
     odd = tmp_path / "odd.csv"
     pd.DataFrame({"q": ["x"], "a": ["1"]}).to_csv(odd, index=False)
     with pytest.raises(TinyRLError, match="--problem-key"):
         mt.convert(str(odd), tmp_path, "dapo")
-    path, _ = mt.convert(str(odd), tmp_path / "out", "dapo", problem_key="q", answer_key="a")
+    path, _, _ = mt.convert(str(odd), tmp_path / "out", "dapo", problem_key="q", answer_key="a")
     assert path.name == "odd.parquet"
     # a named column that is not there is said as such ("no problem/answer columns" while they were)
     with pytest.raises(TinyRLError, match=r"no column --answer-key nope \(columns: q, a\)"):
         mt.convert(str(odd), tmp_path / "nope", "dapo", problem_key="q", answer_key="nope")
     # --name x.parquet is the file x.parquet, not x.parquet.parquet
-    path, _ = mt.convert(str(odd), tmp_path / "named", "dapo", name="x.parquet", problem_key="q", answer_key="a")
+    path, _, _ = mt.convert(str(odd), tmp_path / "named", "dapo", name="x.parquet", problem_key="q", answer_key="a")
     assert path.name == "x.parquet"
     with pytest.raises(TinyRLError, match="--test-size must be a positive integer, got 0") as info:
         mt.generated_problems(8, 0)
@@ -312,7 +327,7 @@ def test_hf_source_in_verls_schema_is_kept_and_scores(tmp_path, hub):
         "prompt": [[{"role": "user", "content": mt.prompt_of(q, "dapo")}] for q in ("What is 6 * 7?", "Half of 3?")],
         "reward_model": [{"style": "rule", "ground_truth": "42"}, {"style": "rule", "ground_truth": "\\frac{3}{2}"}],
         "extra_info": [{"index": "u-1"}, {"index": "u-2"}]})
-    path, n = mt.convert("hf:BytedTsinghua-SIA/DAPO-Math-17k", tmp_path, "dapo", name="dapo-math-17k")
+    path, n, _ = mt.convert("hf:BytedTsinghua-SIA/DAPO-Math-17k", tmp_path, "dapo", name="dapo-math-17k")
     assert (path.name, n) == ("dapo-math-17k.parquet", 2)
     rows = load_prompts(path).to_dict("records")
     assert prompt_text(rows[0]) == mt.prompt_of("What is 6 * 7?", "dapo")

@@ -145,8 +145,8 @@ def test_dapo_style_rows_become_prompts_with_the_system_prompt(tmp_path):
              "reward_model": {"style": "rule", "ground_truth": a}, "extra_info": {"index": i}}
             for i, (p, a) in enumerate(PROBLEMS)] * 3  # repeated, as DAPO-Math-17k repeats its prompts
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "dapo.parquet")
-    path, n, dropped = rt.convert_rl(str(tmp_path / "dapo.parquet"), tmp_path / "out")
-    assert (n, dropped) == (3, 6) and path == tmp_path / "out" / "dapo.parquet"
+    path, n, dropped, skipped = rt.convert_rl(str(tmp_path / "dapo.parquet"), tmp_path / "out")
+    assert (n, dropped, skipped) == (3, 6, 0) and path == tmp_path / "out" / "dapo.parquet"
     frame = load_prompts(path)
     for (problem, answer), (_, row) in zip(PROBLEMS, frame.iterrows()):
         assert [dict(m) for m in row["prompt"]] == [{"role": "system", "content": rt.SYSTEM_PROMPT},
@@ -161,10 +161,21 @@ def test_dapo_style_rows_become_prompts_with_the_system_prompt(tmp_path):
 def test_plain_problem_answer_tables_convert_too(tmp_path):
     pd.DataFrame({"problem": [p for p, _ in PROBLEMS], "answer": [a for _, a in PROBLEMS]}).to_json(
         tmp_path / "aime.jsonl", orient="records", lines=True)
-    path, n, _ = rt.convert_rl(str(tmp_path / "aime.jsonl"), tmp_path, name="mine")
+    path, n, _, _ = rt.convert_rl(str(tmp_path / "aime.jsonl"), tmp_path, name="mine")
     frame = pq.read_table(path).to_pandas()
     assert n == 3 and list(frame["data_source"]) == ["retool"] * 3
     assert frame["prompt"][2][1]["content"] == "Find x if 3x = 12."
+
+
+def test_rows_without_an_answer_are_not_counted_as_repeats(tmp_path, capsys):
+    # rows skipped for a missing answer were said as "repeated rows kept once"
+    pd.DataFrame({"problem": ["p1", "p1", "p2", "p3"], "answer": ["1", "1", None, ""]}).to_parquet(tmp_path / "t.parquet")
+    path, n, dropped, skipped = rt.convert_rl(str(tmp_path / "t.parquet"), tmp_path / "out")
+    assert (n, dropped, skipped) == (1, 1, 2)
+    rt.data_command(out_dir=tmp_path / "cli", source=str(tmp_path / "t.parquet"), sft=False, name=None,
+                    test_size=None, problem_key=None, answer_key=None, train_size=1, seed=0)
+    assert ("(1 prompts; 1 repeated rows kept once; 2 rows without a problem or an answer skipped)"
+            in " ".join(capsys.readouterr().out.split()))
 
 
 # ------------------------------------------------------------------ SFT data

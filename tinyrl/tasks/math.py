@@ -209,8 +209,17 @@ _PROBLEM_KEYS = ("problem", "question", "Problem", "Question")
 _ANSWER_KEYS = ("answer", "Answer", "final_answer", "ground_truth", "solution", "Solution")
 
 
+def cell_text(value: Any) -> str:
+    """A table cell as text; a missing one (None, or the NaN pandas reads for an empty CSV or
+    JSON cell) is "", not the text "nan" or "None", which became a problem or an answer."""
+    value = value.item() if hasattr(value, "item") else value
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    return str(value).strip()
+
+
 def _answer_text(value: Any, key: str) -> str | None:
-    text = str(value.item() if hasattr(value, "item") else value).strip()
+    text = cell_text(value)
     if "####" in text:  # GSM8K: reasoning, then "#### 72"
         text = text.rsplit("####", 1)[1].strip().replace(",", "")
     elif key.lower() == "solution":  # MATH-style worked solution: its last \boxed{}
@@ -244,8 +253,10 @@ def read_table(source: str) -> tuple[Any, str]:
     if not path.is_file():
         raise TinyRLError(f"--from {source}: file not found", hint="give a .parquet, .jsonl, .json or .csv file, "
                           "or hf:NAME[:split]")
-    readers = {".parquet": pd.read_parquet, ".jsonl": lambda p: pd.read_json(p, lines=True),
-               ".json": pd.read_json, ".csv": pd.read_csv}
+    # text tables are read as written: type inference made the answer "2" of a CSV (or of a JSON
+    # column with a null) 2.0, and "007" 7
+    readers = {".parquet": pd.read_parquet, ".jsonl": lambda p: pd.read_json(p, lines=True, dtype=False),
+               ".json": lambda p: pd.read_json(p, dtype=False), ".csv": lambda p: pd.read_csv(p, dtype=str)}
     if path.suffix not in readers:
         raise TinyRLError(f"--from {source}: cannot read {path.suffix or 'files without a suffix'}",
                           hint=f"give one of: {', '.join(readers)}")
@@ -257,7 +268,8 @@ def read_table(source: str) -> tuple[Any, str]:
 
 def problem_rows(frame: Any, source: str, problem_key: str | None = None,
                  answer_key: str | None = None) -> list[tuple[str, str]]:
-    """(problem, answer) of each row of a plain problem/answer table that has both."""
+    """(problem, answer) of each row of a plain problem/answer table that has both (the caller
+    says how many rows had not: len(frame) - len(rows))."""
     cols = list(frame.columns)
     pkey = problem_key or next((k for k in _PROBLEM_KEYS if k in cols), None)
     akey = answer_key or next((k for k in _ANSWER_KEYS if k in cols), None)
@@ -270,7 +282,7 @@ def problem_rows(frame: Any, source: str, problem_key: str | None = None,
     rows = []
     for problem, value in zip(frame[pkey], frame[akey]):
         answer = _answer_text(value, akey)
-        if answer is not None and str(problem).strip():
+        if answer is not None and cell_text(problem):
             rows.append((str(problem), answer))
     if not rows:
         raise TinyRLError(f"{source}: no row has both a problem and an answer", hint="check --answer-key")
@@ -283,8 +295,9 @@ def output_name(name: str | None, default: str) -> str:
 
 
 def convert(source: str, out_dir: Path, template: str, name: str | None = None,
-            problem_key: str | None = None, answer_key: str | None = None) -> tuple[Path, int]:
-    """A problem/answer table -> out_dir/NAME.parquet in verl's maths schema. -> (path, rows)"""
+            problem_key: str | None = None, answer_key: str | None = None) -> tuple[Path, int, int]:
+    """A problem/answer table -> out_dir/NAME.parquet in verl's maths schema.
+    -> (path, rows written, rows skipped for a missing problem or answer)"""
     prompt_of("", template)
     frame, default_name = read_table(source)
     name = output_name(name, default_name)
@@ -294,10 +307,10 @@ def convert(source: str, out_dir: Path, template: str, name: str | None = None,
         refuse_existing([path])
         with staged(make_dir(path.parent)) as stage:
             frame.to_parquet(stage / path.name, index=False)
-        return path, len(frame)
+        return path, len(frame), 0
     rows = problem_rows(frame, source, problem_key, answer_key)
     path = write_rows(rows, Path(out_dir).expanduser() / f"{name}.parquet", template, name)
-    return path, len(rows)
+    return path, len(rows), len(frame) - len(rows)
 
 
 def data_command(
@@ -322,8 +335,13 @@ def data_command(
         train, test = generate(out_dir, train_size, test_size, seed=seed, template=template)
         Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
         return
-    path, n = convert(source, out_dir, template, name, problem_key, answer_key)
-    Console().print(f"wrote {path} ({n:,} rows)")
+    path, n, skipped = convert(source, out_dir, template, name, problem_key, answer_key)
+    Console().print(f"wrote {path} ({n:,} rows" + (f"; {skipped_rows(skipped)}" if skipped else "") + ")")
+
+
+def skipped_rows(n: int) -> str:
+    """How a conversion says the rows it left out (a user counting rows asks where they went)."""
+    return f"{n:,} rows without a problem or an answer skipped"
 
 
 OPTIONS = ("answer_format", "correct_score", "wrong_score", "verify_timeout_s")  # the [task] options read here

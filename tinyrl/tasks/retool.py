@@ -101,7 +101,7 @@ def rl_rows(frame: Any, source: str, problem_key: str | None, answer_key: str | 
     out = []
     for row in frame.to_dict("records"):
         text = _user_text(_plain(row["prompt"]))
-        truth = str(ground_truth(row)).strip()
+        truth = maths.cell_text(ground_truth(row))
         if text.strip() and truth:
             out.append((maths.dapo_problem(text) or text.strip(), truth, str(row.get("data_source") or DATA_SOURCE)))
     return out
@@ -122,19 +122,21 @@ def write_rl(rows: list[tuple[str, str, str]], path: Path, split: str) -> Path:
 
 
 def convert_rl(source: str, out_dir: Path, name: str | None = None, problem_key: str | None = None,
-               answer_key: str | None = None) -> tuple[Path, int, int]:
-    """Maths rows -> out_dir/NAME.parquet of ReTool prompts. -> (path, rows, duplicates dropped).
-    Repeated problems are kept once (DAPO-Math-17k holds each of its ~17.9k prompts 100 times)."""
+               answer_key: str | None = None) -> tuple[Path, int, int, int]:
+    """Maths rows -> out_dir/NAME.parquet of ReTool prompts. -> (path, rows, duplicates dropped,
+    rows without a problem or an answer skipped). Repeated problems are kept once
+    (DAPO-Math-17k holds each of its ~17.9k prompts 100 times)."""
     frame, default_name = maths.read_table(source)
-    rows, seen = [], set()
-    for row in rl_rows(frame, source, problem_key, answer_key):
+    rows, seen, usable = [], set(), rl_rows(frame, source, problem_key, answer_key)
+    for row in usable:
         if row[0] not in seen:
             seen.add(row[0])
             rows.append(row)
     if not rows:
         raise TinyRLError(f"{source}: no row has both a problem and an answer", hint="check the file's columns")
     name = maths.output_name(name, default_name)
-    return write_rl(rows, Path(out_dir).expanduser() / f"{name}.parquet", name), len(rows), len(frame) - len(rows)
+    path = write_rl(rows, Path(out_dir).expanduser() / f"{name}.parquet", name)
+    return path, len(rows), len(usable) - len(rows), len(frame) - len(usable)
 
 
 def generate(out_dir, train_size: int, test_size: int, seed: int = 0, template: str = "retool",
@@ -283,8 +285,9 @@ def data_command(
         Console().print(f"wrote {' and '.join(map(str, paths))} ({n:,} conversations"
                         + (f"; {skipped:,} malformed rows skipped" if skipped else "") + ")")
         return
-    path, n, dropped = convert_rl(source, out_dir, name, problem_key, answer_key)
-    Console().print(f"wrote {path} ({n:,} prompts" + (f"; {dropped:,} repeated rows kept once" if dropped else "") + ")")
+    path, n, dropped, skipped = convert_rl(source, out_dir, name, problem_key, answer_key)
+    said = ([f"{dropped:,} repeated rows kept once"] if dropped else []) + ([maths.skipped_rows(skipped)] if skipped else [])
+    Console().print(f"wrote {path} ({n:,} prompts" + "".join(f"; {s}" for s in said) + ")")
 
 
 def _config_problems(t: Any) -> list[str]:
