@@ -295,6 +295,25 @@ def test_preset_paths_that_are_not_presets(tmp_path, monkeypatch, capsys):
     assert code == 2 and "file not found" in err and "unknown preset" not in err
 
 
+def test_a_preset_naming_another_is_refused_and_presets_show_saves_as_a_preset(tmp_path, monkeypatch, capsys):
+    # `preset = "countdown-tiny"` ran every other setting at its default, as a run named
+    # countdown-tiny (its default --out runs/countdown-tiny): the saved output of `presets show`
+    # held that line, so a user's copy of it ran under the shipped preset's name
+    mine = tmp_path / "mine.toml"
+    mine.write_text('preset = "countdown-tiny"\n[trainer]\nmax_steps = 2\n')
+    with pytest.raises(TinyRLError, match="cannot name another preset") as info:
+        load_config(str(mine), ["preset=countdown-4090", "trainer.seed=x"])
+    assert "in the file" in str(info.value) and "--set preset=countdown-4090" in str(info.value)
+    assert "trainer.seed" in str(info.value)  # with the other problems, at once
+    from tinyrl.cli import presets_show
+
+    monkeypatch.setenv("COLUMNS", "200")
+    presets_show("countdown-tiny", ["rollout.n=3"], as_json=False)
+    mine.write_text(capsys.readouterr().out)
+    cfg = load_config(str(mine))
+    assert cfg.preset == "mine" and cfg.rollout.n == 3 and cfg.model.lora_rank == 8
+
+
 def test_prompt_errors_name_file_and_row(tmp_path, tok):
     from tinyrl.setup import tokenize_rows
 

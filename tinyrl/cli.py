@@ -106,7 +106,9 @@ def presets_show(
         print(json.dumps(cfg.to_dict(), indent=2))
     else:
         out.print(f"# preset {cfg.preset}: {cfg.description}", soft_wrap=True)
-        _print_sections(cfg.to_dict())
+        # no `preset = ...` line: saved as mine.toml, this text is a preset named mine (a file's
+        # name is its preset's name; load_config refuses the key)
+        _print_sections({k: v for k, v in cfg.to_dict().items() if k != "preset"})
     problems = problems_of(cfg)
     if problems:  # printed in full above; exit 2 as `train` would refuse it (scripts see it too)
         err.print(Panel("\n".join(f"- {p}" for p in problems), border_style="red",

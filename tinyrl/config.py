@@ -270,9 +270,10 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
     path = _preset_path(preset)
     raw = read_preset(path)
     cfg = Config(preset=path.stem)
-    problems = _apply_dict(cfg, raw, prefix="")
+    problems = _named_preset_problems(raw, overrides or [])
+    problems += _apply_dict(cfg, {k: v for k, v in raw.items() if k != "preset"}, prefix="")
     for item in overrides or []:
-        problems += _apply_override(cfg, item)
+        problems += _apply_override(cfg, item) if set_key(item) != "preset" else []
     if check or problems:  # a parse problem raises below: with every other problem, not the first kind only
         problems += problems_of(cfg, resume_dir, planning)
     if notes is not None:
@@ -286,6 +287,17 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
             "`tinyrl presets show NAME` lists every key",
         )
     return cfg
+
+
+def _named_preset_problems(raw: dict, overrides: list[str]) -> list[str]:
+    """`preset = "countdown-tiny"` in a file (or --set preset=...) reads as "start from that
+    preset", but presets do not include each other: it only renamed the run (and its default
+    --out, runs/countdown-tiny) while every other setting stayed at its default."""
+    given = ([f"preset = {raw['preset']!r} in the file"] if "preset" in raw else [])
+    given += [f"--set {item.strip()}" for item in overrides if set_key(item) == "preset"]
+    return [f"{what}: a preset cannot name another preset to start from (its name is the file's, "
+            "runs go to runs/NAME); copy that preset's file (presets/NAME.toml) and change what differs"
+            for what in given]
 
 
 def check_command(cfg: Config, command: str) -> None:
