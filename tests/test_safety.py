@@ -314,6 +314,14 @@ def test_a_preset_naming_another_is_refused_and_presets_show_saves_as_a_preset(t
     assert cfg.preset == "mine" and cfg.rollout.n == 3 and cfg.model.lora_rank == 8
 
 
+def test_a_user_presets_wrong_command_is_answered_with_its_own_path(tmp_path, monkeypatch, capsys):
+    # the hint said `tinyrl sft --preset my_sft`: an unknown preset, the file is my_sft.toml
+    mine = tmp_path / "my_sft.toml"
+    mine.write_text((config_mod.PRESETS_DIR / "countdown-tiny-sft.toml").read_text())
+    code, err = cli(monkeypatch, capsys, "train", "--preset", str(mine), "--out", str(tmp_path / "run"))
+    assert code == 2 and f"tinyrl sft --preset {mine}`" in err and not (tmp_path / "run").exists()
+
+
 def test_prompt_errors_name_file_and_row(tmp_path, tok):
     from tinyrl.setup import tokenize_rows
 

@@ -300,20 +300,23 @@ def _named_preset_problems(raw: dict, overrides: list[str]) -> list[str]:
             for what in given]
 
 
-def check_command(cfg: Config, command: str) -> None:
+def check_command(cfg: Config, command: str, given: str = "") -> None:
     """`tinyrl train` on an SFT preset would run RL on supervised rows (and build a critic for
-    them), `tinyrl sft` on an RL preset would fine-tune on prompts without responses: refuse both."""
+    them), `tinyrl sft` on an RL preset would fine-tune on prompts without responses: refuse both.
+    `given`: the --preset argument, which the hint repeats (a user's file is mine.toml or a path,
+    and `--preset mine` is an unknown preset)."""
     if cfg.command == command:
         return
+    given = given or cfg.preset
     if command == "train":
         raise TinyRLError(f"preset {cfg.preset!r} is an SFT preset (command = \"sft\"): `tinyrl train` runs RL, "
                           "not supervised fine-tuning on its rows",
-                          hint=f"fine-tune with `tinyrl sft --preset {cfg.preset}`; RL from that run is a train "
+                          hint=f"fine-tune with `tinyrl sft --preset {given}`; RL from that run is a train "
                           "preset with model.init_from=RUN_DIR (the SFT preset's description names it)")
     sft_presets = [name for name, path in list_presets().items() if read_preset(path).get("command") == "sft"]
     raise TinyRLError(f"preset {cfg.preset!r} is an RL preset (command = \"train\"): `tinyrl sft` fine-tunes on "
                       "prompt/response or messages rows, which its data does not hold",
-                      hint=f"run RL with `tinyrl train --preset {cfg.preset}`; for SFT use an SFT preset "
+                      hint=f"run RL with `tinyrl train --preset {given}`; for SFT use an SFT preset "
                       f"({', '.join(sft_presets)}) or set command = \"sft\" in your own (--set command=sft)")
 
 
