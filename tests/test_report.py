@@ -231,6 +231,17 @@ def test_missing_run_dir_or_metrics_file_names_it(tmp_path):
     assert str(tmp_path / "run" / "metrics.jsonl") in exc.value.message
 
 
+def test_an_exported_model_directory_is_not_called_a_run_without_steps(tmp_path):
+    # `tinyrl report EXPORT_DIR` said "has no step logged yet": its config.json is the model's
+    model = tmp_path / "exp"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen2"}')
+    (model / "tinyrl_export.json").write_text('{"run_dir": "runs/base", "step": 2, "base": "tinyrl/tiny-qwen2"}')
+    with pytest.raises(TinyRLError, match="is a model directory") as exc:
+        write_report(model)
+    assert "tinyrl report runs/base" in exc.value.hint and not (model / "report").exists()
+
+
 def test_empty_metrics_file_is_an_error_naming_it(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("\n\n")
     with pytest.raises(TinyRLError) as exc:

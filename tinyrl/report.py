@@ -40,10 +40,24 @@ def _number(v: Any) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
+def _refuse_a_model_directory(path: Path) -> None:
+    """`tinyrl export`'s output was said to be a run with no step logged yet."""
+    from tinyrl.init_from import MARKER
+
+    try:
+        source = json.loads((path / MARKER).read_text())["run_dir"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    raise TinyRLError(f"{path} is a model directory (`tinyrl export` of the run {source}), not a run: "
+                      "it holds no metrics", hint=f"report the run it came from: tinyrl report {source} "
+                      "(as written at the export, relative to where it ran)")
+
+
 def load_metrics(run_dir: Path, notes: list[str]) -> list[dict]:
     """Step records sorted by step; a step logged twice (a resumed run redoes it) keeps the last."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
+        _refuse_a_model_directory(run_dir)  # its config.json is the model's, not a run's
         if (run_dir / "config.json").is_file():  # a run that has not finished a step yet
             raise TinyRLError(f"{run_dir} has no step logged yet (no metrics.jsonl)",
                               hint="a run logs each step as it ends: report it after its first step")
