@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from tinyrl import eval as ev
+from tinyrl.config import REPO_ROOT
 from tinyrl.errors import TinyRLError
 from tinyrl.rollout.base import Episode, RolloutResult
 from tinyrl.tasks import math as mt
@@ -143,6 +144,14 @@ def test_a_run_without_data_is_evaluated_on_the_files_its_validation_scored(math
     assert "give the math task's prompts: --data FILE" in refused.value.hint
     with pytest.raises(TinyRLError, match="--data is needed for some/model"):
         ev.evaluate("some/model", task_name="math", n=0, progress=False)
+
+
+def test_a_model_without_data_and_task_is_told_both_with_a_file_that_exists():
+    # said one per try, and the example named data/math/aime_2024.parquet, which nothing makes
+    with pytest.raises(TinyRLError, match="--data and --task are needed for some/model") as both:
+        ev.evaluate("some/model", n=0, progress=False)
+    example = both.value.hint.split("--data ")[1].split()[0]
+    assert (REPO_ROOT / example).is_file()
 
 
 def test_eval_never_overwrites_an_earlier_eval_and_says_so_before_merging(math_run, tmp_path, monkeypatch):

@@ -244,10 +244,11 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     ks = sorted(set(ks or [k for k in DEFAULT_KS if k <= n]))
     path = Path(target).expanduser()
     cfg = run_config(path) if is_run_dir(path) else None
-    if cfg is None and not data:
-        raise TinyRLError(f"--data is needed for {target}: only a run directory has held-back files of its own",
-                          hint="e.g. --data aime=data/math/aime_2024.parquet (a task's parquet file: "
-                               "`tinyrl data TASK ...`)")
+    if cfg is None and not data:  # --task too when it is missing: both at once, not one per try
+        need, also = ("--data is", "") if task_name else ("--data and --task are", " and no task")
+        raise TinyRLError(f"{need} needed for {target}: only a run directory has held-back files{also} of its own",
+                          hint="e.g. --data data/countdown/test.parquet --task countdown (a test file tinyrl "
+                               "ships; `tinyrl tasks`: each task's data command)")
     files = parse_data_args(data or run_data(cfg))
 
     def whose(name: str) -> str:  # a defaulted file is the run's setting, and eval is not its only reader
