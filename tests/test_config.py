@@ -369,3 +369,17 @@ def test_tool_workers_are_bounded_when_the_run_calls_tools(monkeypatch):
     notes: list[str] = []  # a task without tools never reads it: a note, not a refusal
     load_config("countdown-tiny", ["rollout.tool_workers=100000"], notes=notes)
     assert any(n.startswith("rollout.tool_workers is given but this run does not read it") for n in notes)
+
+
+def test_a_value_where_a_list_is_expected_or_a_quoted_number_says_how_to_write_it(tmp_path):
+    """`lora_targets = "q_proj"` and `lr = "2e-3"` were refused without saying what to write."""
+    mine = tmp_path / "mine.toml"
+    mine.write_text('[model]\nlora_targets = "q_proj, v_proj"\nlora_rank = "8"\n[actor]\nlr = "2e-3"\n')
+    with pytest.raises(TinyRLError) as info:
+        load_config(str(mine), ["data.val_files=aime=a.parquet"])
+    text = str(info.value)
+    assert """write lora_targets = ["q_proj", "v_proj"] (with --set: 'model.lora_targets=["q_proj", "v_proj"]')""" in text
+    assert "write lora_rank = 8 without the quotes" in text and "write lr = 2e-3 without the quotes" in text
+    assert """'data.val_files=["aime=a.parquet"]'""" in text
+    suggested = text.split("(with --set: '")[1].split("')")[0]  # the --set it suggests is accepted
+    assert load_config("countdown-tiny", [suggested]).model.lora_targets == ["q_proj", "v_proj"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import tomllib
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -584,7 +585,7 @@ def _set_typed(obj: Any, key: str, value: Any, dotted: str) -> str | None:
     if get_origin(expected) is list:  # each element too: [1, 2] as reward functions crashed later
         (element,) = get_args(expected)
         if not isinstance(value, list):
-            return f"{dotted} must be a list of {element.__name__}, got {value!r}"
+            return f"{dotted} must be a list of {element.__name__}, got {value!r}{_as_list_hint(dotted, value)}"
         if element is float:
             value = [float(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
         wrong = [v for v in value if not isinstance(v, element) or isinstance(v, bool)]
@@ -599,9 +600,19 @@ def _set_typed(obj: Any, key: str, value: Any, dotted: str) -> str | None:
         str: isinstance(value, str),
     }.get(expected, isinstance(value, type(current)))
     if not ok:
-        return f"{dotted} must be {getattr(expected, '__name__', str(expected))}, got {value!r}"
+        quoted = isinstance(value, str) and expected in (int, float, bool) and \
+            isinstance(_parse_value(value), expected) and not isinstance(_parse_value(value), str)
+        unquote = f" (quoted, it is text: write {key} = {value} without the quotes)" if quoted else ""
+        return f"{dotted} must be {getattr(expected, '__name__', str(expected))}, got {value!r}{unquote}"
     setattr(obj, key, value)
     return None
+
+
+def _as_list_hint(dotted: str, value: Any) -> str:
+    """How to write the list that a single value (or "a,b" text) was given for."""
+    items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else [value]
+    text = json.dumps(items)  # a JSON list of strings or numbers is a TOML list too
+    return f"; write {dotted.rsplit('.', 1)[-1]} = {text} (with --set: '{dotted}={text}')"
 
 
 # --------------------------------------------------------------------------- validation
