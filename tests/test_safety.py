@@ -334,6 +334,24 @@ def test_prompt_errors_name_file_and_row(tmp_path, tok):
     assert f"{path} row 2" in str(info.value)
 
 
+def test_a_prompt_too_long_for_the_model_is_not_answered_with_a_length_the_config_refuses(tmp_path, tok):
+    # the hint said "set data.max_prompt_length=15001" for the tiny model, which takes 2,048
+    from tinyrl.config import prompt_room
+    from tinyrl.setup import tokenize_rows
+
+    path = tmp_path / "prompts.parquet"
+    pd.DataFrame({"prompt": ["word " * 3000, "fine"], "reward_model": [{"ground_truth": "1"}] * 2}).to_parquet(path)
+    cfg = load_config("countdown-tiny", check=False)
+    with pytest.raises(TinyRLError, match="longer than data.max_prompt_length") as info:
+        tokenize_rows(path, tok, 256, room=prompt_room(cfg))
+    assert "at most 2000 tokens (data.max_prompt_length=2000)" in info.value.hint  # 2,048 - 48 response
+    assert load_config("countdown-tiny", ["data.max_prompt_length=2000"]).data.max_prompt_length == 2000
+    pd.DataFrame({"prompt": ["word " * 30], "reward_model": [{"ground_truth": "1"}]}).to_parquet(path)
+    with pytest.raises(TinyRLError, match="longer than data.max_prompt_length") as info:
+        tokenize_rows(path, tok, 4, room=prompt_room(cfg))  # a length that fits: asked for as before
+    assert "set data.max_prompt_length=" in info.value.hint
+
+
 def test_countdown_sizes_have_a_sane_upper_bound(tmp_path, monkeypatch, capsys):
     started = time.monotonic()
     code, err = cli(monkeypatch, capsys, "data", "countdown", "--out", str(tmp_path / "d"), "--test-size", "1000000000")

@@ -877,6 +877,13 @@ def _length_problems(cfg: Config) -> list[str]:
     return out
 
 
+def prompt_room(cfg: Config) -> int | None:
+    """The longest data.max_prompt_length this model takes beside rollout.max_response_length
+    (None when its context length is unknown here)."""
+    limit = _max_positions(cfg.model.name)
+    return None if limit is None else limit - cfg.rollout.max_response_length
+
+
 def _max_positions(name: str) -> int | None:
     """The model's context length from its shipped or local config; None when unknown here
     (an HF id neither shipped nor in the Hugging Face cache is checked when the model loads)."""

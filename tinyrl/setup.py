@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from tinyrl.config import Config, resolve_path
+from tinyrl.config import Config, prompt_room, resolve_path
 from tinyrl.errors import TinyRLError
 from tinyrl.writable import place_new
 
@@ -214,8 +214,11 @@ def read_chat_template(setting: str) -> str:
 
 
 def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = None,
-                  chat: bool = False, tools: tuple[str, ...] = ()) -> tuple[list[list[int]], list[dict]]:
-    """`tools`: the task's tools, whose schemas the chat template lists in each prompt."""
+                  chat: bool = False, tools: tuple[str, ...] = (), room: int | None = None,
+                  ) -> tuple[list[list[int]], list[dict]]:
+    """`tools`: the task's tools, whose schemas the chat template lists in each prompt. `room`:
+    the largest max_len the model takes (config.prompt_room), so a too-long prompt's hint never
+    asks for a length the config check then refuses."""
     from tinyrl.data.io import chat_text, load_prompts, prompt_text
 
     frame = load_prompts(path, max_rows=max_rows)
@@ -240,9 +243,16 @@ def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = No
         raise TinyRLError(
             f"{len(too_long)} of {len(ids)} prompts in {path} are longer than data.max_prompt_length = "
             f"{max_len} tokens (the longest has {worst}; first at row {too_long[0][0]})",
-            hint=f"set data.max_prompt_length={worst} (and keep prompt + response within the model's limit), "
-            "or drop those rows")
+            hint=_too_long_hint(worst, room))
     return ids, rows
+
+
+def _too_long_hint(worst: int, room: int | None) -> str:
+    if room is not None and worst > room:
+        return (f"drop or shorten those rows: beside rollout.max_response_length this model takes prompts of "
+                f"at most {room} tokens (data.max_prompt_length={room})")
+    return (f"set data.max_prompt_length={worst} (and keep prompt + response within the model's limit), "
+            "or drop those rows")
 
 
 def tool_schemas(names: tuple[str, ...]) -> list[dict]:
@@ -266,7 +276,7 @@ def prepare_inputs(cfg: Config, run_dir: Path | None = None) -> RunInputs:
     model_path = model_path_of(cfg, run_dir)
     tok = load_tokenizer(model_path, cfg.model.custom_chat_template)
     tools = get_task(cfg.task.name).tools
-    chat = dict(chat=cfg.data.chat_template, tools=tools)
+    chat = dict(chat=cfg.data.chat_template, tools=tools, room=prompt_room(cfg))
     train_prompts, train_rows = tokenize_rows(train_path, tok, cfg.data.max_prompt_length, **chat)
     test_prompts, test_rows = [], []
     if cfg.trainer.test_every:

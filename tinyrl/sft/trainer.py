@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from tinyrl.config import DEFAULT_MICRO_TOKENS, Config, resolve_path
+from tinyrl.config import DEFAULT_MICRO_TOKENS, Config, prompt_room, resolve_path
 from tinyrl.learners import Learner, sft_loss_fn
 from tinyrl.memory.from_config import row_width
 from tinyrl.microbatch import BudgetKeeper
@@ -86,7 +86,8 @@ class SFTTrainer(Trainer):
         cfg = self.cfg
         test_path = resolve_path(cfg.data.test_path)
         prompts, rows = tokenize_rows(test_path, self.tokenizer, cfg.data.max_prompt_length,
-                                      max_rows=cfg.data.max_test_prompts, chat=cfg.data.chat_template)
+                                      max_rows=cfg.data.max_test_prompts, chat=cfg.data.chat_template,
+                                      room=prompt_room(cfg))
         self.inputs = RunInputs(self.device, self.model_path, self.tokenizer, self.pad_id, [], [], prompts, rows,
                                 build_rewards(cfg))
         return make_engine("hf", model=self.models.actor, tokenizer=self.tokenizer, device=self.device)
