@@ -146,6 +146,20 @@ def test_a_run_without_data_is_evaluated_on_the_files_its_validation_scored(math
         ev.evaluate("some/model", task_name="math", n=0, progress=False)
 
 
+def test_an_export_is_evaluated_with_its_runs_task_without_task(math_run, tmp_path):
+    """`tinyrl export RUN --out DIR` records the run's task; `tinyrl eval DIR --data FILE` needed
+    --task (math here; a default countdown would have refused the maths file)."""
+    from tinyrl.export import export_run
+
+    run, tmp = math_run
+    model = export_run(run, tmp_path / "exported")
+    summary, _ = ev.evaluate(str(model), [f"{tmp}/data/test.parquet"], n=0, progress=False, engine="hf",
+                             out_dir=tmp_path / "ev")
+    assert summary["task"] == "math" and summary["files"]["test"]["problems"] == 8
+    with pytest.raises(TinyRLError, match="--data is needed for"):  # the task is known: only --data is asked
+        ev.evaluate(str(model), n=0, progress=False)
+
+
 def test_a_model_without_data_and_task_is_told_both_with_a_file_that_exists():
     # said one per try, and the example named data/math/aime_2024.parquet, which nothing makes
     with pytest.raises(TinyRLError, match="--data and --task are needed for some/model") as both:

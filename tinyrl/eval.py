@@ -165,6 +165,21 @@ def _merged_run(run_dir: Path, tmp: Path) -> tuple[str, str]:
     return str(merged), f"{run_dir} (step {step})"
 
 
+def _exported_task(model_dir: Path):
+    """The task of the run a `tinyrl export` came from (its tinyrl_export.json), or None: another
+    model directory, a Hub id, or an export written before it recorded one."""
+    from dataclasses import fields
+
+    from tinyrl.config import TaskConfig
+
+    try:
+        saved = json.loads((model_dir / "tinyrl_export.json").read_text())["task"]
+        known = {f.name for f in fields(TaskConfig)}
+        return TaskConfig(**{k: v for k, v in saved.items() if k in known})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def _check_model_target(target: str) -> None:
     """A target that is not a run directory: a model directory, or what can be a Hugging Face id."""
     path = Path(target).expanduser()
@@ -244,8 +259,9 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     ks = sorted(set(ks or [k for k in DEFAULT_KS if k <= n]))
     path = Path(target).expanduser()
     cfg = run_config(path) if is_run_dir(path) else None
+    exported_task = _exported_task(path) if cfg is None else None
     if cfg is None and not data:  # --task too when it is missing: both at once, not one per try
-        need, also = ("--data is", "") if task_name else ("--data and --task are", " and no task")
+        need, also = ("--data is", "") if task_name or exported_task else ("--data and --task are", " and no task")
         raise TinyRLError(f"{need} needed for {target}: only a run directory has held-back files{also} of its own",
                           hint="e.g. --data data/countdown/test.parquet --task countdown (a test file tinyrl "
                                "ships; `tinyrl tasks`: each task's data command)")
@@ -267,10 +283,10 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     check_writable(out, lost="nothing was evaluated", example="eval/mine")  # not after the evaluation
     if cfg is None:
         _check_model_target(target)
-    task_cfg = TaskConfig(**vars(cfg.task)) if cfg is not None else TaskConfig()
+    task_cfg = TaskConfig(**vars(cfg.task)) if cfg is not None else exported_task or TaskConfig()
     if task_name:
         task_cfg.name = task_name
-    elif cfg is None:
+    elif cfg is None and exported_task is None:
         what = "a model directory" if path.exists() else \
             f"{target}, which is no directory here and is taken as a Hugging Face model id"
         raise TinyRLError(f"--task is needed for {what}", hint="e.g. --task math (`tinyrl tasks`)")

@@ -109,7 +109,9 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, dtype: str
             merged.save_pretrained(stage)
             load_tokenizer(model_path, cfg.model.custom_chat_template).save_pretrained(stage)
             (stage / "tinyrl_export.json").write_text(json.dumps({"run_dir": str(run_dir), "step": state["step"],
-                                                                  "base": cfg.model.name}, indent=2))
+                                                                  "base": cfg.model.name,
+                                                                  "task": vars(cfg.task)},  # eval's default --task
+                                                                 indent=2))
     except (OSError, SafetensorError) as exc:  # safetensors reports its own failed writes (ENOSPC) as SafetensorError
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise TinyRLError(f"writing the merged model into {out_dir} failed: {why}; nothing was "
