@@ -36,8 +36,12 @@ def command(data: Path, out: Path, *extra: str) -> list[str]:
             "trainer.device=cpu"]  # the CPU path, on a CUDA machine too
     args = [sys.executable, "-m", "tinyrl.cli", "train", "--preset", "countdown-tiny", "--out", str(out),
             "--max-steps", str(STEPS), "--no-dashboard", *extra]
+    # a test's own --set wins (each key once: a key given twice is refused; until 2026-11-27 the
+    # last won, and these came last, so `trainer.save_every=2` ran as 1)
+    given = {extra[i + 1].split("=", 1)[0] for i, a in enumerate(extra[:-1]) if a == "--set"}
     for item in sets:
-        args += ["--set", item]
+        if item.split("=", 1)[0] not in given:
+            args += ["--set", item]
     return args
 
 
