@@ -71,10 +71,17 @@ def same_model(run_name: str, run_dir: Path, name: str) -> bool:
     """Whether run_dir's model.name (`run_name`, as that run read it) is `name` as read here: the
     same local directory, however reached (`mymodel` from where the SFT run started is
     `../mymodel` from here, and `mymodel` here is another or none), else the same Hub id."""
-    here, there = Path(name).expanduser(), Path(_as_seen_from_here(run_name, run_dir)).expanduser()
-    if here.is_dir() or there.is_dir():  # a local model: the same directory, whatever the spelling
+    same = same_directory(name, _as_seen_from_here(run_name, run_dir))
+    return run_name == name if same is None else same  # None: a Hugging Face id
+
+
+def same_directory(a: str, b: str) -> bool | None:
+    """Two model.name values as read from here: whether they are the same local directory,
+    whatever the spelling; None when neither is a directory (Hugging Face ids: compare names)."""
+    here, there = Path(a).expanduser(), Path(b).expanduser()
+    if here.is_dir() or there.is_dir():
         return here.is_dir() and there.is_dir() and here.resolve() == there.resolve()
-    return run_name == name  # a Hugging Face id
+    return None
 
 
 def _made_by(src: Path, out_dir: str) -> str | None:

@@ -59,17 +59,14 @@ def _check_actor_base(actor: Path, base: str) -> None:
         exported_from = json.loads((actor / "tinyrl_export.json").read_text())["base"]
     except (OSError, ValueError, KeyError, TypeError):  # not a tinyrl export (or an older one): nothing to compare
         return
-    if _same_model(exported_from, base):
+    from tinyrl.init_from import same_directory
+
+    same = same_directory(exported_from, base)
+    if (exported_from == base) if same is None else same:
         return
     raise TinyRLError(f"--actor {actor} was exported from a run on {exported_from}, and this config's base "
                       f"(model.name) is {base}: verl's critic would start from another model than its actor",
                       hint=f"export that run's own settings (--from-run RUN_DIR), or --set model.name={exported_from}")
-
-
-def _same_model(a: str, b: str) -> bool:
-    """Hub ids by name; local directories by where they resolve (relative paths differ by cwd)."""
-    pa, pb = Path(a).expanduser(), Path(b).expanduser()
-    return a == b or (pa.exists() and pb.exists() and pa.resolve() == pb.resolve())
 
 
 def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite: bool = False,
