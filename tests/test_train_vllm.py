@@ -5,6 +5,7 @@ update, and the metrics carry how far the engine's sampling is from the trainer'
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +20,13 @@ def test_train_three_steps_with_vllm(tmp_path, tiny_model_dir, countdown_train):
             "--out", str(run), "--no-dashboard", "--set", "rollout.engine=vllm",
             "--set", f"data.train_path={countdown_train(256)}",
             "--set", "trainer.test_every=0"]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    tmp = tmp_path / "tmp"  # the run's temp directory: what it leaves there, it leaves on a user's disk
+    tmp.mkdir()
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900, env={**os.environ, "TMPDIR": str(tmp)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("this platform has no sleep mode") == 1  # said once, not every step
+    # the engine's adapter copies (until 2026-11-27 one directory was left by every vLLM run)
+    assert not list(tmp.glob("tinyrl-lora-*"))
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in steps] == [1, 2, 3]
     for m in steps:

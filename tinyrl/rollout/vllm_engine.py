@@ -40,6 +40,7 @@ import random
 import shutil
 import sys
 import tempfile
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,6 +118,11 @@ class VLLMEngine:
         self._lora = None                      # the LoRARequest now served
         self._lora_dir: str | None = None      # its directory (removed when replaced)
         self._lora_root = tempfile.mkdtemp(prefix="tinyrl-lora-") if enable_lora else None
+        # Removed by close(), else when the engine is collected or the process exits: until
+        # 2026-11-27 only close() did, which `tinyrl train` never called, so every vLLM run
+        # (and every failed engine start) left a copy of its adapter in the temp directory.
+        self._remove_lora_root = (weakref.finalize(self, shutil.rmtree, self._lora_root, ignore_errors=True)
+                                  if self._lora_root is not None else None)
         self._next_lora_id = 1
 
         kwargs = dict(
@@ -248,8 +254,8 @@ class VLLMEngine:
             # The worker's process group and model-parallel state are process globals.
             cleanup_dist_env_and_memory()
             gc.collect()
-        if self._lora_root is not None:
-            shutil.rmtree(self._lora_root, ignore_errors=True)
+        if self._remove_lora_root is not None:
+            self._remove_lora_root()  # a finalizer runs once: the exit-time call is then a no-op
             self._lora_root = None
 
     # -- sync internals --------------------------------------------------------------------
