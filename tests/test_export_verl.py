@@ -400,32 +400,62 @@ def multi_turn_fields() -> set[str]:
     return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
 
 
-def verls_kl_names(verl_yaml) -> list[set[str]]:
-    """The names verl's kl_penalty_forward accepts, one set per branch (one estimator each), read
-    from verl/trainer/ppo/core_algos.py (importing it needs ray)."""
+def verls_kl_functions() -> tuple[list[set[str]], dict]:
+    """verl's kl_penalty and kl_penalty_forward, run from verl/trainer/ppo/core_algos.py's own
+    source (importing the module needs ray), and the names kl_penalty_forward accepts, one set
+    per branch (one estimator each)."""
     import ast
 
+    import torch
+
     source = Path(importlib.util.find_spec("verl").submodule_search_locations[0]) / "trainer" / "ppo" / "core_algos.py"
-    fn = next(n for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.FunctionDef)
-              and n.name == "kl_penalty_forward")
-    tests = [n.test for n in fn.body if isinstance(n, ast.If) and isinstance(n.test, ast.Compare)]
-    return [{c.value for c in ast.walk(t.comparators[0]) if isinstance(c, ast.Constant)} for t in tests]
+    fns = {n.name: n for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.FunctionDef)
+           and n.name in ("kl_penalty", "kl_penalty_forward")}
+    tests = [n.test for n in fns["kl_penalty_forward"].body if isinstance(n, ast.If) and isinstance(n.test, ast.Compare)]
+    space = {"torch": torch}
+    exec(compile(ast.Module(body=list(fns.values()), type_ignores=[]), str(source), "exec"), space)
+    return [{c.value for c in ast.walk(t.comparators[0]) if isinstance(c, ast.Constant)} for t in tests], space
 
 
 def test_every_kl_name_means_the_same_estimator_in_tinyrl_and_verl(verl_yaml, tmp_path):
     """algorithm.kl_penalty = kl (verl's name for k1) was refused; the export passes the name
     through, so each of ours must be verl's for the same estimator, and verl's ours."""
-    from tinyrl.rl.kl_names import KL_ALIASES
+    from tinyrl.rl.kl_names import KL_ALIASES, KL_REFUSED
 
-    branches = [names - {"full"} for names in verls_kl_names(verl_yaml)]  # full: NotImplementedError in verl
+    verls, _ = verls_kl_functions()
+    branches = [names - set(KL_REFUSED) for names in verls]  # full: NotImplementedError in verl
     branches = [names for names in branches if names]
     assert set().union(*branches) == set(KL_ALIASES)
     for names in branches:  # one verl branch, one estimator of ours
         assert len({KL_ALIASES[name] for name in names}) == 1, names
-    for name in ("kl", "low_var_kl", "mse"):
+    for name in ("kl", "low_var_kl", "mse", "k3+"):
         cfg = load_config("countdown-tiny", [f"algorithm.kl_penalty={name}"])
         assert map_config(cfg, Context(model_path="m", train_files="t", val_files="v",
                                        reward_path="r", steps_per_epoch=1)).overrides["algorithm.kl_penalty"] == name
+
+
+def test_every_kl_name_has_verls_value_and_gradient(verl_yaml):
+    """verl's "+" names (k3+: k3's value, k2's gradient) are taken and computed as verl's own
+    kl_penalty does; the names tinyrl refuses ("full") are the ones verl cannot compute either."""
+    import torch
+
+    from tinyrl.rl.kl import kl_penalty
+    from tinyrl.rl.kl_names import KL_NAMES, KL_REFUSED
+
+    names, verl = verls_kl_functions()
+    every = set().union(*names)
+    assert set(KL_NAMES) | set(KL_REFUSED) == every | {name + "+" for name in every}
+    lp, ref = torch.tensor([-1.0, -2.0, -1.0, 0.0]), torch.tensor([-2.0, -1.0, -6.0, -40.0])
+    for name in KL_NAMES:
+        ours, theirs = lp.clone().requires_grad_(True), lp.clone().requires_grad_(True)
+        value, expected = kl_penalty(ours, ref, name), verl["kl_penalty"](theirs, ref, name)
+        torch.testing.assert_close(value, expected, msg=name)
+        value.sum().backward()
+        expected.sum().backward()
+        torch.testing.assert_close(ours.grad, theirs.grad, msg=name)
+    for name in KL_REFUSED:
+        with pytest.raises(NotImplementedError):
+            verl["kl_penalty"](lp, ref, name)
 
 
 def test_a_task_with_tools_exports_verls_multi_turn_rollout(tmp_path, verl_yaml):

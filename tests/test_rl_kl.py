@@ -54,6 +54,54 @@ def test_the_config_takes_every_name_the_estimators_take():
         assert kl_penalty(LP, REF, cfg.algorithm.kl_penalty).shape == LP.shape
 
 
+def grad_of(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(value, d sum(value) / d logprob) of one estimator at LP, REF."""
+    lp = LP.clone().requires_grad_(True)
+    value = kl_penalty(lp, REF, kind)
+    value.sum().backward()
+    return value.detach(), lp.grad
+
+
+def test_a_plus_name_has_its_estimators_value_and_k2s_gradient():
+    """verl's "k3+" (straight-through): k3 forward, d/dlp of 0.5 (lp - ref)^2 = lp - ref backward."""
+    value, grad = grad_of("k3")
+    close(value, [0.367879, 0.718282, 4.006738])
+    close(grad, [0.632121, -1.718282, 0.993262])       # k3's own: 1 - exp(ref - lp)
+    for name in ("k3+", "low_var_kl+"):
+        value, grad = grad_of(name)
+        close(value, [0.367879, 0.718282, 4.006738])    # k3's value
+        close(grad, [1.0, -1.0, 5.0])                   # lp - ref
+    for name, forward in (("k1+", [1.0, -1.0, 5.0]), ("abs+", [1.0, 1.0, 5.0]), ("mse+", [0.5, 0.5, 12.5])):
+        value, grad = grad_of(name)
+        close(value, forward)
+        close(grad, [1.0, -1.0, 5.0])
+
+
+def test_the_kl_loss_trains_on_the_straight_through_gradient():
+    """The loss the learner builds (losses.kl_loss, kl_type = algorithm.kl_loss_type) takes the "+"."""
+    from tinyrl.rl.losses import kl_loss
+
+    lp = LP.clone().requires_grad_(True)
+    kl_loss(lp.unsqueeze(0), REF.unsqueeze(0), torch.ones(1, 3), kind="k3+").backward()
+    close(lp.grad, [1 / 3, -1 / 3, 5 / 3])               # token-mean of lp - ref
+
+
+def test_verls_full_is_refused_with_why_and_what_instead():
+    from tinyrl.config import load_config
+
+    for name in ("full", "full+"):
+        with pytest.raises(TinyRLError) as e:
+            kl_penalty(LP, REF, name)
+        assert "whole vocabulary" in e.value.message and "k3" in e.value.hint
+        with pytest.raises(TinyRLError) as e:
+            load_config("countdown-tiny", [f"algorithm.kl_penalty={name}", f"algorithm.kl_loss_type={name}",
+                                           "rollout.n=0"])
+        text = str(e.value)
+        for key in ("algorithm.kl_penalty", "algorithm.kl_loss_type"):
+            assert f"{key} = '{name}' is the KL over the whole vocabulary" in text and "use k3" in text
+        assert "rollout.n" in text                       # said together with the other problems
+
+
 def test_unknown_kind_lists_valid_names():
     with pytest.raises(TinyRLError) as e:
         kl_penalty(LP, REF, "k4")

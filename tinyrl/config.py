@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from tinyrl.errors import TinyRLError
-from tinyrl.rl.kl_names import KL_NAMES
+from tinyrl.rl.kl_names import KL_NAMES, KL_REFUSED
 from tinyrl.roles import ESTIMATOR_NAMES, ESTIMATORS, Role, run_roles
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -635,6 +635,8 @@ CHOICES = {
     "trainer.device": ("auto", "cpu", "cuda"),
     "sft.format": ("auto", "single", "multiturn"),
 }
+# Values a user may bring from verl that tinyrl refuses: each says why, in place of the list.
+REFUSED_CHOICES = {"algorithm.kl_penalty": KL_REFUSED, "algorithm.kl_loss_type": KL_REFUSED}
 
 
 def get_setting(cfg: Config, dotted: str) -> Any:
@@ -662,7 +664,10 @@ def problems_of(cfg: Config, resume_dir: Path | None = None, planning: bool = Fa
     out = []
     for dotted, allowed in CHOICES.items():
         value = get_setting(cfg, dotted)
-        if value not in allowed:
+        why = REFUSED_CHOICES.get(dotted, {}).get(value)
+        if why:
+            out.append(f"{dotted} = {value!r} {why}")
+        elif value not in allowed:
             near = difflib.get_close_matches(str(value), allowed, n=1)
             guess = f" (did you mean {near[0]!r}?)" if near else ""
             out.append(f"{dotted} = {value!r} is not one of {', '.join(allowed)}{guess}")

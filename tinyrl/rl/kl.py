@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from tinyrl.errors import TinyRLError
-from tinyrl.rl.kl_names import KL_ALIASES, KL_NAMES
+from tinyrl.rl.kl_names import KL_ALIASES, kl_estimator
 from tinyrl.rl.masking import masked_mean
 
 
@@ -46,13 +46,18 @@ if set(_ESTIMATORS) != set(KL_ALIASES.values()):  # every name (verl's too) is a
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str = "k1") -> torch.Tensor:
-    """Per-token KL estimate. logprob, ref_logprob: [B, T] -> [B, T] (no masking)."""
-    if kind not in KL_ALIASES:
-        raise TinyRLError(
-            f"unknown KL estimator '{kind}'",
-            f"set algorithm.kl_penalty / algorithm.kl_loss_type to one of: {', '.join(KL_NAMES)}",
-        )
-    return _ESTIMATORS[KL_ALIASES[kind]](logprob, ref_logprob)
+    """Per-token KL estimate. logprob, ref_logprob: [B, T] -> [B, T] (no masking).
+
+    A name ending in "+" (verl's, e.g. "k3+") has its estimator's value and k2's gradient.
+    """
+    estimator, straight_through = kl_estimator(kind)
+    value = _ESTIMATORS[estimator](logprob, ref_logprob)
+    if not straight_through:
+        return value
+    # verl's `backward - backward.detach() + forward.detach()`: zero plus the value forward, only
+    # k2's term differentiable; k1's and k3's own gradients are not the KL's in expectation.
+    k2 = _k2(logprob, ref_logprob)
+    return k2 - k2.detach() + value.detach()
 
 
 @torch.no_grad()
