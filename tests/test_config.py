@@ -230,6 +230,19 @@ def test_list_settings_check_their_elements_and_reward_settings_their_shape(tmp_
                                           "reward.timeout_s=86400"]).reward.fn == "~/mine.py:score"
 
 
+def test_a_mistyped_reward_function_is_said_with_the_other_problems(tmp_path):
+    """`reward.fn=file.py:rewrad` was found when the reward worker imported the file, after the
+    config's other problems had been fixed: now one of them, naming the file's functions."""
+    path = tmp_path / "mine.py"
+    path.write_text("import math\n\ndef reward(c, e):\n    return 1.0\n\ndef _helper():\n    pass\n\n"
+                    "async def shaped(c, e):\n    return 0.0\n")
+    message = _problems("countdown-tiny", f"reward.fn={path}:rewrad", f'reward.extra_fns=["{path}:shaped"]',
+                        "trainer.memory_budget_gib=-1")
+    assert (f"reward.fn = {path}:rewrad: {path} defines no function 'rewrad' (did you mean 'reward'?); "
+            "its functions: reward, shaped") in message, message
+    assert "trainer.memory_budget_gib = -1.0 must be >= 0" in message and "2 problem(s)" in message, message
+
+
 def test_another_tasks_option_is_said_to_be_unread():
     """`task.format_score` (Countdown's) on the math task, `task.tool_error_penalty` (ReTool's) on
     the arith tool demo: each was accepted and never read. Said at the start with the task that

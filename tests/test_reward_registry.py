@@ -9,7 +9,7 @@ import pytest
 
 from tinyrl.data.templates import countdown_prompt
 from tinyrl.errors import TinyRLError
-from tinyrl.rewards.registry import BUILTIN_REWARDS, load_reward_fn
+from tinyrl.rewards.registry import BUILTIN_REWARDS, load_reward_fn, missing_function
 
 EXAMPLE = {
     "prompt": [{"role": "user", "content": countdown_prompt([2, 3, 4], 24)}],
@@ -84,6 +84,32 @@ def test_missing_function_lists_what_is_there(tmp_path):
     with pytest.raises(TinyRLError, match="no function 'reward'") as info:
         load_reward_fn(f"{path}:reward")
     assert "score_it" in info.value.hint
+
+
+@pytest.mark.parametrize("body", [
+    "def reward(c, e):\n    return 0.0\n",
+    "from functools import partial\nreward = partial(max, 0.0)\n",
+    "import os.path as reward\n",
+    "try:\n    from fast import reward\nexcept ImportError:\n    def reward(c, e):\n        return 0.0\n",
+    "class reward:\n    pass\n",
+    "def make():\n    global reward\n    reward = max\n",
+    "from os.path import *\n",                                   # a star import may bring it
+    "def __getattr__(name):\n    return max\n",                 # so may a module __getattr__
+    "globals()['reward'] = max\n",
+])
+def test_a_function_bound_in_any_way_the_file_can_is_not_said_missing(tmp_path, body):
+    """The config check reads the file's text; where it cannot know, the import in the worker says."""
+    assert missing_function(write(tmp_path, body), "reward") is None
+
+
+def test_a_missing_function_or_a_syntax_error_is_read_from_the_text(tmp_path):
+    path = write(tmp_path, "import os\nscale = 2\ndef score(c, e):\n    def reward(): pass\n    return 0\n"
+                           "class R:\n    def reward(self): pass\n")
+    assert missing_function(path, "reward") == f"{path} defines no function 'reward'; its functions: score"
+    assert missing_function(path, "scor") == f"{path} defines no function 'scor' (did you mean 'score'?); " \
+                                             "its functions: score"
+    path = write(tmp_path, "x = 1\ndef reward(:\n")
+    assert missing_function(path, "reward") == f"{path} has a SyntaxError at line 2: invalid syntax"
 
 
 def test_not_callable(tmp_path):

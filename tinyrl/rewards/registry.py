@@ -10,6 +10,8 @@ reward.timeout_s (tinyrl.rewards.limits) becomes a TinyRLError naming the functi
 
 from __future__ import annotations
 
+import ast
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -182,6 +184,70 @@ def _split(spec: str) -> tuple[str, str, bool]:
         raise TinyRLError(f"unknown reward {spec!r}",
                           hint=f"builtin rewards: {', '.join(BUILTIN_REWARDS)}; or {_SPEC_HINT}")
     return parsed
+
+
+# A module that binds names at run time (a module __getattr__, exec, globals()[...], a star
+# import) can define the function without a statement a reader sees: only its import can tell.
+_DYNAMIC = {"__getattr__", "exec", "globals", "vars", "setattr", "__dict__"}
+
+
+def missing_function(path: Path, func_name: str) -> str | None:
+    """What is wrong with `path`'s `func_name`, read from the file's text without running it (the
+    config check runs before any model loads; the import itself happens in the reward worker):
+    a syntax error, or no top-level statement binding that name. None: it looks there."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError as e:
+        return f"{path} has a SyntaxError at line {e.lineno}: {e.msg}"
+    except (OSError, ValueError):  # unreadable, or NUL bytes: its import says what is wrong
+        return None
+    bound, functions = _module_names(tree)
+    if bound is None or func_name in bound:
+        return None
+    near = difflib.get_close_matches(func_name, sorted(bound), n=1)
+    guess = f" (did you mean {near[0]!r}?)" if near else ""
+    return (f"{path} defines no function {func_name!r}{guess}; "
+            f"its functions: {', '.join(functions) or 'none'}")
+
+
+def _module_names(tree: ast.Module) -> tuple[set[str] | None, list[str]]:
+    """(every name the module binds at its top level, or None when it may bind more at run time;
+    its public top-level functions, in file order)."""
+    bound: set[str] = set()
+    functions: list[str] = []
+    for node in _outside_functions(tree.body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+            if not isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                functions.append(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(alias.name == "*" for alias in node.names):
+                return None, functions
+            bound.update((alias.asname or alias.name).partition(".")[0] for alias in node.names)
+    for node in ast.walk(tree):  # a function's `global x` binds x too
+        if isinstance(node, ast.Global):
+            bound.update(node.names)
+        elif _name_of(node) in _DYNAMIC:
+            return None, functions
+    return bound, functions
+
+
+def _name_of(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return getattr(node, "name", None)  # a def or class; an import alias's name is a dotted path
+
+
+def _outside_functions(nodes: list[ast.AST]):
+    """The statements and expressions of the module's own scope (not inside a def or class body)."""
+    for node in nodes:
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            yield from _outside_functions(list(ast.iter_child_nodes(node)))
 
 
 def resolve_user_fn(spec: str) -> Callable:

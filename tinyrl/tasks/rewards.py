@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tinyrl.rewards.registry import parse_spec, reads_episode  # a user's WorkerReward takes episode, passes it on when wanted
+from tinyrl.rewards.registry import missing_function, parse_spec, reads_episode  # a user's WorkerReward takes episode, passes it on when wanted
 from tinyrl.tasks import all_tasks, check_rows, get_task
 from tinyrl.tasks.base import RewardFn
 
@@ -78,17 +78,22 @@ def _task_of(spec: str, task_cfg: Any):
 
 def spec_problem(spec: str, setting: str) -> str | None:
     """What is wrong with one reward spec, said at config validation (the function itself is
-    imported later, in its worker): its shape, and a `file.py:func`'s file."""
+    imported later, in its worker): its shape, and a `file.py:func`'s file and function, read
+    from the file's text (a `module:func` is left to its import)."""
     if spec == "task" or spec in all_tasks():
         return None
     parsed = parse_spec(spec)
     if parsed is None:
         return (f"{setting} = {spec!r} is not a reward: give task (the task's own), a task name "
                 f"({', '.join(all_tasks())}), path/to/file.py:func or module:func")
-    target, _, is_file = parsed
-    if is_file and not Path(target).expanduser().is_file():
+    target, func_name, is_file = parsed
+    if not is_file:
+        return None
+    path = Path(target).expanduser()
+    if not path.is_file():
         return f"{setting} = {spec}: file {target} not found; give path/to/file.py:func"
-    return None
+    problem = missing_function(path, func_name)
+    return f"{setting} = {spec}: {problem}" if problem else None
 
 
 def check_reward_rows(cfg, rows: list, path) -> None:
