@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from test_safety import cli  # tinyrl ARGS in this process: (exit code, stderr)
-from tinyrl.config import load_config
+from tinyrl.config import REPO_ROOT, load_config
 from tinyrl.errors import TinyRLError
 from tinyrl.rl.losses import sft_loss
 
@@ -541,6 +541,37 @@ def test_init_from_a_run_on_another_base_is_refused(tmp_path):
     with pytest.raises(TinyRLError) as exc:
         load_config("countdown-tiny", [f"model.init_from={tmp_path / 'src'}"])
     assert "was trained on Qwen/Qwen2.5-0.5B" in exc.value.message and "no checkpoint yet" in exc.value.message
+
+
+def test_a_tool_message_with_no_call_before_it_is_counted_for_the_start_note(tmp_path, tiny_model_dir):
+    """A tool message after a turn that called nothing (a converter dropped the call) was trained
+    in silence: counted per file and said at the start. A call is tool_calls or the tool demo's
+    hermes <tool_call> text; a row opening with a tool's output (the demo's drills) is not one."""
+    from tinyrl.setup import load_tokenizer
+    from tinyrl.sft.data import load_sft, tool_without_call_note
+    from tinyrl.tasks.arith import sft_messages
+
+    tok = load_tokenizer(str(tiny_model_dir), "presets/chat_templates/tiny-hermes.jinja")
+    calling, answer = _calling("code_interpreter", {"code": "print(1)"}), {"role": "assistant", "content": "2"}
+    rows = [calling,                                                                 # 0 tool_calls
+            sft_messages(3, 4, "tool", "5"), sft_messages(3, 4, "drill", "5"),      # 1, 2 the demo's
+            [calling[0], {"role": "assistant", "content": "Let me check."}, calling[2], answer],   # 3
+            [calling[0], calling[2], answer],                                        # 4 no turn between
+            calling[:3] + [calling[2], answer],                                      # 5 two outputs, one call
+            calling + [calling[2], answer]]                                          # 6 the second one
+    path = tmp_path / "tools.parquet"
+    pq.write_table(pa.Table.from_pylist([{"messages": m, "tools": TOOL_SCHEMAS} for m in rows]), path)
+    got = load_sft(path, tok, sft_config(path, "sft.max_length=400"))
+    assert got.tool_without_call == [3, 4, 6]
+    assert tool_without_call_note(got, path).startswith(
+        f"3 of 7 conversations in {path} have a tool message with no call before it (rows 3, 4, 6, counting from 0)")
+    shipped = REPO_ROOT / "data/countdown-tools-demo/sft_test.parquet"  # drills and tool traces: nothing to say
+    assert tool_without_call_note(load_sft(shipped, tok, sft_config(shipped, "sft.max_length=400")), shipped) is None
+    from tinyrl.sft.trainer import SFTTrainer  # and the run says it when it starts
+
+    trainer = SFTTrainer(sft_config(path, "sft.max_length=400", "trainer.train_batch_size=7",
+                                    "model.custom_chat_template=presets/chat_templates/tiny-hermes.jinja"), tmp_path / "r")
+    assert tool_without_call_note(got, path) in trainer.notices
 
 
 def test_a_tools_key_set_by_hand_must_name_a_column(tmp_path, chat_tok):

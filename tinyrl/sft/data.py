@@ -18,7 +18,7 @@ mask over it, the layout of tinyrl.models.make_batch, so the trainer's own log-p
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,6 +26,7 @@ import torch
 from tinyrl.data.io import not_parquet_hint, without_nulls
 from tinyrl.errors import TinyRLError
 from tinyrl.models import Batch, make_batch
+from tinyrl.rollout.hermes import has_tool_call
 
 _HINT = ("single-turn: columns prompt + response (sft.prompt_key, sft.response_key); multi-turn: a "
          "messages column (sft.messages_key) of [{'role', 'content'}]; `tinyrl data countdown --sft` "
@@ -41,6 +42,7 @@ class SFTRows:
     loss_masks: list[list[int]]
     format: str                                  # single | multiturn
     calls_without_schemas: int = 0               # multiturn rows that call tools but carry no tool schemas
+    tool_without_call: list[int] = field(default_factory=list)  # multiturn rows (indices): _tool_without_call
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -139,6 +141,7 @@ def load_sft(path: Path, tokenizer, cfg, max_rows: int | None = None) -> SFTRows
     if fmt == "multiturn":
         out.calls_without_schemas = sum(1 for row in rows if _calls_tools(_row_messages(row, cfg.sft))
                                         and not _row_tools(row, cfg.sft))
+        out.tool_without_call = [i for i, row in enumerate(rows) if _tool_without_call(_row_messages(row, cfg.sft))]
     eos = tokenizer.eos_token_id if fmt == "single" else None
     for i, tokens in enumerate(tokenize(segments, tokenizer, eos)):
         try:
@@ -216,6 +219,43 @@ def _row_messages(row: dict, s) -> list[dict]:
 
 def _calls_tools(messages: list[dict]) -> bool:
     return any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+
+
+def _tool_without_call(messages: list[dict]) -> bool:
+    """A tool message whose message before it (other tool messages aside) is not an assistant
+    turn that calls a tool: the model is trained on a tool's output that nothing asked for, which
+    RL never shows (often a converter dropped the call). A row that opens with a tool's output,
+    before any user or assistant turn (the tool demo's drills), has no turn that lacks the call."""
+    previous, opened = None, False
+    for message in messages:
+        if message["role"] != "tool":
+            previous, opened = message, opened or message["role"] in ("user", "assistant")
+        elif opened and not _calls(previous):
+            return True
+    return False
+
+
+def _calls(message: dict) -> bool:
+    """An assistant turn with a call: tool_calls, or a hermes <tool_call> in its text (the tool
+    demo's; tinyrl's rollouts read that format, tinyrl.rollout.hermes)."""
+    content = message.get("content")
+    return message["role"] == "assistant" and bool(message.get("tool_calls")
+                                                   or isinstance(content, str) and has_tool_call(content))
+
+
+def start_notes(rows: SFTRows, path: Path, tools_key: str) -> list[str]:
+    """What a run on these rows says when it starts."""
+    return [note for note in (schemas_note(rows, path, tools_key), tool_without_call_note(rows, path)) if note]
+
+
+def tool_without_call_note(rows: SFTRows, path: Path) -> str | None:
+    if not rows.tool_without_call:
+        return None
+    shown = ", ".join(map(str, rows.tool_without_call[:5])) + (", ..." if len(rows.tool_without_call) > 5 else "")
+    return (f"{len(rows.tool_without_call)} of {len(rows)} conversations in {path} have a tool message with no "
+            f"call before it (rows {shown}, counting from 0): the turn before it has no tool_calls and no "
+            "<tool_call> in its text, so they train on a tool's output nothing asked for, which RL never "
+            "shows; give that turn its call, or drop those rows")
 
 
 def schemas_note(rows: SFTRows, path: Path, tools_key: str) -> str | None:

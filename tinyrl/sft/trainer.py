@@ -33,7 +33,7 @@ from tinyrl.microbatch import BudgetKeeper
 from tinyrl.models import PolicyModels
 from tinyrl.phases import Phase
 from tinyrl.runlog import memory_reading
-from tinyrl.sft.data import SFTRows, load_sft, schemas_note
+from tinyrl.sft.data import SFTRows, load_sft, start_notes
 from tinyrl.trainer import Trainer, _Timer
 
 
@@ -57,7 +57,7 @@ class SFTTrainer(Trainer):
         self.tokenizer = load_tokenizer(self.model_path, cfg.model.custom_chat_template)
         self.pad_id = self.tokenizer.pad_token_id
         self.train_rows: SFTRows = load_sft(train_path, self.tokenizer, cfg)
-        if note := schemas_note(self.train_rows, train_path, cfg.sft.tools_key):
+        for note in start_notes(self.train_rows, train_path, cfg.sft.tools_key):
             self._notice(note)
         self.val_rows: SFTRows | None = None
         if cfg.trainer.test_every:
