@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from tinyrl.errors import TinyRLError
 from tinyrl.eval_metrics import summarize
+from tinyrl.export_info import read_export
 from tinyrl.rollout.base import SamplingSettings, response_texts
 from tinyrl.rollout.transcript import transcript
 from tinyrl.writable import check_writable, make_dir, staged
@@ -161,8 +162,7 @@ def _merged_run(run_dir: Path, tmp: Path) -> tuple[str, str]:
     from tinyrl.export import export_run
 
     merged = export_run(run_dir, tmp / "model")  # a run with no checkpoint yet: its own message
-    step = json.loads((merged / "tinyrl_export.json").read_text())["step"]
-    return str(merged), f"{run_dir} (step {step})"
+    return str(merged), f"{run_dir} (step {read_export(merged).step})"
 
 
 def _exported_task(model_dir: Path):
@@ -172,12 +172,11 @@ def _exported_task(model_dir: Path):
 
     from tinyrl.config import TaskConfig
 
-    try:
-        saved = json.loads((model_dir / "tinyrl_export.json").read_text())["task"]
-        known = {f.name for f in fields(TaskConfig)}
-        return TaskConfig(**{k: v for k, v in saved.items() if k in known})
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    info = read_export(model_dir)
+    if info is None or info.task is None:
         return None
+    known = {f.name for f in fields(TaskConfig)}  # every one has a default; a key of an older tinyrl is dropped
+    return TaskConfig(**{k: v for k, v in info.task.items() if k in known})
 
 
 def _check_model_target(target: str) -> None:

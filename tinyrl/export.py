@@ -21,6 +21,7 @@ from tinyrl import checkpoint as ckpt
 from tinyrl import rundir
 from tinyrl.config import config_from_dict
 from tinyrl.errors import TinyRLError
+from tinyrl.export_info import ExportInfo
 from tinyrl.writable import check_writable, make_dir, staged
 
 
@@ -108,10 +109,7 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, dtype: str
         with staged(out_dir, replace=overwrite) as stage:
             merged.save_pretrained(stage)
             load_tokenizer(model_path, cfg.model.custom_chat_template).save_pretrained(stage)
-            (stage / "tinyrl_export.json").write_text(json.dumps({"run_dir": str(run_dir), "step": state["step"],
-                                                                  "base": cfg.model.name,
-                                                                  "task": vars(cfg.task)},  # eval's default --task
-                                                                 indent=2))
+            ExportInfo(str(run_dir), state["step"], cfg.model.name, vars(cfg.task)).write(stage)  # last: finished
     except (OSError, SafetensorError) as exc:  # safetensors reports its own failed writes (ENOSPC) as SafetensorError
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise TinyRLError(f"writing the merged model into {out_dir} failed: {why}; nothing was "

@@ -19,11 +19,11 @@ import shutil
 from pathlib import Path
 
 from tinyrl.errors import TinyRLError
+from tinyrl.export_info import MARKER, read_export
 
 log = logging.getLogger(__name__)
 
 INIT_DIR = "init_model"
-MARKER = "tinyrl_export.json"  # written last by export_run: a directory without it is unfinished
 
 
 def source_problems(cfg, not_made_yet_ok: bool = False) -> list[str]:
@@ -135,8 +135,8 @@ def base_of_run(cfg, run_dir: Path) -> str:
 def describe(model_dir: str | Path, resume: bool = False) -> str:
     """One line: which run and step a starting model came from. On --resume the run goes on
     from its own checkpoint: "starting from RUN at step N" read as if it resumed there."""
-    info = json.loads((Path(model_dir) / MARKER).read_text())
-    source = f"{info['run_dir']} at step {info['step']} ({model_dir})"
+    info = read_export(model_dir)
+    source = f"{info.run_dir} at step {info.step} ({model_dir})" if info else str(model_dir)
     if resume:
         return (f"model.init_from: the base of this run is {source}, written when it began; "
                 "it resumes from its own latest checkpoint")
@@ -145,10 +145,8 @@ def describe(model_dir: str | Path, resume: bool = False) -> str:
 
 def _made_from(dest: Path, source: Path) -> bool:
     """A finished export of `source` is at `dest`."""
-    if not (dest / MARKER).is_file():
-        return False
-    made_from = json.loads((dest / MARKER).read_text()).get("run_dir", "")
-    return Path(made_from).expanduser().resolve() == source.resolve()
+    info = read_export(dest)
+    return info is not None and Path(info.run_dir).expanduser().resolve() == source.resolve()
 
 
 def materialize(source: Path, dest: Path) -> Path:

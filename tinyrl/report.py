@@ -42,14 +42,13 @@ def _number(v: Any) -> float | None:
 
 def _refuse_a_model_directory(path: Path) -> None:
     """`tinyrl export`'s output was said to be a run with no step logged yet."""
-    from tinyrl.init_from import MARKER
+    from tinyrl.export_info import read_export
 
-    try:
-        source = json.loads((path / MARKER).read_text())["run_dir"]
-    except (OSError, ValueError, KeyError, TypeError):
+    info = read_export(path)
+    if info is None:
         return
-    raise TinyRLError(f"{path} is a model directory (`tinyrl export` of the run {source}), not a run: "
-                      "it holds no metrics", hint=f"report the run it came from: tinyrl report {source} "
+    raise TinyRLError(f"{path} is a model directory (`tinyrl export` of the run {info.run_dir}), not a run: "
+                      "it holds no metrics", hint=f"report the run it came from: tinyrl report {info.run_dir} "
                       "(as written at the export, relative to where it ran)")
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tinyrl.config import Config
 from tinyrl.errors import TinyRLError
+from tinyrl.export_info import read_export
 from tinyrl.export_verl import files, tools
 from tinyrl.export_verl.mapping import VERL_VERSION, Context, map_config
 from tinyrl.export_verl.staging import staged
@@ -55,10 +56,10 @@ def model_path(cfg: Config, actor: Path | None) -> tuple[str, list[str]]:
 def _check_actor_base(actor: Path, base: str) -> None:
     """A `tinyrl export` names the base its run trained on: verl's critic starts from this
     config's base, so another base (a 0.5B actor beside a 3B critic) would run, mismatched."""
-    try:
-        exported_from = json.loads((actor / "tinyrl_export.json").read_text())["base"]
-    except (OSError, ValueError, KeyError, TypeError):  # not a tinyrl export (or an older one): nothing to compare
+    info = read_export(actor)
+    if info is None or info.base is None:  # not a tinyrl export (or an older one): nothing to compare
         return
+    exported_from = info.base
     from tinyrl.init_from import same_directory
 
     same = same_directory(exported_from, base)
