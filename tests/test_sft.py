@@ -548,7 +548,7 @@ def test_a_tool_message_with_no_call_before_it_is_counted_for_the_start_note(tmp
     in silence: counted per file and said at the start. A call is tool_calls or the tool demo's
     hermes <tool_call> text; a row opening with a tool's output (the demo's drills) is not one."""
     from tinyrl.setup import load_tokenizer
-    from tinyrl.sft.data import load_sft, tool_without_call_note
+    from tinyrl.sft.data import load_sft, schemas_note, tool_without_call_note
     from tinyrl.tasks.arith import sft_messages
 
     tok = load_tokenizer(str(tiny_model_dir), "presets/chat_templates/tiny-hermes.jinja")
@@ -566,7 +566,9 @@ def test_a_tool_message_with_no_call_before_it_is_counted_for_the_start_note(tmp
     assert tool_without_call_note(got, path).startswith(
         f"3 of 7 conversations in {path} have a tool message with no call before it (rows 3, 4, 6, counting from 0)")
     shipped = REPO_ROOT / "data/countdown-tools-demo/sft_test.parquet"  # drills and tool traces: nothing to say
-    assert tool_without_call_note(load_sft(shipped, tok, sft_config(shipped, "sft.max_length=400")), shipped) is None
+    demo = load_sft(shipped, tok, sft_config(shipped, "sft.max_length=400"))
+    assert tool_without_call_note(demo, shipped) is None
+    assert schemas_note(demo, shipped, "tools") is None  # drills list no tools and call none
     from tinyrl.sft.trainer import SFTTrainer  # and the run says it when it starts
 
     trainer = SFTTrainer(sft_config(path, "sft.max_length=400", "trainer.train_batch_size=7",
@@ -599,11 +601,15 @@ def test_conversations_that_call_tools_without_schemas_are_counted_for_the_start
     path = tmp_path / "mixed.parquet"
     pq.write_table(pa.Table.from_pylist([{"messages": calling, "tools": None}, {"messages": calling, "tools": None},
                                          {"messages": calling, "tools": TOOL_SCHEMAS},
-                                         {"messages": CONVERSATION, "tools": None}]), path)
+                                         {"messages": CONVERSATION, "tools": None},
+                                         # the tool demo's drill: a tool's output and the answer, no call
+                                         {"messages": [{"role": "tool", "content": "3"},
+                                                       {"role": "assistant", "content": "<answer>3</answer>"}],
+                                          "tools": None}]), path)
     rows = load_sft(path, tok, sft_config(path, "sft.max_length=400"))
     assert rows.calls_without_schemas == 2
     note = schemas_note(rows, path, "tools")
-    assert note.startswith(f"2 of 4 conversations in {path} call tools but carry no tool schemas (column tools")
+    assert note.startswith(f"2 of 5 conversations in {path} call tools but carry no tool schemas (column tools")
     plain = tmp_path / "plain.parquet"  # no tools column, no calls
     pq.write_table(pa.Table.from_pylist([{"messages": CONVERSATION}]), plain)
     assert schemas_note(load_sft(plain, tok, sft_config(plain)), plain, "tools") is None

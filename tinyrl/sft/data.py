@@ -218,7 +218,9 @@ def _row_messages(row: dict, s) -> list[dict]:
 
 
 def _calls_tools(messages: list[dict]) -> bool:
-    return any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+    """An assistant turn calls a tool. A tool's output alone is not a call (until 2026-11-27 it
+    counted, so the tool demo's drills, which list no tools on purpose, got the schemas note)."""
+    return any(_calls(m) for m in messages)
 
 
 def _tool_without_call(messages: list[dict]) -> bool:
