@@ -245,3 +245,16 @@ def test_an_interrupted_generation_leaves_no_file_in_out(tmp_path, monkeypatch, 
     monkeypatch.setattr(countdown.pq, "write_table", real)
     generate_countdown(tmp_path, 16, 4, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["test.parquet", "train.parquet"]
+
+
+def test_a_ctrl_c_mid_write_of_tinyrl_data_says_so_and_leaves_no_file(tmp_path):
+    """The real command, SIGINT after train.parquet is written and before test.parquet: it ended
+    silently (Typer's exit 130); now one line, exit 130, and --out holds no file."""
+    from helpers.busy_child import interrupt_when_busy
+
+    out = tmp_path / "data"
+    done = interrupt_when_busy("pyarrow.parquet:write_table", 1, ["data", "countdown", "--out", str(out),
+                               "--train-size", "16", "--test-size", "4"], tmp_path / "busy")
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert done.stderr.strip() == "stopped by SIGINT (Ctrl-C) while writing the countdown data; no data file was written"
+    assert not out.exists() or list(out.iterdir()) == []

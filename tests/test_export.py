@@ -125,3 +125,19 @@ def shutil_usage(free: int):
     import shutil
 
     return shutil._ntuple_diskusage(free, 0, free)
+
+
+def test_a_ctrl_c_mid_export_says_so_and_leaves_no_model_in_out(trained, tmp_path):
+    """SIGINT once the weights are written and before the tokenizer: the export ended silently
+    (Typer's exit 130); now one line, exit 130, and --out holds nothing that looks like a model
+    (its files move in together), nor the hidden folder they were written in."""
+    from helpers.busy_child import interrupt_when_busy
+
+    _, run = trained
+    out = tmp_path / "exported"
+    done = interrupt_when_busy("transformers.modeling_utils:PreTrainedModel.save_pretrained", 1,
+                               ["export", str(run), "--out", str(out)], tmp_path / "busy")
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr  # above the line: transformers' progress bars
+    assert done.stderr.splitlines()[-1] == f"stopped by SIGINT (Ctrl-C) while exporting {run}; nothing was written in {out}"
+    assert not out.exists() or list(out.iterdir()) == []

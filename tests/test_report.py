@@ -420,3 +420,21 @@ def test_the_step_count_leaves_out_the_validation_before_training():
     assert steps_line(recs) == "steps: 60 recorded, step 1 to 60 (and a validation before training, step 0)"
     assert steps_line(recs[1:]) == "steps: 60 recorded, step 1 to 60"
     assert steps_line(recs[:1]) == "steps: none trained (and a validation before training, step 0)"
+
+
+def test_a_ctrl_c_while_plotting_leaves_the_last_report_whole(tmp_path):
+    """SIGINT while the plots were drawn ended silently (Typer's exit 130) with the new first plot
+    beside the last report's summary.txt; now it says so in one line and changes nothing there."""
+    from helpers.busy_child import interrupt_when_busy
+
+    run = make_run(tmp_path / "run")
+    files = write_report(run)
+    for path in files:  # the last report, told apart from anything this run would draw
+        path.write_bytes(b"the last report")
+    done = interrupt_when_busy("tinyrl.report:_save", 1, ["report", str(run)], tmp_path / "busy")
+    assert done.returncode == 130, done.stderr[-3000:]
+    said = done.stderr.strip()
+    assert said == (f"stopped by SIGINT (Ctrl-C) while writing the report of {run}; no plot or summary "
+                    f"in {run / 'report'} was changed"), said
+    assert all(path.read_bytes() == b"the last report" for path in files)
+    assert sorted(p.name for p in (run / "report").iterdir()) == sorted([REPORT_MARK] + [p.name for p in files])

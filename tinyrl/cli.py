@@ -8,12 +8,14 @@ TINYRL_DEBUG=1 adds the traceback.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Iterator, Optional, Union
 
 import typer
 from rich.console import Console
@@ -51,6 +53,25 @@ def _width_from_environment() -> None:
     columns = os.environ.get("COLUMNS", "")
     for console in (out, err):
         console.width = int(columns) if columns.isdigit() else None  # None: the terminal's size
+
+
+@contextlib.contextmanager
+def _said_if_stopped(after: Union[str, Callable[[], str]]) -> Iterator[None]:
+    """Ctrl-C or SIGTERM in the body: one line, "stopped by SIGNAL" + `after` (what was under way,
+    what is left on disk; a callable is asked then), and exit 130/143. Typer turns a
+    KeyboardInterrupt into a silent exit 130 before main() sees it, so the signal is taken first
+    (tinyrl.interrupts) and raised as Interrupted, which Typer lets through."""
+    from tinyrl import interrupts
+
+    interrupts.install()
+    try:
+        yield
+    except interrupts.Interrupted as exc:
+        said = after() if callable(after) else after
+        err.print(f"stopped by {interrupts.SIGNAL_NAMES.get(exc.signum, exc.signum)}{said}",
+                  highlight=False, soft_wrap=True)
+        sys.exit(interrupts.exit_code(exc.signum))
+
 
 PresetOpt = typer.Option(..., "--preset", "-p", help="Preset name (see `tinyrl presets`) or path to a .toml file.")
 
@@ -133,7 +154,17 @@ def _register_data_commands() -> None:
     from tinyrl.tasks import all_tasks
 
     for name, task in all_tasks().items():
-        data_app.command(name)(task.data_command)
+        data_app.command(name)(_stops_cleanly(task.data_command, f" while writing the {name} data; no data "
+                                              "file was written"))
+
+
+def _stops_cleanly(command: Callable, after: str) -> Callable:
+    """`command` under _said_if_stopped; functools.wraps keeps its signature, which Typer reads."""
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        with _said_if_stopped(after):
+            return command(*args, **kwargs)
+    return run
 
 
 _register_data_commands()
@@ -231,13 +262,13 @@ def _run_command(command: str, preset: str, overrides: Optional[list[str]], out_
     with rundir.claim(run_dir, command):
         if not resume:
             rundir.check_new_run(run_dir)  # another run's metrics or checkpoints: --resume or another --out
-        try:
-            _train(cfg, run_dir, resume, max_steps, no_dashboard, resume_cmd, command, config_notes)
-        except interrupts.Interrupted as exc:
+
+        def not_begun() -> str:  # asked when the signal comes: config.json may be written by then
             again = resume_cmd if (run_dir / "config.json").exists() else "the same command"
-            err.print(f"stopped by {interrupts.SIGNAL_NAMES.get(exc.signum, exc.signum)} before training began; "
-                      f"nothing to save. Start again with: {again}", highlight=False, soft_wrap=True)
-            sys.exit(interrupts.exit_code(exc.signum))
+            return f" before training began; nothing to save. Start again with: {again}"
+
+        with _said_if_stopped(not_begun):
+            _train(cfg, run_dir, resume, max_steps, no_dashboard, resume_cmd, command, config_notes)
 
 
 def _resume_command(preset: str, overrides: Optional[list[str]], run_dir: Path, max_steps: Optional[int],
@@ -320,6 +351,7 @@ def _print_accuracy_change(run_dir: Path, n_prompts: Optional[int]) -> None:
 
 
 @app.command("probe-memory")
+@functools.partial(_stops_cleanly, after=" while planning; a plan file is replaced whole or not at all")
 def probe_memory(
     preset: str = PresetOpt,
     overrides: Optional[list[str]] = SetOpt,
@@ -385,11 +417,15 @@ def export(
     """Write the run's latest actor as a merged Hugging Face model (base + actor adapter)."""
     from tinyrl.export import export_run, weights_on_disk
 
-    path = export_run(run_dir, out_dir, overwrite=overwrite, dtype=dtype)
+    # the model is written into a hidden folder in --out and moved in whole (tinyrl.writable.staged)
+    with _said_if_stopped(f" while exporting {run_dir}; nothing was written in {out_dir}"):
+        path = export_run(run_dir, out_dir, overwrite=overwrite, dtype=dtype)
     out.print(f"wrote {path} ({weights_on_disk(path)}): load it with AutoModelForCausalLM.from_pretrained({str(path)!r})")
 
 
 @app.command("export-verl")
+@functools.partial(_stops_cleanly, after=" while exporting the verl recipe; nothing was changed in --out "
+                   "(its files move in together)")
 def export_verl_cmd(
     out_dir: Path = typer.Option(..., "--out", help="Directory for run_verl.sh, reward_fn.py and data/."),
     preset: Optional[str] = typer.Option(None, "--preset", "-p", help="Preset name or .toml path (or --from-run)."),
@@ -491,19 +527,12 @@ def eval_cmd(
     if engine not in ("auto", "hf", "vllm"):
         raise TinyRLError(f"--engine {engine!r} is not auto, hf or vllm", hint="e.g. --engine hf")
     _log_to_stderr()
-    from tinyrl import interrupts
-
     # SIGTERM killed eval outright, leaving the run's merged model (a 3B: ~12 GB) in TMPDIR; as
     # Interrupted it unwinds through the temporary directory. Ctrl-C ended silently (Typer's exit 130).
-    interrupts.install()
-    try:
+    with _said_if_stopped("; nothing was written"):
         summary, where = evaluate(target, data, task_name=task, n=n, ks=ks, temperature=temperature, top_p=top_p,
                                   greedy=greedy, engine=engine, max_new_tokens=max_tokens, out_dir=out_dir,
                                   chat_template=chat_template, seed=seed, progress=not as_json, tools=tools)
-    except interrupts.Interrupted as exc:
-        err.print(f"stopped by {interrupts.SIGNAL_NAMES.get(exc.signum, exc.signum)}; nothing was written",
-                  highlight=False, soft_wrap=True)
-        sys.exit(interrupts.exit_code(exc.signum))
     if as_json:
         print(json.dumps(summary, indent=2))
         return
@@ -571,7 +600,9 @@ def report(
     """PNG plots (reward, KL, length, memory, phase timings, validation, tool use) and summary.txt of a run."""
     from tinyrl.report import write_report
 
-    files = write_report(run_dir, out_dir)
+    where = out_dir or run_dir / "report"  # plots and summary.txt move in together (write_report)
+    with _said_if_stopped(f" while writing the report of {run_dir}; no plot or summary in {where} was changed"):
+        files = write_report(run_dir, out_dir)
     for path in files:
         out.print(str(path), highlight=False, soft_wrap=True)
     out.print()
@@ -583,11 +614,8 @@ def main() -> None:
 
     _width_from_environment()
     quiet_library_deprecations()
-    try:
+    try:  # no KeyboardInterrupt reaches here (Typer exits 130 on it): see _said_if_stopped
         app()
-    except KeyboardInterrupt:  # commands other than train: nothing half-written to report
-        err.print("interrupted")
-        sys.exit(130)
     except TinyRLError as exc:
         if os.environ.get("TINYRL_DEBUG"):
             traceback.print_exc()

@@ -24,7 +24,7 @@ from tinyrl.dashboard import PHASES, TOOL_METRICS, memory_label, val_files, val_
 from tinyrl.errors import TinyRLError
 from tinyrl.jsonl import read_records
 from tinyrl.memory import versus
-from tinyrl.writable import make_dir
+from tinyrl.writable import make_dir, staged
 
 GIB = 1024**3
 # What val/score is (trainer.validate): the task's "solved" share of greedy completions of the
@@ -493,13 +493,22 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
         raise TinyRLError(f"run directory {what}: {run_dir}", hint="e.g. tinyrl report runs/<run name>")
     notes: list[str] = []
     recs = load_metrics(run_dir, notes)
-    matplotlib, Figure = _figure_module()
+    figures = _figure_module()  # no matplotlib: said before a directory is made
     own = run_dir / "report"
     if out_dir is not None and Path(out_dir).resolve() != own.resolve():
         check_not_replacing(Path(out_dir))
     out = make_dir(Path(out_dir) if out_dir is not None else own, example="report")
     (out / REPORT_MARK).touch()
+    # Written aside and moved in together: a Ctrl-C halfway left new plots beside the last
+    # report's summary.txt (or a truncated PNG); now `out` keeps the last report whole.
+    with staged(out, replace=True) as stage:
+        names = _write_files(run_dir, recs, notes, stage, figures)
+    return [out / name for name in names]
 
+
+def _write_files(run_dir: Path, recs: list[dict], notes: list[str], out: Path, figures: tuple) -> list[str]:
+    """The plots and summary.txt into `out`; their names, summary.txt last."""
+    matplotlib, Figure = figures
     written, skipped = [], []
     other_kind = RL_ONLY if series(recs, "sft/loss")[0] else SFT_ONLY
     for name, (keys, draw) in PLOTS.items():
@@ -542,4 +551,4 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
     lines += [f"note: {n}" for n in notes]
     summary = out / "summary.txt"
     summary.write_text("\n".join(lines) + "\n")
-    return written + [summary]
+    return [p.name for p in written + [summary]]
