@@ -377,3 +377,21 @@ def test_an_rl_preset_that_starts_from_an_sft_run_is_priced_before_that_run_exis
     assert json.loads(stdout)["roofline"]["sec_per_step"] > 0
     with pytest.raises(TinyRLError, match="is not a run directory"):
         load_config("countdown-demo")
+
+
+def test_a_preset_file_is_repeated_by_its_path_in_the_probe_memory_command(monkeypatch, capsys, tmp_path):
+    """The roofline's guess pointed at `tinyrl probe-memory --preset mine` for a file mine.toml: an
+    unknown preset. It names the file as given."""
+    import re
+    import shutil
+
+    from tinyrl.config import PRESETS_DIR
+
+    monkeypatch.setenv("COLUMNS", "300")
+    mine = tmp_path / "mine.toml"
+    shutil.copy(PRESETS_DIR / "countdown-4090.toml", mine)
+    code, stdout, _ = cli(monkeypatch, capsys, "estimate-cost", "--preset", str(mine), *no_data(tmp_path))
+    assert code == 0
+    said = re.search(r"a guess: `tinyrl probe-memory --preset (\S+)`", " ".join(stdout.split()))
+    assert said and said.group(1) == str(mine), stdout
+    assert load_config(said.group(1), planning=True).preset == "mine"

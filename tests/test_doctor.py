@@ -5,6 +5,7 @@ makes it fail with a fix and exit 1. vLLM runs in a child process (one engine pe
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -237,3 +238,21 @@ def test_the_versions_row_says_whether_tinyrl_ran_these_versions_and_readme_has_
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert exercised.markdown_table() in readme
     assert "580" in exercised.OLD_DRIVER_ADVICE and "cu128" in exercised.OLD_DRIVER_ADVICE
+
+
+def test_a_preset_file_is_repeated_by_its_path_in_the_bug_report_command(tmp_path, tiny_model_dir):
+    """The doctor's line for a bug report said `tinyrl doctor --preset mine` for a file mine.toml:
+    copied, an unknown preset. It names the file as given, and that argument loads it."""
+    import re
+    import shutil
+
+    from tinyrl.config import PRESETS_DIR, load_config
+
+    mine = tmp_path / "mine.toml"
+    shutil.copy(PRESETS_DIR / "countdown-tiny.toml", mine)
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "doctor", "--preset", str(mine)], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "COLUMNS": "300"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    said = re.search(r"`tinyrl doctor --preset (\S+) --json --out doctor.json`", " ".join(done.stdout.split()))
+    assert said and said.group(1) == str(mine), done.stdout[-3000:]
+    assert load_config(said.group(1)).preset == "mine"

@@ -275,3 +275,21 @@ def test_an_hf_rollout_names_its_kv_cache_and_is_told_to_keep_vllm_first(monkeyp
     said = " ".join(stdout.split())
     assert "- try: rollout.engine=vllm (" in said
     assert "model.logprob_chunk=512" not in said
+
+
+def test_a_preset_file_is_repeated_by_its_path_in_the_command_that_reads_the_plan(monkeypatch, capsys, tmp_path):
+    """`--preset path/to/mine.toml` was echoed as `tinyrl train --preset mine`: copied, an unknown
+    preset. The line names the file as given; that argument loads the same preset."""
+    import re
+    import shutil
+
+    from tinyrl.config import PRESETS_DIR, load_config
+
+    mine = tmp_path / "mine.toml"
+    shutil.copy(PRESETS_DIR / "countdown-4090.toml", mine)
+    code, stdout, stderr = cli(monkeypatch, capsys, "probe-memory", "--preset", str(mine), "--gpu", "rtx4090",
+                               "--simulate")
+    assert code == 0, stderr
+    said = re.search(r"`tinyrl train --preset (\S+)` with the same --set options", " ".join(stdout.split()))
+    assert said and said.group(1) == str(mine), stdout
+    assert load_config(said.group(1), planning=True).preset == "mine"  # the stem still names the run

@@ -246,7 +246,7 @@ def _run_command(command: str, preset: str, overrides: Optional[list[str]], out_
         rundir.check_resume_here(out_dir, _resume_command(preset, overrides, out_dir, max_steps, command))
     config_notes: list[str] = []
     cfg = load_config(preset, overrides, notes=config_notes, resume_dir=out_dir if resume else None)
-    check_command(cfg, command, preset)  # RL on an SFT preset, or SFT on an RL preset: exit 2, nothing written
+    check_command(cfg, command)  # RL on an SFT preset, or SFT on an RL preset: exit 2, nothing written
     run_dir = out_dir or Path(cfg.trainer.out_dir) / cfg.preset
     if max_steps is not None and max_steps < 1:
         raise TinyRLError(f"--max-steps {max_steps} must be at least 1", hint="e.g. --max-steps 3")

@@ -248,9 +248,19 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    # The --preset argument as the user gave it (load_config sets it): a name, or the path of a
+    # file of theirs, whose stem `preset` is. No annotation, so not a field: never a setting, never
+    # in config.json or `presets show`.
+    given_preset = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def preset_arg(self) -> str:
+        """--preset for a command line printed for the user to copy: what they gave. `--preset STEM`
+        of their mine.toml is an unknown preset. A run's config.json has only the stem."""
+        return self.given_preset or self.preset
 
 
 # --------------------------------------------------------------------------- loading
@@ -270,7 +280,8 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
     need not exist yet, as a plan reads only model.name's shapes, which init_from must share."""
     path = _preset_path(preset)
     raw = read_preset(path)
-    cfg = Config(preset=path.stem)
+    cfg = Config(preset=path.stem)  # the stem names the run directory (runs/NAME)
+    cfg.given_preset = preset
     problems = _named_preset_problems(raw, overrides or [])
     problems += _apply_dict(cfg, {k: v for k, v in raw.items() if k != "preset"}, prefix="")
     for item in overrides or []:
@@ -301,14 +312,13 @@ def _named_preset_problems(raw: dict, overrides: list[str]) -> list[str]:
             for what in given]
 
 
-def check_command(cfg: Config, command: str, given: str = "") -> None:
+def check_command(cfg: Config, command: str) -> None:
     """`tinyrl train` on an SFT preset would run RL on supervised rows (and build a critic for
     them), `tinyrl sft` on an RL preset would fine-tune on prompts without responses: refuse both.
-    `given`: the --preset argument, which the hint repeats (a user's file is mine.toml or a path,
-    and `--preset mine` is an unknown preset)."""
+    The hint repeats the --preset argument as given (cfg.preset_arg)."""
     if cfg.command == command:
         return
-    given = given or cfg.preset
+    given = cfg.preset_arg
     if command == "train":
         raise TinyRLError(f"preset {cfg.preset!r} is an SFT preset (command = \"sft\"): `tinyrl train` runs RL, "
                           "not supervised fine-tuning on its rows",

@@ -244,7 +244,7 @@ def roofline_assumptions(cfg: Config, a: Assumptions, r: Roofline) -> list[str]:
         ]
     share = cfg.rollout.vllm.gpu_memory_utilization or a.vllm_memory_share
     guessed = "" if cfg.rollout.vllm.gpu_memory_utilization else \
-        f" (a guess: `tinyrl probe-memory --preset {cfg.preset or 'P'}` plans the run's share, then read here)"
+        f" (a guess: `tinyrl probe-memory --preset {cfg.preset_arg or 'P'}` plans the run's share, then read here)"
     return [
         f"roofline: utilisation {a.train_mfu:.0%} of peak bf16 for trainer passes, {a.prefill_mfu:.0%} for "
         f"prefill, {a.decode_mfu:.0%} as the decode compute roof; {a.bandwidth_efficiency:.0%} of spec-sheet bandwidth",

@@ -38,7 +38,7 @@ def run_doctor(preset: str, overrides: list[str] | None = None, *, bench: bool =
 
     say = progress or (lambda message: None)
     cfg = load_config(preset, overrides)  # bad input: TinyRLError, exit 2, before anything runs
-    report = Report(preset=cfg.preset, overrides=list(overrides or []),
+    report = Report(preset=cfg.preset_arg, overrides=list(overrides or []),
                     machine={"platform": platform.platform(), "python": sys.version.split()[0],
                              "cpus": usable_cpus()})
     say("checking the install, the card, the disk and the memory ...")
@@ -55,6 +55,6 @@ def run_doctor(preset: str, overrides: list[str] | None = None, *, bench: bool =
     if bench:
         from tinyrl.doctor import bench as bench_mod
 
-        say(f"bench: {bench_steps} steps of `tinyrl {cfg.command} --preset {cfg.preset}` at its planned settings ...")
+        say(f"bench: {bench_steps} steps of `tinyrl {cfg.command} --preset {cfg.preset_arg}` at its planned settings ...")
         report.rows += bench_mod.bench_rows(preset, overrides, bench_steps, report)
     return report

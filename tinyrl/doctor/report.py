@@ -35,7 +35,7 @@ def skipped(name: str, reason: str, found: str = "", **data) -> Row:
 
 @dataclass
 class Report:
-    preset: str
+    preset: str  # --preset as given (a file's path too): `tinyrl doctor --preset ...` repeats it
     overrides: list[str]
     machine: dict
     rows: list[Row] = field(default_factory=list)

@@ -63,10 +63,10 @@ def render_plan(cfg: Config, plan: MemoryPlan, path: Path, out_path: Path | None
         filled = apply_plan(copy.deepcopy(cfg), plan)
         if filled:
             parts.append(Text(f"{command} sets:\n" + "\n".join(f"- {line}" for line in filled)))
-        parts.append(Text(f"{where}\n`tinyrl {command} --preset {cfg.preset}` with the same --set options reads it.",
+        parts.append(Text(f"{where}\n`tinyrl {command} --preset {cfg.preset_arg}` with the same --set options reads it.",
                           style="dim"))
     else:  # train refuses this plan (preflight.check_memory): do not list settings it will never use
-        parts.append(Text(f"{where}\n`tinyrl {command} --preset {cfg.preset}` with the same --set options stops "
+        parts.append(Text(f"{where}\n`tinyrl {command} --preset {cfg.preset_arg}` with the same --set options stops "
                           "on this plan: make a change above and probe again.", style="dim"))
     parts.append(Text("\n".join(f"- {n}" for n in plan.notes), style="dim"))
     return parts
