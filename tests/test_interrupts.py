@@ -86,3 +86,18 @@ def test_a_resumed_run_already_at_its_end_says_nothing_was_trained():
     assert ended(60, 60, 30).startswith("run finished at step 60: runs/d")
     assert ended(60, 60, 0).startswith("run finished at step 60: runs/d")
     assert "the end, step 40, is behind it; nothing was trained" in ended(60, 40, 60)
+
+
+def test_ctrl_c_while_train_reads_its_config_and_data_is_one_line_and_writes_nothing(tmp_path, countdown_train):
+    """A Ctrl-C while the config and the data were read (seconds on a large parquet), before the
+    handler's catch began, printed a traceback; now one line, exit 130, no run directory."""
+    from helpers.busy_child import interrupt_when_busy
+
+    run = tmp_path / "run"
+    done = interrupt_when_busy("tinyrl.setup:check_data_rows", 1,
+                               ["train", "--preset", "countdown-tiny", "--out", str(run), "--no-dashboard",
+                                "--set", f"data.train_path={countdown_train(256)}"], tmp_path / "busy")
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert done.stderr.strip() == ("stopped by SIGINT (Ctrl-C) while reading the config and the data; "
+                                   "nothing was written")
+    assert not run.exists()

@@ -237,14 +237,38 @@ def sft(
 def _run_command(command: str, preset: str, overrides: Optional[list[str]], out_dir: Optional[Path],
                  max_steps: Optional[int], resume: bool, no_dashboard: bool) -> None:
     """`train` and `sft`: the same checks, loop and endings; only the trainer differs."""
-    from tinyrl import interrupts, rundir
+    from tinyrl import rundir
+
+    config_notes: list[str] = []
+    run_dir = resume_cmd = None
+
+    def said() -> str:  # asked when the signal comes: what was under way, what to do
+        if resume_cmd is None:
+            return " while reading the config and the data; nothing was written"
+        again = resume_cmd if (run_dir / "config.json").exists() else "the same command"
+        return f" before training began; nothing to save. Start again with: {again}"
+
+    # Ctrl-C/SIGTERM end cleanly from the start (tinyrl.interrupts); until 2026-11-27 one while the
+    # config and the data were read (seconds on a large parquet) printed a traceback.
+    with _said_if_stopped(said):
+        cfg, run_dir, resume_cmd = _checked_run(command, preset, overrides, out_dir, max_steps, resume, config_notes)
+        # The run directory's owner until this command ends (a second process: exit 2 with this
+        # pid); taken before anything is written into it, and before looking at what it holds.
+        with rundir.claim(run_dir, command):
+            if not resume:
+                rundir.check_new_run(run_dir)  # another run's metrics or checkpoints: --resume or another --out
+            _train(cfg, run_dir, resume, max_steps, no_dashboard, resume_cmd, command, config_notes)
+
+
+def _checked_run(command: str, preset: str, overrides: Optional[list[str]], out_dir: Optional[Path],
+                 max_steps: Optional[int], resume: bool, config_notes: list[str]):
+    """The config and the data checked, nothing written -> (cfg, run_dir, resume_cmd)."""
+    from tinyrl import rundir
     from tinyrl.config import check_command, load_config
     from tinyrl.setup import check_data_rows, check_train_path
 
-    interrupts.install()  # from here on, Ctrl-C/SIGTERM end cleanly (see tinyrl.interrupts)
     if resume and out_dir is not None:  # its relative paths start where it started: before they are read
         rundir.check_resume_here(out_dir, _resume_command(preset, overrides, out_dir, max_steps, command))
-    config_notes: list[str] = []
     cfg = load_config(preset, overrides, notes=config_notes, resume_dir=out_dir if resume else None)
     check_command(cfg, command)  # RL on an SFT preset, or SFT on an RL preset: exit 2, nothing written
     run_dir = out_dir or Path(cfg.trainer.out_dir) / cfg.preset
@@ -252,23 +276,11 @@ def _run_command(command: str, preset: str, overrides: Optional[list[str]], out_
         raise TinyRLError(f"--max-steps {max_steps} must be at least 1", hint="e.g. --max-steps 3")
     check_train_path(cfg)  # a mistyped data path fails here, before anything is loaded or written
     check_data_rows(cfg)  # another task's data too: before the memory plan, init_from's merge, the model
-    resume_cmd = _resume_command(preset, overrides, run_dir, max_steps, command)
     if resume:
         from tinyrl.resume_check import check_has_run
 
         check_has_run(run_dir)
-    # The run directory's owner until this command ends (a second process: exit 2 with this pid);
-    # taken before anything is written into it, and before looking at what it holds.
-    with rundir.claim(run_dir, command):
-        if not resume:
-            rundir.check_new_run(run_dir)  # another run's metrics or checkpoints: --resume or another --out
-
-        def not_begun() -> str:  # asked when the signal comes: config.json may be written by then
-            again = resume_cmd if (run_dir / "config.json").exists() else "the same command"
-            return f" before training began; nothing to save. Start again with: {again}"
-
-        with _said_if_stopped(not_begun):
-            _train(cfg, run_dir, resume, max_steps, no_dashboard, resume_cmd, command, config_notes)
+    return cfg, run_dir, _resume_command(preset, overrides, run_dir, max_steps, command)
 
 
 def _resume_command(preset: str, overrides: Optional[list[str]], run_dir: Path, max_steps: Optional[int],
