@@ -115,18 +115,12 @@ def vllm_engine(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def fresh_cache(tmp_path_factory):
-    """An empty tinyrl cache for a module whose fake-tensor traces must be made afresh."""
-    with pytest.MonkeyPatch.context() as mp:
-        root = tmp_path_factory.mktemp("tinyrl-cache")
-        mp.setenv("TINYRL_CACHE", str(root))
-        yield root
-
-
-@pytest.fixture(scope="module")
 def plan_cache(tiny_model_dir, tmp_path_factory):
     """A cache of its own for plan files (so no test leaves a plan that a real `train` would
-    read), sharing the machine's fake-tensor traces and the tiny model build."""
+    read), sharing the machine's fake-tensor traces and the tiny model build. Every planning
+    module shares the traces (keyed by spec, step and the traced code): until 2026-11-27 three
+    modules traced afresh what the others had traced, 353 s of those seven modules against 287 s
+    shared (-n 2, 2 cores). A test that must see a trace made uses a TINYRL_CACHE of its own."""
     shared = tiny_model_dir.parent
     root = tmp_path_factory.mktemp("tinyrl-cache")
     (root / tiny_model_dir.name).symlink_to(tiny_model_dir)

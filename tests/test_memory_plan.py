@@ -16,7 +16,7 @@ SMALL = dict(model_type="qwen2", vocab_size=32000, hidden_size=256, intermediate
              rope_theta=10000.0)
 
 
-pytestmark = pytest.mark.usefixtures("fresh_cache")
+pytestmark = pytest.mark.usefixtures("plan_cache")
 
 
 def _kv_holds_every_running_sequence(plan, spec, seq):

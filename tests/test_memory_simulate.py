@@ -14,7 +14,7 @@ SMALL = dict(model_type="qwen2", vocab_size=32000, hidden_size=256, intermediate
 KW = dict(response_len=128, lora_rank=16, logprob_chunk=256)
 
 
-pytestmark = pytest.mark.usefixtures("fresh_cache")
+pytestmark = pytest.mark.usefixtures("plan_cache")
 
 
 def test_resident_parts_match_the_formulas():
@@ -92,7 +92,7 @@ def test_bad_shapes_are_user_errors():
         sim.simulate_phase(SMALL, "actor_update", 1, 256, sft=True, **KW)
 
 
-def test_an_sft_step_is_traced_through_the_sft_trainers_own_loss(monkeypatch):
+def test_an_sft_step_is_traced_through_the_sft_trainers_own_loss(monkeypatch, tmp_path):
     """The SFT plan (`tinyrl sft` on a card, probe-memory of an SFT preset) traces the pass the SFT
     trainer runs: its loss function, log-probs without PPO's entropy, the actor alone."""
     import tinyrl.learners as learners
@@ -108,15 +108,16 @@ def test_an_sft_step_is_traced_through_the_sft_trainers_own_loss(monkeypatch):
         return counted
 
     monkeypatch.setattr(learners, "sft_loss_fn", counting)
+    monkeypatch.setenv("TINYRL_CACHE", str(tmp_path))  # traced here, not read from another test's trace
     alone = dict(critic=False, reference=False, **KW)
     sft = sim.simulate_phase(SMALL, "actor_update", 4, 256, sft=True, with_entropy=False, **alone)
-    assert calls == [(4, 128)] * 2  # one micro-step, at each of the two traced depths (fresh cache)
+    assert calls == [(4, 128)] * 2  # one micro-step, at each of the two traced depths
     ppo = sim.simulate_phase(SMALL, "actor_update", 4, 256, **alone)
     assert sft["gradients"] == ppo["gradients"] and sft["adapters"] == ppo["adapters"]  # the same actor
 
 
 @pytest.mark.parametrize("phase, name", [("actor_update", "actor_loss_fn"), ("critic_update", "critic_loss_fn")])
-def test_an_rl_update_is_traced_through_the_trainers_own_loss(monkeypatch, phase, name):
+def test_an_rl_update_is_traced_through_the_trainers_own_loss(monkeypatch, tmp_path, phase, name):
     """The plan's actor and critic updates run tinyrl.learners' loss functions, the ones the
     Learner back-propagates, not a hand-written twin of them (which it was until 2026-11-27)."""
     import tinyrl.learners as learners
@@ -132,5 +133,6 @@ def test_an_rl_update_is_traced_through_the_trainers_own_loss(monkeypatch, phase
         return counted
 
     monkeypatch.setattr(learners, name, counting)
+    monkeypatch.setenv("TINYRL_CACHE", str(tmp_path))  # traced here, not read from another test's trace
     sim.simulate_phase(SMALL, phase, 4, 256, **KW)
-    assert calls == [(4, 128)] * 2  # one micro-step, at each of the two traced depths (fresh cache)
+    assert calls == [(4, 128)] * 2  # one micro-step, at each of the two traced depths

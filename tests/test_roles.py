@@ -231,7 +231,7 @@ SMALL = dict(model_type="qwen2", vocab_size=32000, hidden_size=256, intermediate
 KW = dict(response_len=128, lora_rank=16, logprob_chunk=256)
 
 
-@pytest.mark.usefixtures("fresh_cache")
+@pytest.mark.usefixtures("plan_cache")
 def test_a_critic_free_trace_holds_one_adapter_and_one_adam():
     from tinyrl.memory import formulas as fm
     from tinyrl.memory import simulate as sim
@@ -252,7 +252,7 @@ def test_a_critic_free_trace_holds_one_adapter_and_one_adam():
         sim.simulate_phase(SMALL, "critic_update", 2, 256, critic=False, **KW)
 
 
-@pytest.mark.usefixtures("fresh_cache")
+@pytest.mark.usefixtures("plan_cache")
 def test_a_critic_free_plan_has_no_critic_phase_and_micro_batches_at_least_as_large():
     from tinyrl.hardware import get_gpu
     from tinyrl.memory import formulas as fm
