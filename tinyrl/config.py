@@ -610,8 +610,7 @@ def _set_typed(obj: Any, key: str, value: Any, dotted: str) -> str | None:
         str: isinstance(value, str),
     }.get(expected, isinstance(value, type(current)))
     if not ok:
-        quoted = isinstance(value, str) and expected in (int, float, bool) and \
-            isinstance(_parse_value(value), expected) and not isinstance(_parse_value(value), str)
+        quoted = isinstance(value, str) and expected in (int, float, bool) and isinstance(_parse_value(value), expected)
         unquote = f" (quoted, it is text: write {key} = {value} without the quotes)" if quoted else ""
         return f"{dotted} must be {getattr(expected, '__name__', str(expected))}, got {value!r}{unquote}"
     setattr(obj, key, value)

@@ -139,9 +139,10 @@ def load_sft(path: Path, tokenizer, cfg, max_rows: int | None = None) -> SFTRows
             raise TinyRLError(f"{path} row {i} (counting from 0): {exc.message}", hint=exc.hint) from exc
     out = SFTRows([], [], [], fmt)
     if fmt == "multiturn":
-        out.calls_without_schemas = sum(1 for row in rows if _calls_tools(_row_messages(row, cfg.sft))
-                                        and not _row_tools(row, cfg.sft))
-        out.tool_without_call = [i for i, row in enumerate(rows) if _tool_without_call(_row_messages(row, cfg.sft))]
+        conversations = [_row_messages(row, cfg.sft) for row in rows]  # parsed once for both counts
+        out.calls_without_schemas = sum(1 for row, messages in zip(rows, conversations)
+                                        if _calls_tools(messages) and not _row_tools(row, cfg.sft))
+        out.tool_without_call = [i for i, messages in enumerate(conversations) if _tool_without_call(messages)]
     eos = tokenizer.eos_token_id if fmt == "single" else None
     for i, tokens in enumerate(tokenize(segments, tokenizer, eos)):
         try:
