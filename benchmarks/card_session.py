@@ -14,7 +14,7 @@ Parts (--only picks some, in this order):
                 run README gives; the preset's 256 x 1,024-token rollout alone would outlast a lent
                 card's minutes on the HF engine, GPU.md: 142 s for 32 rows)
   check-0.5b    gpu_check countdown-0.5b-4090, 2 steps as the preset has them (full fine-tune)
-  check-math    gpu_check math-grpo-4090, 1 step of 4 prompts x 8 (GRPO, no critic)
+  check-math    gpu_check math-grpo-4090, 1 step of 4 prompts x 8 (GRPO, no critic), no real probe
   check-vllm    gpu_check countdown-0.5b-4090, 3 steps with rollout.engine=vllm, then the doctor's
                 rows on that model: sleep/wake seconds, what a sleep frees, the adapter-sync check
                 (not started where vllm does not import: GPU.md's bundle brings vLLM 0.26)
@@ -56,7 +56,9 @@ PARTS: list[tuple[str, list[str]]] = [
     ("check-3b", [PY, CHECK, "--preset", "countdown-4090", "--steps", "1", "--set", "trainer.train_batch_size=32",
                   "--set", "actor.ppo_mini_batch_size=32", "--set", "critic.ppo_mini_batch_size=32"]),
     ("check-0.5b", [PY, CHECK, "--preset", "countdown-0.5b-4090", "--steps", "2"]),
-    ("check-math", [PY, CHECK, "--preset", "math-grpo-4090", "--steps", "1", "--set", "trainer.train_batch_size=4",
+    # no real probe: the 3B check has one, and a lent card's minutes go to the GRPO step itself
+    ("check-math", [PY, CHECK, "--preset", "math-grpo-4090", "--steps", "1", "--skip-probe",
+                    "--set", "trainer.train_batch_size=4",
                     "--set", "actor.ppo_mini_batch_size=4"]),
     ("check-vllm", [PY, CHECK, "--preset", "countdown-0.5b-4090", "--steps", "3", "--skip-probe",
                     "--set", "rollout.engine=vllm", "--doctor"]),
