@@ -38,6 +38,7 @@ import tinyrl  # noqa: F401  (before transformers/peft)
 import torch
 
 from tinyrl.config import layered, load_config
+from tinyrl.errors import TinyRLError
 from tinyrl.hardware import detect_gpu, get_gpu
 from tinyrl.memory import from_config as mp
 from tinyrl.memory import versus
@@ -89,8 +90,9 @@ def card_overrides(preset: str, model_dir: str) -> list[str]:
     return sets
 
 
-def plan_rows(cfg, budget_bytes: int) -> list[tuple]:
-    """(phase, simulated micro-batch, measured micro-batch, simulated / measured)."""
+def plan_rows(cfg, budget_bytes: int) -> tuple[list[tuple], list[str]]:
+    """-> ((phase, simulated micro-batch, measured micro-batch, simulated / measured) rows, the
+    real probe's own notes: where the size it found did not run again)."""
     card = detect_gpu()
     simulated = mp.plan_for_config(cfg, card, simulate=True, budget_bytes=budget_bytes)
     measured = mp.cuda_probe(cfg, card, simulated)
@@ -99,7 +101,7 @@ def plan_rows(cfg, budget_bytes: int) -> list[tuple]:
         if name in simulated.phases:
             s, m = simulated.phases[name].micro_batch, measured.phases[name].micro_batch
             rows.append((name, s, m, s / m if m else float("inf")))
-    return rows
+    return rows, [n for n in measured.notes if n.startswith("real probe, ")]
 
 
 def run_steps(cfg, run_dir: Path, steps: int):
@@ -183,10 +185,19 @@ def main(argv: list[str] | None = None) -> int:
             budget = int((args.budget or 0.9 * get_gpu(cfg.cost.gpu).memory_bytes / GiB) * GiB)
             say(f"plan vs real probe (budget {budget / GiB:.2f} GiB):")
             say(f"  {'phase':<14} {'simulated':>9} {'measured':>9} {'sim/real':>8}")
-            for name, s, m, ratio in plan_rows(cfg, budget):
+            try:
+                rows, notes = plan_rows(cfg, budget)
+            except (TinyRLError, RuntimeError) as exc:  # the steps below still say what the trainer does
+                rows, notes = [], []
+                say(f"  the real probe failed: {type(exc).__name__}: {str(exc)[:500]}")
+                failed.append("the real probe failed")
+                free_memory()
+            for name, s, m, ratio in rows:
                 say(f"  {name:<14} {s:>9} {m:>9} {ratio:>8.2f}")
                 if s > m:
                     failed.append(f"{name}: the plan promises {s} sequences, the card held {m}")
+            for note in notes:
+                say(f"  {note}")
         trainer, history, before = run_steps(cfg, work / "run", args.steps)
         last = history[-1]
         rows = versus.compare(versus.read_run_plan(work / "run"),

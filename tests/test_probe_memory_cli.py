@@ -212,6 +212,29 @@ def test_a_budget_above_the_card_is_refused_and_no_plan_is_left_for_train(monkey
         mp.plan_for_config(load_config("countdown-4090", ["trainer.memory_budget_gib=25"]), GPUS["rtx4090"])
 
 
+def fake_card(monkeypatch, fake_try_step) -> list[float]:
+    """A CUDA card faked for cuda_probe's bookkeeping (no GPU here): torch.cuda's calls answered,
+    probe.real_try_step replaced by fake_try_step(spec, step, device), a measured peak of 3 GiB
+    (after running the step). -> the memory fractions the probe set, in order."""
+    import torch
+
+    from tinyrl.hardware import GPUS
+    from tinyrl.memory import probe
+
+    class Props:
+        total_memory = GPUS["rtx4090"].memory_bytes
+
+    fractions: list[float] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", fractions.append)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(probe, "real_try_step", fake_try_step)
+    monkeypatch.setattr(probe, "measure_peak", lambda fn, device: (fn(), 3 * GiB)[1])
+    return fractions
+
+
 def test_cuda_probe_puts_measured_micro_batches_into_the_plan(monkeypatch):
     """The real CUDA probe's bookkeeping, with the card faked (no GPU here): each training phase
     searched up to its cap under the budget's ceiling, measured peaks in the plan, and a phase
@@ -221,12 +244,8 @@ def test_cuda_probe_puts_measured_micro_batches_into_the_plan(monkeypatch):
     from tinyrl.config import load_config
     from tinyrl.hardware import GPUS
     from tinyrl.memory import from_config as mp
-    from tinyrl.memory import probe
 
-    class Props:
-        total_memory = GPUS["rtx4090"].memory_bytes
-
-    fractions, limits = [], {"forward": 40, "actor_update": 5, "critic_update": 0}
+    limits = {"forward": 40, "actor_update": 5, "critic_update": 0}
 
     def fake_try_step(spec, step, device):
         assert device == "cuda" and step.dtype == "bf16"
@@ -236,13 +255,7 @@ def test_cuda_probe_puts_measured_micro_batches_into_the_plan(monkeypatch):
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return try_step
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props)
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", fractions.append)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(probe, "real_try_step", fake_try_step)
-    monkeypatch.setattr(probe, "measure_peak", lambda fn, device: (fn(), 3 * GiB)[1])
+    fractions = fake_card(monkeypatch, fake_try_step)
     cfg = load_config("countdown-tiny", ["rollout.engine=vllm"])
     planned = mp.plan_for_config(cfg, GPUS["rtx4090"])
     plan = mp.cuda_probe(cfg, GPUS["rtx4090"], planned)
@@ -254,8 +267,42 @@ def test_cuda_probe_puts_measured_micro_batches_into_the_plan(monkeypatch):
     assert not critic.fits and critic.peak == planned.phases["critic_update"].peak
     assert plan.phases["rollout"] == planned.phases["rollout"]
     beside = planned.phases["actor_update"].parts["cuda_context"] + planned.phases["actor_update"].parts["vllm_asleep"]
-    assert fractions[0] == pytest.approx((planned.budget_bytes - beside) / Props.total_memory)
+    assert fractions[0] == pytest.approx((planned.budget_bytes - beside) / torch.cuda.get_device_properties(0).total_memory)
     assert fractions[-1] == 1.0
+
+
+def test_cuda_probe_measures_the_size_it_found_again_and_steps_down_when_it_does_not_rerun(monkeypatch):
+    """Seen on the H100 (2026-11-27, countdown-4090's 3B update under 21.59 GiB): the search's
+    answer ran once, then ran out of memory when run again to measure its peak (fragments left
+    by the failed tries), and the OOM killed `probe-memory --device cuda`. Scripted here, not a
+    real allocator: each phase's edge size runs once, after that only sizes 2 below it."""
+    import torch
+
+    from tinyrl.config import load_config
+    from tinyrl.hardware import GPUS
+    from tinyrl.memory import from_config as mp
+
+    edges, ran = {"forward": 40, "actor_update": 5, "critic_update": 1}, {}
+
+    def fake_try_step(spec, step, device):
+        edge, seen = edges[step.phase], ran.setdefault(step.phase, set())
+
+        def try_step(b):
+            if b > edge or (b > edge - 2 and edge in seen):
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.16 GiB")
+            seen.add(b)
+        return try_step
+
+    fake_card(monkeypatch, fake_try_step)
+    cfg = load_config("countdown-tiny", ["rollout.engine=vllm"])
+    planned = mp.plan_for_config(cfg, GPUS["rtx4090"])
+    plan = mp.cuda_probe(cfg, GPUS["rtx4090"], planned)
+    ref, actor, critic = (plan.phases[n] for n in ("forward", "actor_update", "critic_update"))
+    assert (ref.micro_batch, actor.micro_batch, critic.micro_batch) == (32, 3, 0)  # 32: the cap, below the edge
+    assert actor.fits and actor.token_budget == 3 * 304 and not critic.fits and not plan.fits
+    notes = [n for n in plan.notes if n.startswith("real probe, ")]
+    assert notes == ["real probe, actor_update: 5 sequences ran once, then ran out of memory; 3 ran again",
+                     "real probe, critic_update: 1 ran once, then no size down to 1 ran again"]
 
 
 def test_an_hf_rollout_names_its_kv_cache_and_is_told_to_keep_vllm_first(monkeypatch, capsys):

@@ -413,23 +413,28 @@ def cuda_probe(cfg: Config, gpu: GPU, plan: MemoryPlan) -> MemoryPlan:
     spec = load_spec(cfg.model.name)
     total = torch.cuda.get_device_properties(0).total_memory
     plan = copy.deepcopy(plan)
+    said = []
     try:
         for name, trace_phase in TRAINING_PHASES.items():
             if name in plan.phases:
-                plan.phases[name] = _measure_phase(cfg, spec, plan, name, trace_phase, total)
+                plan.phases[name], note = _measure_phase(cfg, spec, plan, name, trace_phase, total)
+                said += [note] if note else []
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     plan.fits = all(p.fits for p in plan.phases.values())
     plan.simulated = False
     plan.notes.append("training phases MEASURED on this card by the real probe (random weights, bf16); "
                       "the rollout phase is planned from formulas")
+    plan.notes += [f"real probe, {note}" for note in said]
     if cfg.model.quantize == "nf4":
         plan.notes.append("the real probe ran a bf16 base, not NF4: its micro-batches are on the safe side")
     return plan
 
 
 def _measure_phase(cfg: Config, spec: dict, plan: MemoryPlan, name: str, trace_phase: str,
-                   total: int) -> PhasePlan:
+                   total: int) -> tuple[PhasePlan, str | None]:
+    """One training phase searched and measured on the card. -> its plan, and a note when the
+    answer is not simply what the search found."""
     import torch
 
     from tinyrl.memory import probe
@@ -446,18 +451,27 @@ def _measure_phase(cfg: Config, spec: dict, plan: MemoryPlan, name: str, trace_p
         if not probe.is_oom(exc):
             raise
         probe.free_memory()  # the weights and Adam state alone did not fit under the ceiling
-        return PhasePlan(planned.peak, planned.parts, 0, 0, fits=False)
+        return PhasePlan(planned.peak, planned.parts, 0, 0, fits=False), f"{name}: the weights and optimizer state alone did not fit"
     resident = torch.cuda.memory_allocated() - before
-    b = probe.find_max_micro_batch(try_step, 1, _caps(cfg)[trace_phase])
-    if b < 1:  # keep the planned bytes for one sequence: they say how far over it is
-        del try_step
-        probe.free_memory()
-        return PhasePlan(planned.peak, planned.parts, 0, 0, fits=False)
-    peak = resident + probe.measure_peak(lambda: try_step(b), "cuda")
+    found = probe.find_max_micro_batch(try_step, 1, _caps(cfg)[trace_phase])
+    # The search ends on a size that ran once, right at the ceiling. On the H100 (2026-11-27,
+    # countdown-4090's 3B update under 21.59 GiB) the size found then ran out of memory when run
+    # again to measure it -- 1.43 GiB sat reserved in pieces after the failed tries -- and the
+    # probe died with the OOM. So it is measured again as the CPU probe does (search_with_proof),
+    # stepping down, then halving, until a size runs: the answer is a size that ran twice.
+    measured = None if found < 1 else probe.first_that_runs(
+        lambda b: probe.measure_peak(lambda: try_step(b), "cuda"),
+        probe.step_down_sizes(found, 1, probe.STEP_DOWNS, then_halve=True))
     del try_step
     probe.free_memory()
-    parts = {"trainer_measured": peak, **beside}
-    return PhasePlan(sum(parts.values()), parts, b, b * row_width(cfg), fits=sum(parts.values()) <= plan.budget_bytes)
+    if measured is None:  # keep the planned bytes for one sequence: they say how far over it is
+        why = "not even one sequence ran" if found < 1 else f"{found} ran once, then no size down to 1 ran again"
+        return PhasePlan(planned.peak, planned.parts, 0, 0, fits=False), f"{name}: {why}"
+    b, peak = measured
+    parts = {"trainer_measured": resident + peak, **beside}
+    note = None if b == found else f"{name}: {found} sequences ran once, then ran out of memory; {b} ran again"
+    return (PhasePlan(sum(parts.values()), parts, b, b * row_width(cfg), fits=sum(parts.values()) <= plan.budget_bytes),
+            note)
 
 
 # ------------------------------------------------------------------------------- the command

@@ -21,6 +21,7 @@ import torch
 from tinyrl.errors import TinyRLError
 
 OOM_TEXTS = ("out of memory", "DefaultCPUAllocator: can't allocate memory")
+STEP_DOWNS = 3  # sizes below a search's answer measured again when it does not run twice
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -248,7 +249,7 @@ def real_try_step(spec: dict, step, device: str = "cpu") -> Callable[[int], None
     return try_step
 
 
-def search_with_proof(try_step: Callable[[int], None], lo: int = 1, hi: int = 256, step_downs: int = 3) -> dict:
+def search_with_proof(try_step: Callable[[int], None], lo: int = 1, hi: int = 256, step_downs: int = STEP_DOWNS) -> dict:
     """find_max_micro_batch, then evidence: whether B runs again afterwards, and the error 2B
     really raised (None when 2B ran or B < lo). Meant for run_under_memory_limit.
 
@@ -264,31 +265,45 @@ def search_with_proof(try_step: Callable[[int], None], lo: int = 1, hi: int = 25
     result = {"max_micro_batch": best, "reruns": False, "double_error": None, "stepped_down": 0}
     if best < lo:
         return result
+    sizes = step_down_sizes(best, lo, step_downs)
+    found = first_that_runs(try_step, sizes)
+    if found is None:  # nothing ran again: the evidence says so, and the last size tried stands
+        result.update(max_micro_batch=sizes[-1], stepped_down=len(sizes) - 1)
+    else:
+        result.update(max_micro_batch=found[0], stepped_down=best - found[0], reruns=True)
+    best = result["max_micro_batch"]
+    try:
+        try_step(2 * best)
+    except (RuntimeError, MemoryError) as exc:
+        if not is_oom(exc):
+            raise
+        result["double_error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        free_memory()
+    return result
 
-    def runs(size: int) -> BaseException | None:
-        """None if try_step(size) ran, else its out-of-memory error."""
+
+def step_down_sizes(best: int, lo: int, step_downs: int, then_halve: bool = False) -> list[int]:
+    """The sizes to measure again after a search ended on `best`: best, best - 1, ... `step_downs`
+    times (not below lo); with then_halve, then halves of the last one down to lo."""
+    sizes = list(range(best, max(lo, best - step_downs) - 1, -1))
+    while then_halve and sizes[-1] // 2 >= lo:
+        sizes.append(sizes[-1] // 2)
+    return sizes
+
+
+def first_that_runs(run: Callable[[int], Any], sizes: list[int]) -> tuple[int, Any] | None:
+    """(size, run(size)) for the first of `sizes` at which run does not run out of memory; None
+    when none does. Memory is freed after each try; any other error propagates."""
+    for size in sizes:
         try:
-            try_step(size)
-            return None
+            return size, run(size)
         except (RuntimeError, MemoryError) as exc:
             if not is_oom(exc):
                 raise
-            return exc
         finally:
             free_memory()
-
-    while runs(best) is not None:
-        if result["stepped_down"] == step_downs or best == lo:
-            break
-        best -= 1
-        result["stepped_down"] += 1
-    else:
-        result["reruns"] = True
-    result["max_micro_batch"] = best
-    error = runs(2 * best)
-    if error is not None:
-        result["double_error"] = f"{type(error).__name__}: {error}"
-    return result
+    return None
 
 
 def real_phase_peak(spec: dict, step, device: str = "cpu") -> int:
