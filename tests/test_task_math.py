@@ -4,8 +4,13 @@ conversion (problem/answer tables, GSM8K's '####', verl schema as is), generated
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import threading
 import time
+import venv
+from importlib import metadata
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -127,6 +132,64 @@ def test_safe_in_worker_threads():
     for t in threads:
         t.join()
     assert errors == [] and results == [1.0] * 8
+
+
+# math-verify and what it imports, as `pip install --target DIR` lays them out in DIR
+_MATH_VERIFY_DISTS = ("math-verify", "latex2sympy2_extended", "antlr4-python3-runtime", "sympy", "mpmath")
+_CHILD = r"""
+import importlib.util, json, sys
+from tinyrl.tasks.verify import Verifier
+if sys.argv[1] == "sys.path.insert":
+    sys.path.insert(0, sys.argv[2])
+found = importlib.util.find_spec("math_verify")
+v = Verifier(timeout_s=60.0)
+try:
+    print(json.dumps([found and found.origin, v.equivalent("1/2", "\\frac{1}{2}"), v.equivalent("1/3", "0.5")]))
+finally:
+    v.close()
+"""
+
+
+@pytest.mark.parametrize("how", ["PYTHONPATH", "sys.path.insert"])
+def test_worker_imports_math_verify_from_where_the_parent_found_it(tmp_path, how):
+    """math-verify importable only through PYTHONPATH (a `pip install --target DIR` install) or
+    a run-time sys.path entry: the parent's check passed, and the worker, started with `-I`
+    (no PYTHONPATH, no user site), "did not start" (40 tests on an H100). Here a real worker
+    starts in a child interpreter of a bare venv whose site-packages have no math-verify."""
+    target = tmp_path / "target"
+    target.mkdir()
+    for name in _MATH_VERIFY_DISTS:
+        dist = metadata.distribution(name)
+        if not dist.files:
+            pytest.skip(f"{name} was installed without a RECORD: its files are not known")
+        for top in {f.parts[0] for f in dist.files} - {"..", "__pycache__"}:
+            (target / top).symlink_to(dist.locate_file(top))
+    venv.create(tmp_path / "bare", with_pip=False, symlinks=True)
+    python = str(tmp_path / "bare" / "bin" / "python")
+    repo = str(Path(__file__).resolve().parents[1])     # tinyrl: verify.py needs only the stdlib
+    bare = subprocess.run([python, "-c", "import math_verify"], capture_output=True, timeout=60,
+                          env={"PATH": os.environ["PATH"]})
+    assert bare.returncode != 0, "the bare venv must not provide math-verify itself"
+    path = os.pathsep.join([str(target), repo] if how == "PYTHONPATH" else [repo])
+    done = subprocess.run([python, "-c", _CHILD, how, str(target)], capture_output=True, text=True,
+                          timeout=120, env={"PATH": os.environ["PATH"], "PYTHONPATH": path})
+    assert done.returncode == 0, done.stderr[-2000:]
+    origin, right, wrong = json.loads(done.stdout)
+    assert origin == str(target / "math_verify" / "__init__.py")
+    assert (right, wrong) == (True, False)
+
+
+def test_worker_never_imports_from_its_own_directory(monkeypatch):
+    """The worker takes the parent's sys.path, but not tinyrl/tasks (its own directory) even
+    when the parent has it: tasks/math.py there would shadow the stdlib's `math` that sympy needs."""
+    import math_verify  # noqa: F401 - imported before the path below can shadow anything
+
+    monkeypatch.syspath_prepend(str(Path(mt.__file__).parent))
+    v = Verifier(timeout_s=60.0)
+    try:
+        assert v.equivalent("1/2", "0.5")
+    finally:
+        v.close()
 
 
 def test_generated_data_is_verl_schema_with_correct_answers(tmp_path):

@@ -1,18 +1,26 @@
 """math-verify behind a pipe: one JSON line in ({"a": answer, "t": truth}), one line out ("1"/"0").
 
-Run as a plain script (`python _verify_worker.py`) by tinyrl.tasks.verify, which kills it when a
-call runs past its time limit. It imports nothing of tinyrl, so it starts the same wherever
-tinyrl was imported from. math-verify's own timeouts are signal based (not allowed off the main
-thread); here they are off and the parent bounds the time instead.
+Run as a script by tinyrl.tasks.verify (`python -P _verify_worker.py SYS_PATH_JSON`, see
+verify.worker_command), which kills it when a call runs past its time limit. SYS_PATH_JSON is
+the parent's sys.path: the worker imports math-verify from exactly where the parent found it,
+less this script's own directory (tinyrl/tasks/math.py would shadow the stdlib's math). Without
+it (a person running the script to see why it fails) its own startup path is used. It imports
+nothing of tinyrl, so it starts the same wherever tinyrl was imported from. math-verify's own
+timeouts are signal based (not allowed off the main thread); here they are off and the parent
+bounds the time instead.
 """
 
 import json
 import logging
+import os
 import sys
 from functools import lru_cache
 
 
 def main() -> None:
+    if len(sys.argv) > 1:            # the parent's path: the math-verify it checked for
+        here = os.path.realpath(os.path.dirname(__file__))
+        sys.path[:] = [p for p in json.loads(sys.argv[1]) if os.path.realpath(p or os.curdir) != here]
     logging.disable(logging.WARNING)  # "Timeout is disabled ..." on every first call: we know
     from math_verify import parse, verify
 

@@ -27,6 +27,27 @@ STARTUP_TIMEOUT_S = 120.0  # importing sympy + math-verify on a busy machine
 _WORKER = Path(__file__).with_name("_verify_worker.py")
 
 
+def worker_command() -> list[str]:
+    """This interpreter running the worker script, set up to import what this process imports.
+
+    `-P`: the script's own directory (tinyrl/tasks, whose math.py would shadow the stdlib's
+    `math`) is not put on sys.path. That was all `-I` was here for, but `-I` also means `-E` (no
+    PYTHONPATH) and `-s` (no user site-packages): math-verify installed with `pip install
+    --target DIR` + PYTHONPATH=DIR, or with `pip install --user`, passed the import check in
+    this process and the worker could not import it ("did not start"; 40 tests on an H100).
+    So -E, -s and -S are given only where this process runs with them: the worker's startup
+    path and site set-up (.pth files, e.g. an editable install's import hook) are then built as
+    this process's were. The worker also replaces its sys.path with ours (passed as its
+    argument), so what was added at run time (`sys.path.insert` in a notebook) counts too.
+    """
+    flags = ["-P"]
+    for on, flag in ((sys.flags.ignore_environment, "-E"), (sys.flags.no_user_site, "-s"),
+                     (sys.flags.no_site, "-S")):
+        if on:
+            flags.append(flag)
+    return [sys.executable, *flags, str(_WORKER)]
+
+
 def normalize(text: str) -> str:
     return "".join(text.split()).strip("$").rstrip(".")
 
@@ -67,13 +88,13 @@ class Verifier:
         except ImportError as e:
             raise TinyRLError(f"the maths reward needs the math-verify package ({e})",
                               hint="pip install 'math-verify>=0.9,<0.10' (a tinyrl dependency)") from e
-        # -I: no script dir on sys.path (tasks/math.py would shadow the stdlib), no PYTHONPATH
-        self._proc = subprocess.Popen([sys.executable, "-I", str(_WORKER)], stdin=subprocess.PIPE,
+        command = worker_command()
+        self._proc = subprocess.Popen([*command, json.dumps(sys.path)], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
         if self._read(self._proc, STARTUP_TIMEOUT_S) != "ready":
             self._kill()
             raise TinyRLError("the math-verify worker process did not start",
-                              hint=f"run `{sys.executable} -I {_WORKER}` to see why")
+                              hint=f"run `{' '.join(command)}` to see why")
         return self._proc
 
     @staticmethod

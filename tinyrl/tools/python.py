@@ -218,6 +218,11 @@ def _run(code, timeout_s, memory_mb, max_output_bytes, max_processes, max_open_f
     }
     (base / "spec.json").write_text(json.dumps(spec))
     with open(base / "stdout", "wb") as out, open(base / "stderr", "wb") as err:
+        # -I on purpose, unlike the math-verify worker (tinyrl/tasks/verify.py, -P): the code
+        # gets the interpreter's own packages and nothing of the trainer's environment, not its
+        # PYTHONPATH or user site either (the env below is clean anyway; as root, directories
+        # put on the code's path become readable to the sandbox uid through _fd_paths' handles,
+        # e.g. a checkout below a 0700 /root)
         proc = subprocess.Popen(
             [sys.executable, "-I", "-u", "-B", str(_LAUNCHER), str(base / "spec.json")],
             stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=work,
