@@ -263,10 +263,15 @@ def test_bad_sampling_options_and_data_names_are_said_at_once_before_anything_lo
     monkeypatch.setattr("tinyrl.setup.load_tokenizer", lambda *_, **__: pytest.fail("loaded before the refusal"))
     with pytest.raises(TinyRLError) as caught:
         ev.evaluate(str(tiny_model_dir), [str(data)], task_name="countdown", n=2, ks=[1, 0], temperature=0.0,
-                    top_p=1.5, max_new_tokens=-5, out_dir=tmp_path / "ev")
+                    top_p=1.5, max_new_tokens=-5, out_dir=tmp_path / "ev", device="gpu")
     for said in ("--k 1,0: every k must be at least 1", "--temperature 0 must be > 0 for the --n 2 samples",
-                 "--top-p 1.5 must be in (0, 1]", "--max-tokens -5 must be at least 1", "nothing was evaluated"):
+                 "--top-p 1.5 must be in (0, 1]", "--max-tokens -5 must be at least 1",
+                 "--device gpu is not auto, cpu or cuda", "nothing was evaluated"):
         assert said in caught.value.message, said
+    with monkeypatch.context() as no_card:  # --device cuda without a card: said, not a CUDA traceback later
+        no_card.setattr("torch.cuda.is_available", lambda: False)
+        with pytest.raises(TinyRLError, match="--device cuda but torch sees no CUDA GPU"):
+            ev.evaluate(str(tiny_model_dir), [str(data)], task_name="countdown", n=0, device="cuda")
     with pytest.raises(TinyRLError, match="--max-tokens 0 must be at least 1"):
         ev.evaluate(str(tiny_model_dir), [str(data)], task_name="countdown", n=0, max_new_tokens=0)
     for item in (f"={data}", "a="):

@@ -121,6 +121,28 @@ def _sampling_problems(n: int, ks: list[int] | None, greedy: bool, temperature: 
     return out
 
 
+EVAL_DEVICES = ("auto", "cpu", "cuda")
+# Why --device: a run's validation (train's val/score, and `tinyrl sft`'s with sft.val_generate)
+# generates on trainer.device, and eval on `auto` took the GPU whenever there was one: a run pinned
+# to the CPU (the tiny and demo presets) was validated in fp32 on the CPU and evaluated in bf16 on
+# the card, a different model numerically, so a greedy answer or two came out otherwise (found on
+# an H100: test_sft's val_generate test, 22 vs 21 of 24 answers in the format). Same device: the
+# same figures on the CPU (fp32, tested). On a GPU they can still differ by a few answers, the
+# code being the same: eval loads a LoRA run's checkpoint merged in fp32 and rounded to bf16 once
+# (the trainer adds the adapter to its bf16 weights: rounded twice), generates 16 prompts per
+# call (validation: up to 256), and defaults to vLLM; bf16 greedy decoding follows such differences.
+
+
+def _device_problems(device: str) -> list[str]:
+    import torch
+
+    if device not in EVAL_DEVICES:
+        return [f"--device {device} is not {', '.join(EVAL_DEVICES[:-1])} or {EVAL_DEVICES[-1]}"]
+    if device == "cuda" and not torch.cuda.is_available():
+        return ["--device cuda but torch sees no CUDA GPU (--device auto or cpu evaluates on the CPU)"]
+    return []
+
+
 def parse_data_args(items: list[str]) -> list[tuple[str, Path]]:
     """`name=path` or `path` (named after the file) -> [(name, path)]."""
     out = []
@@ -231,9 +253,12 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
              ks: list[int] | None = None, temperature: float = 0.6, top_p: float = 1.0, greedy: bool = True,
              engine: str = "auto", max_new_tokens: int | None = None, out_dir: Path | None = None,
              chat_template: bool | None = None, seed: int = 0, progress: bool = True,
-             tools: bool | None = None) -> tuple[dict, Path]:
+             tools: bool | None = None, device: str = "auto") -> tuple[dict, Path]:
     """Evaluate; write OUT/eval.json and OUT/eval_samples.jsonl. -> (eval.json's dict, OUT)
     `data`: `name=path` or `path` items (None: a run directory's own held-back files, run_data).
+    `device`: auto (CUDA when torch sees a GPU, else the CPU), cpu or cuda. The hf engine runs
+    bf16 on CUDA and fp32 on the CPU (model.dtype's auto): a run's val/score is this greedy
+    accuracy on the device it validated on (EVAL_DEVICES: why a GPU can differ).
     `tools` (default: on when the task declares tools): episodes with the task's tools, with the
     run's rollout limits (rollout.max_turns ...; the defaults for a model directory)."""
     import torch
@@ -244,10 +269,11 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     from tinyrl.setup import load_tokenizer
     from tinyrl.tasks import check_rows, get_task
 
-    problems = _sampling_problems(n, ks, greedy, temperature, top_p, max_new_tokens)
-    if problems:  # all at once, before a run is merged or a model loads (a bad temperature crashed after both)
-        raise TinyRLError("; ".join(problems) + "; nothing was evaluated",
-                          hint="e.g. --n 32 --k 1,8,32 --temperature 0.6 --top-p 1.0 (greedy accuracy: --n 0)")
+    sampling, on = _sampling_problems(n, ks, greedy, temperature, top_p, max_new_tokens), _device_problems(device)
+    if sampling or on:  # all at once, before a run is merged or a model loads (a bad temperature crashed after both)
+        hints = ["e.g. --n 32 --k 1,8,32 --temperature 0.6 --top-p 1.0 (greedy accuracy: --n 0)"] if sampling else []
+        hints += ["--device auto picks the GPU when torch sees one, else the CPU"] if on else []
+        raise TinyRLError("; ".join(sampling + on) + "; nothing was evaluated", hint="; ".join(hints))
     beyond = sorted(k for k in ks or [] if k > n)
     if beyond:  # an asked-for pass@k was left out of the results without a word
         raise TinyRLError(f"--k {','.join(map(str, beyond))}: pass@k and maj@k need k of the --n {n} samples per "
@@ -311,7 +337,7 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     if with_tools and not chat:
         raise TinyRLError("--tools needs prompts rendered by the chat template (it lists the tools)",
                           hint="drop --no-chat-template, or evaluate without tools: --no-tools")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu")
     engine = engine if engine != "auto" else ("vllm" if device.type == "cuda" else "hf")
     with tempfile.TemporaryDirectory(prefix="tinyrl-eval-") as tmp:
         if cfg is not None:
@@ -349,8 +375,8 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
                            seed, progress, tool_rollout)
         finally:
             eng.close()
-    summary = {"model": label, "task": task_cfg.name, "engine": engine, "n": n, "k": ks, "temperature": temperature,
-               "top_p": top_p, "greedy": greedy, "max_new_tokens": max_new,
+    summary = {"model": label, "task": task_cfg.name, "engine": engine, "device": device.type, "n": n, "k": ks,
+               "temperature": temperature, "top_p": top_p, "greedy": greedy, "max_new_tokens": max_new,
                "files": {r.name: {"path": str(p), "problems": len(rows), **r.metrics}
                          for r, (_, p), (_, _, rows) in zip(results, files, loaded)}}
     if with_tools:
