@@ -30,6 +30,20 @@ def on_card(monkeypatch, name: str, archs: list[str]) -> None:
     monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: archs)
 
 
+def with_vllm(monkeypatch) -> None:
+    """This machine 'has' vLLM installed. The plan tests price a run that rolls out with vLLM
+    (its weights and KV cache in the plan, its settings filled from it); whether the package is
+    here is check_engine_installed's business (test_a_vllm_run_without_vllm_stops_...), and on a
+    CUDA machine without vLLM the preflight stopped there, before any plan (the H100 run of
+    2026-11-27). preflight only asks find_spec; nothing here imports vLLM."""
+    import importlib.machinery
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: importlib.machinery.ModuleSpec(name, None)
+                        if name == "vllm" else real(name, *a))
+
+
 HAVE_DATA = "data.train_path=data/countdown/test.parquet"  # shipped: nothing to generate
 
 
@@ -92,6 +106,7 @@ def test_a_torch_build_without_the_cards_arch_fails_early(monkeypatch, tmp_path)
 def test_a_plan_that_does_not_fit_stops_the_run_naming_the_phase(monkeypatch, tmp_path):
     """Qwen2.5-7B LoRA on a 4090 without NF4: two bf16 copies (trainer and vLLM) in the rollout."""
     on_card(monkeypatch, "rtx4090", ["sm_80", "sm_86", "sm_89", "sm_90"])
+    with_vllm(monkeypatch)  # the preset's engine is auto: vLLM on a card
     monkeypatch.setattr(pf, "free_disk_bytes", lambda path: 10**15)
     cfg = load_config("countdown-4090", ["model.name=Qwen/Qwen2.5-7B"])
     with pytest.raises(TinyRLError) as caught:
@@ -104,6 +119,7 @@ def test_a_plan_that_does_not_fit_stops_the_run_naming_the_phase(monkeypatch, tm
 
 def test_on_a_card_the_plan_fills_only_what_was_left_at_0(monkeypatch, tmp_path):
     on_card(monkeypatch, "rtx4090", ["sm_80", "sm_86", "sm_89", "sm_90"])
+    with_vllm(monkeypatch)
     cfg = tiny("trainer.device=cuda", "rollout.engine=vllm", "actor.micro_batch_tokens=0",
                "critic.micro_batch_tokens=1000", "rollout.vllm.gpu_memory_utilization=0.3")
     notes = pf.preflight(cfg, tmp_path / "run")
@@ -149,6 +165,7 @@ def test_train_reads_the_plan_probe_memory_wrote(monkeypatch, capsys, tmp_path):
     assert exited.value.code in (0, None)
     written = json.loads(capsys.readouterr().out)
     on_card(monkeypatch, "rtx4090", ["sm_89"])
+    with_vllm(monkeypatch)
     cfg = tiny("trainer.device=cuda", "rollout.engine=vllm", "actor.micro_batch_tokens=0")
     notes = pf.preflight(cfg, tmp_path / "run")
     assert f"memory plan from {written['train_reads']}" in notes
