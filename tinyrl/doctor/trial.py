@@ -175,7 +175,7 @@ def _import_heavy(cfg: Config) -> None:
     import transformers  # noqa: F401
 
     import tinyrl.trainer  # noqa: F401
-    if cfg.rollout.engine == "vllm":
+    if cfg.rollout.engine == "vllm" and cfg.command != "sft":  # an SFT step builds no vLLM engine
         from tinyrl.rollout.vllm_engine import import_vllm
 
         import_vllm()
