@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -96,6 +98,19 @@ def test_the_memory_limit_is_real_and_errors_come_back():
     assert probe.run_under_memory_limit(_needs, 64 * 2**20, 16 * 2**20) == "ran"
     with pytest.raises(TinyRLError, match="DefaultCPUAllocator"):
         probe.run_under_memory_limit(_needs, 64 * 2**20, 256 * 2**20)
+
+
+def _cuda_seen():
+    return os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.is_available()
+
+
+def test_the_memory_limited_child_hides_any_card(monkeypatch):
+    """On a machine with a card the child's first backward (or torch.cuda.is_available) started
+    the CUDA driver after the baseline was read, and its gigabytes of address space were charged
+    to the headroom (H100, 2026-11-27). The child sees no card; the parent keeps its own."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # as a user's shell on a card machine may say
+    assert probe.run_under_memory_limit(_cuda_seen, 64 * 2**20) == ("", False)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
 
 
 def test_probe_meets_real_allocator_failures_under_a_cpu_limit():

@@ -23,7 +23,10 @@ def run_child(tmp: Path, model_dir: Path, budget: int, headroom: int | None = No
     # update's address-space growth varied by ~±100 MB from run to run (whole 384-626 MB, half
     # 198-543 MB), so the cap between them was luck; with these it is exact and repeatable:
     # whole 396 MB, half 198 MB in every run, so the cap (297 MB) sits ~100 MB from either side.
-    env = dict(os.environ, MALLOC_ARENA_MAX="1", MALLOC_MMAP_THRESHOLD_=str(128 * 1024))
+    # No card, as the CPU probe's child (probe._child): on a machine with one, the update's first
+    # backward started the CUDA driver after vm_before was read, and its mapping (~13 GB of VmSize
+    # on an H100, 2026-11-27) swamped the update's own growth for both sizes.
+    env = dict(os.environ, MALLOC_ARENA_MAX="1", MALLOC_MMAP_THRESHOLD_=str(128 * 1024), CUDA_VISIBLE_DEVICES="")
     args = [sys.executable, str(CHILD), str(tmp), str(model_dir), str(budget)]
     if headroom:
         args.append(str(headroom))

@@ -24,7 +24,8 @@ def vm(field: str) -> int:
 
 
 def child_overrides(train_path: Path, model_path: str, budget: int) -> list[str]:
-    # trainer.device=cpu: RLIMIT_AS caps the CPU allocator; on a CUDA machine too.
+    # trainer.device=cpu: RLIMIT_AS caps the CPU allocator; on a CUDA machine too (the test also
+    # hides the card, CUDA_VISIBLE_DEVICES="", so nothing here starts the CUDA driver).
     return [f"model.name={model_path}", f"data.train_path={train_path}",
             "trainer.train_batch_size=16", "actor.ppo_mini_batch_size=16", "trainer.test_every=0",
             "actor.ppo_epochs=1", f"actor.micro_batch_tokens={budget}", "model.logprob_chunk=100000",

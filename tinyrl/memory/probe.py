@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import multiprocessing
+import os
 import resource
 import traceback
 from typing import Any, Callable
@@ -164,6 +165,15 @@ def _steady_malloc() -> None:
 
 
 def _child(conn, fn, limit_bytes, args, prepare) -> None:
+    # Hide any card before anything in this child reaches CUDA. The child may grow by limit_bytes
+    # beyond its baseline, and on a machine with a card the first CUDA call starts the driver,
+    # which maps gigabytes of virtual address space: the first backward does it (the autograd
+    # engine counts each device type's devices to start its worker threads), and so does
+    # free_memory's torch.cuda.is_available(). After the baseline, that mapping is charged to the
+    # headroom (the real-OOM test's child grew ~13 GB of VmSize for any micro-batch on an H100,
+    # 2026-11-27), so the search would measure the driver, not the step. This child is CPU-only
+    # by design; the parent's environment and its own CUDA use are left as they were.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     from tinyrl._compat import quiet_library_deprecations
 
     quiet_library_deprecations()  # a spawned child starts without the CLI's warning filters
@@ -195,6 +205,8 @@ def run_under_memory_limit(fn: Callable[..., Any], limit_bytes: int, *args,
     headroom for what fn allocates, and torch's CPU allocator fails with its real error
     ("DefaultCPUAllocator: can't allocate memory") when fn asks for more. glibc is set to
     unmap freed blocks at once (see _steady_malloc), so a failed try does not shrink the next.
+    The child sees no CUDA card (CUDA_VISIBLE_DEVICES=""): the driver's start would otherwise
+    take gigabytes of that headroom on a machine with one (see _child).
 
     Both 'spawn' and 'fork' ran this with torch 2.13 on CPU and found the same sizes; 'spawn'
     is the default because a child forked after the parent ran parallel torch ops inherits
