@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 import venv
@@ -177,6 +178,20 @@ def test_worker_imports_math_verify_from_where_the_parent_found_it(tmp_path, how
     origin, right, wrong = json.loads(done.stdout)
     assert origin == str(target / "math_verify" / "__init__.py")
     assert (right, wrong) == (True, False)
+
+
+def test_a_worker_that_does_not_start_says_why(monkeypatch):
+    """On the H100 the error said only "did not start": the worker's stderr went nowhere. A real
+    worker process that fails as it starts (an import it cannot make) has its last lines in it."""
+    from tinyrl.tasks import verify
+
+    monkeypatch.setattr(verify, "worker_command", lambda: [sys.executable, "-c", "import no_such_module_for_tinyrl"])
+    v = Verifier(timeout_s=5.0)
+    try:
+        with pytest.raises(TinyRLError, match="did not start: .*No module named 'no_such_module_for_tinyrl'"):
+            v.equivalent("1/2", "0.5")
+    finally:
+        v.close()
 
 
 def test_worker_never_imports_from_its_own_directory(monkeypatch):

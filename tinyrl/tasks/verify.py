@@ -16,6 +16,7 @@ import json
 import select
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -58,6 +59,7 @@ class Verifier:
         self.timeouts = 0                 # calls that ran out of time (their worker was killed)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
+        self._stderr = None               # the worker's stderr, read back when it fails to start
         atexit.register(self.close)
 
     def equivalent(self, answer: str, truth: str) -> bool:
@@ -89,12 +91,19 @@ class Verifier:
             raise TinyRLError(f"the maths reward needs the math-verify package ({e})",
                               hint="pip install 'math-verify>=0.9,<0.10' (a tinyrl dependency)") from e
         command = worker_command()
+        # a file, not a pipe: nobody reads it while the worker runs, and a full pipe would stall it
+        self._stderr = tempfile.TemporaryFile(mode="w+")
         self._proc = subprocess.Popen([*command, json.dumps(sys.path)], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+                                      stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1)
         if self._read(self._proc, STARTUP_TIMEOUT_S) != "ready":
+            self._proc.kill()
+            self._proc.wait()
+            self._stderr.seek(0)
+            said = self._stderr.read().strip().splitlines()[-3:]  # a traceback's last lines say why
             self._kill()
-            raise TinyRLError("the math-verify worker process did not start",
-                              hint=f"run `{' '.join(command)}` to see why")
+            raise TinyRLError("the math-verify worker process did not start"
+                              + (": " + " | ".join(said) if said else ""),
+                              hint=f"run `{' '.join(command)}` to see the whole of it")
         return self._proc
 
     @staticmethod
@@ -114,6 +123,12 @@ class Verifier:
             self._proc.kill()
             self._proc.wait()
             self._proc = None
+        self._close_stderr()
+
+    def _close_stderr(self) -> None:
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
 
     def close(self) -> None:
         with self._lock:
@@ -124,6 +139,7 @@ class Verifier:
                 except subprocess.TimeoutExpired:
                     self._proc.kill()
             self._proc = None
+            self._close_stderr()
 
 
 _shared: dict[float, Verifier] = {}
