@@ -335,3 +335,24 @@ def test_a_sigterm_mid_eval_removes_the_merged_model_and_says_so(math_run, tmp_p
     assert done.value.code == 143
     assert "stopped by SIGTERM; nothing was written" in capsys.readouterr().err
     assert not list(tmp_path.glob("tinyrl-eval-*")) and not (tmp_path / "ev").exists()
+
+
+def test_the_eval_table_prints_counts_whole_and_says_greedy_only():
+    """tokens/s printed as 1234.5678 and tool calls as 3.0000; `--n 0` titled "n=0 T=0.6",
+    a temperature no sample was drawn at."""
+    from rich.console import Console
+
+    from tinyrl.cli import eval_table
+
+    summary = {"model": "m", "task": "math", "engine": "hf", "device": "cpu", "n": 0, "temperature": 0.6,
+               "files": {"test": {"path": "t.parquet", "greedy_acc": 0.123456, "response_length": 41.26,
+                                  "tokens_per_s": 1234.5678, "tools/calls": 3.0}}}
+    console = Console(record=True, width=200)
+    console.print(eval_table(summary))
+    text = console.export_text()
+    assert "greedy only" in text and "n=0" not in text and "T=0.6" not in text
+    assert "0.1235" in text and "41.3" in text and "1,235" in text and "1234.5678" not in text
+    assert " 3 " in text and "3.0000" not in text and "t.parquet" not in text
+    console = Console(record=True, width=200)
+    console.print(eval_table({**summary, "n": 8}))
+    assert "n=8 T=0.6" in console.export_text()

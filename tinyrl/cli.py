@@ -550,17 +550,27 @@ def eval_cmd(
     if as_json:
         print(json.dumps(summary, indent=2))
         return
+    out.print(eval_table(summary))
+    out.print(f"wrote {where / 'eval.json'} and {where / 'eval_samples.jsonl'}", highlight=False, soft_wrap=True)
+
+
+def eval_table(summary: dict) -> Table:
+    """eval.json's metrics as a table: rates to 4 places, lengths to 1, counts and tokens/s whole; the title
+    says "greedy only" for --n 0 (no sample was drawn at T)."""
+    sampled = f"n={summary['n']} T={summary['temperature']}" if summary["n"] else "greedy only"
     table = Table(title=f"tinyrl eval · {summary['model']} · task {summary['task']} · {summary['engine']} on "
-                  f"{summary['device']} · n={summary['n']} T={summary['temperature']}")
+                  f"{summary['device']} · {sampled}")
     table.add_column("data", style="bold cyan")
     table.add_column("metric")
     table.add_column("value", justify="right")
+    places = {"tokens_per_s": ",.0f", "response_length": ".1f", "tools/seconds": ".1f", "episode/turns": ".2f",
+              **dict.fromkeys(("tools/calls", "tools/errors", "tools/timeouts", "episode/tokenization_mismatch",
+                               "episode/text_mismatch"), ",.0f")}  # counts
     for name, metrics in summary["files"].items():
         for key, value in metrics.items():
             if key != "path":
-                table.add_row(name, key, f"{value:.4f}" if isinstance(value, float) else str(value))
-    out.print(table)
-    out.print(f"wrote {where / 'eval.json'} and {where / 'eval_samples.jsonl'}", highlight=False, soft_wrap=True)
+                table.add_row(name, key, format(value, places.get(key, ".4f")) if isinstance(value, float) else str(value))
+    return table
 
 
 @app.command("doctor")
