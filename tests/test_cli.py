@@ -25,6 +25,19 @@ def test_help_teaches_the_commands():
         assert command in done.stdout, command
 
 
+def test_tasks_prints_each_data_command_whole_on_an_80_column_terminal():
+    """retool's command was cut to "hf:BytedTsinghua-SI…" at 80 columns: not a command to copy."""
+    from tinyrl.tasks import all_tasks
+
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "tasks"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "COLUMNS": "80"})
+    assert done.returncode == 0 and "…" not in done.stdout
+    rows = [line.split("│") for line in done.stdout.splitlines() if line.count("│") == 5]
+    cells = "".join("".join(row[4].split()) for row in rows)  # the data column, read down
+    for task in all_tasks().values():
+        assert "".join(task.data_hint.split()) in cells, task.data_hint
+
+
 def test_train_help_names_every_estimator_and_where_the_keys_are():
     """It said "PPO (+ critic) or GRPO": dr_grpo, rloo and reinforce_pp, and the key that picks
     one, were nowhere in it."""

@@ -179,7 +179,7 @@ def tasks_list() -> None:
     table.add_column("task", style="bold cyan")
     table.add_column("templates")
     table.add_column("description")
-    table.add_column("data")
+    table.add_column("data", overflow="fold")  # a command to copy: wrapped anywhere, never cut with "…"
     for name, task in all_tasks().items():
         table.add_row(name, ", ".join(task.templates), task.description, task.data_hint)
     out.print(table)
