@@ -420,3 +420,70 @@ def test_rl_update_passes_run_without_lora_dropout_so_the_first_ratio_is_one(tin
     sft = PolicyModels(cfg.model, str(tiny_model_dir), torch.device("cpu"), actor_only=True)
     old, update = eval_and_train_logprobs(sft)
     assert not torch.allclose(old, update)  # SFT's dropout is on in train mode
+
+
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_rl_runs_every_role_without_the_models_own_dropout(tiny_model_dir, monkeypatch, finetune):
+    """A model with attention_dropout = 0.5 in its config (transformers' attention passes that
+    float to the kernel in train mode: no nn.Dropout) and an nn.Dropout(0.5) in every MLP. RL's
+    update passes run in train mode, its old log-probs, reference log-probs and values in eval
+    mode: RL turns both kinds off in every role, so train-mode passes agree with each other and
+    with eval mode (the first PPO ratio is 1, the values are not noise). SFT keeps them."""
+    import copy
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    config.attention_dropout = 0.5
+    load = AutoModelForCausalLM.from_pretrained
+
+    def load_with_dropout(path, **kw):
+        model = load(path, config=copy.deepcopy(config), **kw)
+        for layer in model.model.layers:
+            layer.mlp.act_fn = torch.nn.Sequential(layer.mlp.act_fn, torch.nn.Dropout(0.5))
+        return model
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", load_with_dropout)
+    cfg = _config(finetune, checkpointing=False)
+    batch = make_batch([[5, 9, 7, 6], [8, 3]], [[4, 11, 2], [8, 12, 30, 7]], pad_id=0)
+
+    def passes(models, read):
+        """read(models) in eval mode, then twice in train mode under different seeds."""
+        out = []
+        with torch.no_grad():
+            for mode, seed in ((False, 0), (True, 1), (True, 2)):
+                models.train(mode)
+                torch.manual_seed(seed)
+                out.append(read(models))
+        return out
+
+    def actor(models):
+        with models.role("actor"):
+            return models.token_logprobs("actor", batch)
+
+    def critic(models):
+        with models.role("critic"):
+            return models.values(batch)
+
+    rl = _models(cfg, tiny_model_dir)  # every role: actor, critic, value head, reference
+    for read in (actor, critic, lambda m: m.token_logprobs("reference", batch)):
+        old, update, again = passes(rl, read)
+        assert torch.equal(update, again) and torch.equal(old, update)
+    sft = PolicyModels(cfg.model, str(tiny_model_dir), torch.device("cpu"), actor_only=True)
+    old, update, again = passes(sft, actor)
+    assert not torch.allclose(update, again) and not torch.allclose(old, update)  # SFT trains with dropout
+
+
+def test_without_dropout_zeroes_modules_and_float_attributes_and_replaces_neither():
+    """Both kinds of dropout a transformers model keeps: float attributes (Qwen2's
+    attention_dropout, Starcoder2's residual_dropout) and nn.Dropout modules, one of them named
+    attention_dropout (Bloom, Falcon): it stays a module. A flag (ESM's token_dropout) stays."""
+    from tinyrl.models import _without_dropout
+
+    layer = torch.nn.Module()
+    layer.attention_dropout, layer.residual_dropout, layer.token_dropout = 0.5, 0.1, True
+    layer.inner = torch.nn.Module()
+    layer.inner.attention_dropout = torch.nn.Dropout(0.3)
+    _without_dropout(layer)
+    assert (layer.attention_dropout, layer.residual_dropout, layer.token_dropout) == (0.0, 0.0, True)
+    assert isinstance(layer.inner.attention_dropout, torch.nn.Dropout) and layer.inner.attention_dropout.p == 0.0

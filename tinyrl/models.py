@@ -207,6 +207,10 @@ class PolicyModels:
                     head.requires_grad_(False)
         self.value_head = (ValueHead(base.config.hidden_size, getattr(base.config, "initializer_range", None) or 0.02)
                            .to(device) if self.with_critic else None)
+        if not self._trains_with_dropout:
+            for m in (self.actor, self.critic_backbone, self.reference, self.value_head):
+                if m is not None:  # LoRA's reference and critic backbone are the actor's base
+                    _without_dropout(m)
         if cfg.padding_free:
             for m in {id(x): x for x in (self.actor, self.critic_backbone, self.reference) if x is not None}.values():
                 use_packed_attention(m)
@@ -227,13 +231,23 @@ class PolicyModels:
         model.set_adapter(str(Role.ACTOR))
         return model
 
+    @property
+    def _trains_with_dropout(self) -> bool:
+        """The one rule: SFT (actor_only) trains with dropout, the model's own and
+        model.lora_dropout; RL with none, in any role. RL's old log-probs (and values) come from
+        an eval-mode pass, without dropout, and its update's from a train-mode pass (train mode
+        because transformers checkpoints gradients only in training mode): with dropout the PPO
+        ratio was not 1 at the first micro-step, the clipping biased, the KL inflated and the
+        critic's values noisy (peft 0.21 applies lora_dropout's nn.Dropout in train mode only;
+        transformers' attention its attention_dropout). TRL disables dropout for the same reason
+        (trl.trainer.utils.disable_dropout_in_model: GRPO/RLOO/DPO with disable_dropout, its PPO
+        trainer always, on policy, reference and value models); verl's FSDP engine builds its
+        LoraConfig without dropout and zeroes its critic's config dropouts."""
+        return self.actor_only
+
     def _lora_dropout(self) -> float:
-        """model.lora_dropout for SFT; none in RL. RL's old log-probs (and values) come from an
-        eval-mode pass, without dropout, and its update's from a train-mode pass: with dropout
-        the PPO ratio was not 1 at the first micro-step and the clipping biased (peft 0.21
-        applies lora_dropout's nn.Dropout in train mode only). TRL's GRPOConfig.disable_dropout
-        exists for the same reason; verl's FSDP engine builds its LoraConfig without dropout."""
-        return self.cfg.lora_dropout if self.actor_only else 0.0
+        """model.lora_dropout for SFT; none in RL (_trains_with_dropout)."""
+        return self.cfg.lora_dropout if self._trains_with_dropout else 0.0
 
     # ----------------------------------------------------------------- parameters
 
@@ -421,6 +435,29 @@ class PolicyModels:
 
     def _trained_roles(self) -> list[Role]:
         return [Role.ACTOR] + ([Role.CRITIC] if self.with_critic else [])
+
+
+def _without_dropout(model: nn.Module) -> None:
+    """Dropout off in `model` whatever its mode (PolicyModels._trains_with_dropout: why), of both
+    kinds, as setting eval mode would (train mode is kept for gradient checkpointing):
+    - nn.Dropout modules (GPT-2's attn/resid/embd dropout; LoRA's, the value head's if they had
+      one): p = 0, as TRL's disable_dropout_in_model does;
+    - float probabilities that modules keep as plain attributes and apply only in training mode,
+      which TRL's pass leaves on because they are no modules: `attention_dropout` in Qwen2's,
+      Llama's, Mistral's attention (`dropout=0.0 if not self.training else
+      self.attention_dropout`), `dropout` in OPT's, `residual_dropout`/`embedding_dropout` in
+      Starcoder2's. Every float attribute named *dropout* is zeroed: an attribute of that name
+      that IS an nn.Dropout (Bloom's, Falcon's attention_dropout) is the first kind, and is
+      not replaced by a float; a flag (ESM's token_dropout: a bool) is no float.
+    Not covered: a model that reads a probability from its config in forward (Falcon's
+    dropout_add, GPT-Neo's flash path): the config is left as it is, so that a saved or exported
+    model keeps the dropout it came with."""
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+        for name, value in list(vars(m).items()):
+            if "dropout" in name and type(value) is float:
+                setattr(m, name, 0.0)
 
 
 def _scatter(values: torch.Tensor, places: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
