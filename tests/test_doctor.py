@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -290,3 +291,84 @@ def test_a_preset_file_is_repeated_by_its_path_in_the_bug_report_command(tmp_pat
     said = re.search(r"`tinyrl doctor --preset (\S+) --json --out doctor.json`", " ".join(done.stdout.split()))
     assert said and said.group(1) == str(mine), done.stdout[-3000:]
     assert load_config(said.group(1)).preset == "mine"
+
+
+TRIAL = "running two real steps of countdown-tiny (tinyrl/tiny-qwen2, engine hf) at a small batch"
+
+
+@pytest.mark.parametrize("busy, sig, doing", [
+    ("tinyrl.doctor.env:environment_rows", signal.SIGINT, "checking the install, the card, the disk and the memory"),
+    ("tinyrl.rollout.hf_engine:HFEngine.generate", signal.SIGINT, TRIAL),   # the step's rollout
+    ("tinyrl.trainer:Trainer.train_step", signal.SIGTERM, TRIAL),           # the step's updates done
+])
+def test_a_signal_stops_the_doctor_in_one_line_leaving_no_file(busy, sig, doing, tmp_path, monkeypatch, tiny_model_dir):
+    """A real signal to the real CLI. Ctrl-C before the trial ended silently (Typer's exit 130, no
+    line); in the trial the trainer's graceful stop took it (abandon the step or finish it, and save
+    a checkpoint into the temporary run directory) and the doctor went on: in the rollout, an
+    IndexError traceback and exit 1; after the updates, "finishing step 1, then saving a
+    checkpoint", then a report of that one step as "2 steps ... pass", written to --out, exit 0.
+    Now one line, exit 130/143, no report file, no tinyrl-doctor-* directory left in TMPDIR."""
+    from helpers.busy_child import interrupt_when_busy
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))  # the trial's temporary run directory goes here (trial_rows)
+    out = tmp_path / "doctor.json"
+    done = interrupt_when_busy(busy, 1, ["doctor", "--preset", "countdown-tiny", "--out", str(out)],
+                               tmp_path / "busy", sig)
+    name = "SIGINT (Ctrl-C)" if sig == signal.SIGINT else "SIGTERM"
+    removed = "the temporary run directory was removed; " if doing.startswith("running ") else ""
+    assert done.returncode == 128 + sig, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and done.stdout == "", done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1:] == [f"stopped by {name} while {doing}; {removed}nothing was "
+                                                     f"written ({out} is written only at the end)"], done.stderr
+    assert not out.exists()
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("tinyrl-")] == []  # (torch leaves its own cache)
+
+
+def test_the_bench_child_and_what_it_started_are_killed_when_the_doctor_is_stopped(tmp_path):
+    """The bench's `tinyrl train` runs in a session of its own: a signal that stops the doctor kills
+    it and its own children (a vLLM engine's process) before the run directory is removed. Before,
+    a SIGTERM to the doctor alone killed the doctor and left the child training into a directory
+    nobody removed."""
+    import threading
+    import time
+
+    from tinyrl.doctor.bench import _run_child
+    from tinyrl.interrupts import Interrupted
+
+    pids = tmp_path / "pids"
+    script = ("import os, subprocess, sys, time\n"
+              "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              f"open({str(pids)!r} + '.tmp', 'w').write(f'{{os.getpid()}} {{kid.pid}}')\n"
+              f"os.replace({str(pids)!r} + '.tmp', {str(pids)!r})\n"
+              "time.sleep(60)\n")
+
+    def signal_when_started() -> None:
+        while not pids.exists():
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    def stop(signum, frame):  # as the CLI's handler does with SIGINT/SIGTERM (tinyrl.interrupts)
+        raise Interrupted(signal.SIGTERM)
+
+    def gone(pid: int) -> bool:  # ended: no process, or a zombie its new parent has not reaped
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+
+    old = signal.signal(signal.SIGUSR1, stop)
+    try:
+        threading.Thread(target=signal_when_started, daemon=True).start()
+        started = time.monotonic()
+        with pytest.raises(Interrupted):
+            _run_child([sys.executable, "-c", script])
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert time.monotonic() - started < 30
+    child, grandchild = map(int, pids.read_text().split())
+    deadline = time.monotonic() + 10
+    while not (gone(child) and gone(grandchild)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(child) and gone(grandchild)

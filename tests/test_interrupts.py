@@ -70,6 +70,22 @@ def test_the_next_loop_in_the_same_process_stops_cleanly_again(stops):
         assert s.requested and not s.ended
 
 
+def test_a_throwaway_loop_has_no_graceful_stop_and_leaves_the_handler_as_it_was(stops):
+    """`tinyrl doctor`'s trial: a signal in its loop stops at once (Interrupted, as before training)
+    instead of finishing the step and saving a checkpoint into a directory deleted right after; and
+    its end does not leave a later signal only said (the doctor goes on after its trial)."""
+    with interrupts.throwaway():
+        with interrupts.training() as s:
+            assert s is stops and not s.training
+            with pytest.raises(interrupts.Interrupted) as got:
+                signal.raise_signal(signal.SIGTERM)
+            assert got.value.signum == signal.SIGTERM
+    assert not stops.training and not stops.ended  # a later signal is raised, not only said
+    stops.signum = None  # as if that signal had not come (a second one stops at once)
+    with interrupts.training() as s:  # outside throwaway(): the graceful stop, as ever
+        signal.raise_signal(signal.SIGINT)
+        assert s.requested and s.training
+
 def test_a_resumed_run_already_at_its_end_says_nothing_was_trained():
     """`tinyrl train --preset countdown-demo --resume` of the finished demo said only "run finished
     at step 60", as if it had trained; a run that did train says what it always said."""

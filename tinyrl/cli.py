@@ -597,22 +597,47 @@ def doctor_cmd(
     if out_file is not None:  # said now, not after the two steps
         check_file_target(out_file, lost="no check was run", example="doctor.json")
     _log_to_stderr()
-    with err.status("tinyrl doctor ...") as status:
-        report = run_doctor(preset, overrides, bench=bench, bench_steps=bench_steps,
-                            progress=lambda message: status.update(message))
-    text = report.to_json()
-    if out_file is not None:  # the file the user named (a re-run replaces its last report), written whole
-        from tinyrl.jsonl import write_atomic
+    now = {"doing": "reading the config", "written": False}
+    kept = out_file is not None and out_file.exists()
 
-        make_dir(out_file.parent)
-        write_atomic(out_file, text + "\n")
-    if as_json:
-        print(text)
-    else:
-        for part in render(report):
-            out.print(part)
-        if out_file is not None:
-            out.print(f"report written to {out_file}", highlight=False, soft_wrap=True)
+    def said() -> str:  # asked when the signal comes: what was under way, what is on disk
+        if now["written"]:
+            left = f"the report was written to {out_file}"
+        elif out_file is None:
+            left = "nothing was written"
+        else:
+            left = (f"nothing was written ({out_file} is written only at the end"
+                    + ("; it holds the last report, unchanged)" if kept else ")"))
+        if now["doing"].startswith("running "):  # the trial's or the bench's run: in a temporary directory
+            left = "the temporary run directory was removed; " + left
+        return f" while {now['doing']}; {left}"
+
+    def progress(message: str) -> None:
+        now["doing"] = message.removesuffix(" ...")
+        status.update(message)
+
+    # Ctrl-C/SIGTERM: one line and exit 130/143, as every command. Until 2026-11-27 the doctor
+    # ended silently (Typer's exit 130), and in its trial the trainer's graceful stop took the
+    # signal, after which the doctor went on (tinyrl.interrupts.throwaway).
+    with _said_if_stopped(said):
+        with err.status("tinyrl doctor ...") as status:
+            report = run_doctor(preset, overrides, bench=bench, bench_steps=bench_steps, progress=progress)
+        text = report.to_json()
+        if out_file is not None:  # the file the user named (a re-run replaces its last report), written whole
+            from tinyrl.jsonl import write_atomic
+
+            now["doing"] = f"writing the report to {out_file}"
+            make_dir(out_file.parent)
+            write_atomic(out_file, text + "\n")
+            now["written"] = True
+        now["doing"] = "printing the report"
+        if as_json:
+            print(text)
+        else:
+            for part in render(report):
+                out.print(part)
+            if out_file is not None:
+                out.print(f"report written to {out_file}", highlight=False, soft_wrap=True)
     sys.exit(report.exit_code)
 
 

@@ -16,6 +16,8 @@ After the training loop (the run saved, the CLI printing its last lines, the int
 shutting down) the first signal is only said and the process ends as it was going to: raising
 there showed a traceback from whatever ran then (torch's atexit hook, seen in CI) or said
 "before training began" of a finished run. A second one stops at once, as during training.
+A run nobody resumes (`tinyrl doctor`'s trial, in a temporary directory) trains inside
+`throwaway()`: there a signal is taken as before training, wherever the step is.
 
 The phases come from the run log's phase observers (RunLog.on_phase), so the trainer only
 wraps its step in `stops.step(trainer)`.
@@ -147,10 +149,33 @@ def active() -> StopSignals | None:
     return _ACTIVE
 
 
+_THROWAWAY = False  # inside throwaway()
+
+
+@contextlib.contextmanager
+def throwaway() -> Iterator[None]:
+    """Training loops whose run nobody resumes (`tinyrl doctor`'s trial, in a temporary directory
+    removed on the way out) have no graceful stop: a signal in them is taken as before training
+    (the CLI's handler raises Interrupted where the program is; without one, Python's own:
+    KeyboardInterrupt, and SIGTERM ends the process), not as "finish the step, save a checkpoint"
+    -- a large model's update can take minutes, for a checkpoint deleted with the directory, and
+    the loop's end would have left the CLI's handler only saying a later signal."""
+    global _THROWAWAY
+    before, _THROWAWAY = _THROWAWAY, True
+    try:
+        yield
+    finally:
+        _THROWAWAY = before
+
+
 @contextlib.contextmanager
 def training() -> Iterator[StopSignals]:
     """The trainer's loop: signals ask for a clean stop. Uses the CLI's handler if there is one;
-    otherwise (a library user) installs one for the loop only and restores the old handlers."""
+    otherwise (a library user) installs one for the loop only and restores the old handlers.
+    Inside throwaway(): no clean stop, and the handler's state is left as it was."""
+    if _THROWAWAY:
+        yield _ACTIVE if _ACTIVE is not None else StopSignals()  # training stays False: a signal raises
+        return
     stops = _ACTIVE if _ACTIVE is not None else StopSignals()
     own = not stops._old
     stops.install()

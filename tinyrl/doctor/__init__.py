@@ -16,7 +16,9 @@ skipped row. Sections:
                   child process: seconds per phase, tokens/s, and estimate-cost from them (bench.py)
 
 Exit codes: 0 every row passed (warnings and skipped rows included), 1 a row failed,
-2 bad input (an unknown preset, a bad --set), as every tinyrl command.
+2 bad input (an unknown preset, a bad --set), as every tinyrl command; 130/143 stopped by Ctrl-C
+or SIGTERM, at once, wherever it was (the trial trains under tinyrl.interrupts.throwaway: no
+graceful stop), its temporary directories removed and the bench's child killed.
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ EXIT_OK, EXIT_FAILED = 0, 1
 
 def run_doctor(preset: str, overrides: list[str] | None = None, *, bench: bool = False,
                bench_steps: int = 3, progress=None) -> Report:
-    """All the checks; never raises for a failed check (that is a row), only for bad input."""
+    """All the checks; never raises for a failed check (that is a row), only for bad input (and
+    tinyrl.interrupts.Interrupted on a signal under the CLI: the trial's and the bench's temporary
+    directories removed). progress(message): what it is doing now, "running ..." while a trial or
+    a bench run is on disk."""
     import platform
     import sys
 
@@ -50,11 +55,11 @@ def run_doctor(preset: str, overrides: list[str] | None = None, *, bench: bool =
                                "does not use the card", fix="--set trainer.device=cuda, or a card preset such as "
                                "--preset countdown-4090", basis="read"))
     what = "SFT, no engine" if cfg.command == "sft" else f"engine {cfg.rollout.engine}"
-    say(f"two real steps of {cfg.preset} ({cfg.model.name}, {what}) at a small batch ...")
+    say(f"running two real steps of {cfg.preset} ({cfg.model.name}, {what}) at a small batch ...")
     report.rows += trial.trial_rows(preset, overrides, report)
     if bench:
         from tinyrl.doctor import bench as bench_mod
 
-        say(f"bench: {bench_steps} steps of `tinyrl {cfg.command} --preset {cfg.preset_arg}` at its planned settings ...")
+        say(f"running the bench: {bench_steps} steps of `tinyrl {cfg.command} --preset {cfg.preset_arg}` at its planned settings ...")
         report.rows += bench_mod.bench_rows(preset, overrides, bench_steps, report)
     return report

@@ -10,8 +10,11 @@ rest is the step time.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -49,7 +52,7 @@ def bench_rows(preset: str, overrides: list[str] | None, steps: int, report: Rep
             extra.append(f"data.train_path={probe.data.train_path}")
         run_dir = workdir / "run"
         args = bench_command(preset, overrides, steps, run_dir, extra, cfg.command)
-        done = subprocess.run(args, capture_output=True, text=True)
+        done = _run_child(args)
         shown = shlex.join(["tinyrl", *args[3:]])
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-12:]
@@ -60,6 +63,22 @@ def bench_rows(preset: str, overrides: list[str] | None, steps: int, report: Rep
         return _rows(cfg, run_dir, shown, cuda, report)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_child(args: list[str]) -> subprocess.CompletedProcess:
+    """subprocess.run(args, capture_output=True, text=True), the child in a session of its own: a
+    signal that stops the doctor (tinyrl.interrupts.Interrupted) kills it and what it started (a
+    vLLM engine's process) before its temporary run directory is removed. A SIGTERM to the doctor
+    alone ended the doctor at once and left the child training into a directory nobody removed."""
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:  # its exit closes the pipes and waits for the child
+        try:
+            stdout, stderr = proc.communicate()
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
 
 
 def _rows(cfg, run_dir: Path, shown: str, cuda: bool, report: Report) -> list[Row]:

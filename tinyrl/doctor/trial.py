@@ -119,6 +119,7 @@ def run_two_steps(cfg: Config, workdir: Path, cuda: bool, make_trainer: Callable
     except TinyRLError as exc:
         return Row("two-step run", "fail", f"not started: {exc.message}", fix=exc.hint, basis="measured")
     _import_heavy(cfg)  # code loaded once is not the run's memory (nor its first step's time)
+    from tinyrl import interrupts
     from tinyrl.doctor.cpu_memory import TensorPeaks, measuring
 
     peaks = None if cuda else TensorPeaks()
@@ -130,10 +131,18 @@ def run_two_steps(cfg: Config, workdir: Path, cuda: bool, make_trainer: Callable
         on_built(trainer)
         if peaks is not None:
             peaks.attach(trainer)
-        with measuring(peaks):
+        # Ctrl-C/SIGTERM stop the doctor where the step is (the CLI says so in one line, and the
+        # run directory goes with `workdir`): the trainer's graceful stop finished the step and
+        # saved a checkpoint into it, then the doctor went on (a traceback after an abandoned step).
+        with measuring(peaks), interrupts.throwaway():
             history = trainer.train(STEPS)
     except Exception as exc:  # noqa: BLE001  (any failure is the finding; the doctor goes on)
         error = exc
+    except BaseException:  # a signal (tinyrl.interrupts.Interrupted): the doctor stops here
+        engine = getattr(trainer, "engine", None)  # _trial closes it once it has the trainer
+        if engine is not None:
+            engine.close()
+        raise
     if trainer is None:
         return _error_row("two-step run", error, f"the {label} could not be built")
     return TwoSteps(trainer, history, error, time.perf_counter() - started, setup_s, data_note, run_dir, peaks)
