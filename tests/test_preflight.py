@@ -207,3 +207,16 @@ def test_a_vllm_run_without_vllm_stops_before_any_model_loads(monkeypatch, tmp_p
     assert not (tmp_path / "run").exists()
     pf.preflight(tiny("rollout.engine=hf"), tmp_path / "run")  # the hf engine needs nothing more
     pf.preflight(tiny("rollout.engine=auto"), tmp_path / "run")  # auto on a CPU is hf
+
+
+@pytest.mark.parametrize("preset, engine, cuda, vllm", [
+    ("countdown-tiny", "vllm", False, True), ("countdown-tiny", "auto", True, True),
+    ("countdown-tiny", "auto", False, False), ("countdown-tiny", "hf", True, False),
+    ("countdown-tiny-sft", "vllm", True, False), ("countdown-tiny-sft", "auto", True, False)])
+def test_only_an_rl_run_rolls_out_with_vllm_and_auto_means_it_on_a_card(preset, engine, cuda, vllm):
+    """One rule for preflight's install check and the doctor's vLLM row: `train` with vllm, or
+    auto on a card. An SFT step rolls nothing out, whatever rollout.engine says (the doctor
+    failed an SFT preset's vLLM row on an H100 without vLLM)."""
+    from tinyrl.rollout.factory import rolls_out_with_vllm
+
+    assert rolls_out_with_vllm(load_config(preset, [f"rollout.engine={engine}"]), cuda) is vllm

