@@ -92,15 +92,11 @@ class Verifier:
                               hint="pip install 'math-verify>=0.9,<0.10' (a tinyrl dependency)") from e
         command = worker_command()
         # a file, not a pipe: nobody reads it while the worker runs, and a full pipe would stall it
-        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._stderr = tempfile.TemporaryFile()
         self._proc = subprocess.Popen([*command, json.dumps(sys.path)], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1)
         if self._read(self._proc, STARTUP_TIMEOUT_S) != "ready":
-            self._proc.kill()
-            self._proc.wait()
-            self._stderr.seek(0)
-            said = self._stderr.read().strip().splitlines()[-3:]  # a traceback's last lines say why
-            self._kill()
+            said = self._kill()
             raise TinyRLError("the math-verify worker process did not start"
                               + (": " + " | ".join(said) if said else ""),
                               hint=f"run `{' '.join(command)}` to see the whole of it")
@@ -118,17 +114,24 @@ class Verifier:
                 line = proc.stdout.readline()  # the worker writes whole lines, then flushes
                 return line.strip() if line else None
 
-    def _kill(self) -> None:
+    def _kill(self) -> list[str]:
+        """Kill the worker. -> the last lines it wrote to stderr (a traceback's say why it died)."""
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
             self._proc = None
-        self._close_stderr()
+        return self._close_stderr()
 
-    def _close_stderr(self) -> None:
-        if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
+    def _close_stderr(self) -> list[str]:
+        """Close the worker's stderr file. -> its last three lines (read from its last 4 kB: the
+        file lives as long as the worker, which may have warned all run)."""
+        if self._stderr is None:
+            return []
+        self._stderr.seek(max(0, self._stderr.seek(0, 2) - 4096))
+        said = self._stderr.read().decode(errors="replace").strip().splitlines()[-3:]
+        self._stderr.close()
+        self._stderr = None
+        return said
 
     def close(self) -> None:
         with self._lock:
