@@ -40,6 +40,19 @@ def test_a_signal_before_training_raises_interrupted(stops):
     assert got.value.signum == signal.SIGINT
 
 
+def test_a_second_signal_before_training_stops_at_once_without_naming_a_checkpoint(stops, capfd):
+    """Loading a model, or eval/doctor, which never train: the first signal raised Interrupted;
+    one more while that unwinds (a slow cleanup) said "--resume continues from it" of a run that
+    had no checkpoint, or of a command that makes none."""
+    with pytest.raises(interrupts.Interrupted):
+        signal.raise_signal(signal.SIGINT)
+    with pytest.raises(_Exited) as got:
+        signal.raise_signal(signal.SIGINT)
+    assert got.value.args == (130,)
+    err = capfd.readouterr().err
+    assert "again: stopping at once." in err and "resume" not in err and "checkpoint" not in err
+
+
 def test_a_first_signal_in_training_asks_to_stop_and_a_second_stops_at_once(stops, capfd):
     with interrupts.training() as s:
         signal.raise_signal(signal.SIGINT)  # outside a step: the step in hand is finished
@@ -47,7 +60,8 @@ def test_a_first_signal_in_training_asks_to_stop_and_a_second_stops_at_once(stop
         with pytest.raises(_Exited) as got:
             signal.raise_signal(signal.SIGINT)
         assert got.value.args == (130,)
-    assert "finishing step" in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert "finishing step" in err and "again: stopping at once, without saving. The last checkpoint" in err
 
 
 def test_after_the_loop_a_first_signal_is_only_said_and_a_second_stops_at_once(stops, capfd):

@@ -93,8 +93,11 @@ class StopSignals:
     def _handle(self, signum: int, frame) -> None:
         name = SIGNAL_NAMES.get(signum, f"signal {signum}")
         if self.signum is not None:
+            # Only a training loop has checkpoints to speak of: before it (loading, or a command
+            # that never trains: eval, doctor) "--resume continues from it" named nothing there.
             _say(f"{name} again: stopping at once, without saving. The last checkpoint on disk is "
-                 "intact; --resume continues from it.")
+                 "intact; --resume continues from it." if self.training or self.ended
+                 else f"{name} again: stopping at once.")
             os._exit(exit_code(signum))
         self.signum = signum
         if self.ended:
