@@ -104,6 +104,29 @@ def test_eval_run_dir_on_the_hf_engine(math_run):
     assert ev.metrics_from_samples(out / "eval_samples.jsonl", [1, 2])["test"]["pass@2"] == m["pass@2"]
 
 
+def test_a_run_pinned_to_the_cpu_is_evaluated_there_in_its_own_dtype(math_run, tmp_path, monkeypatch):
+    """`--device auto` took the GPU whenever torch saw one, and the hf engine bf16 there, fp32 on the
+    CPU, whatever the run said: a run validated on the CPU (trainer.device=cpu) was evaluated on the
+    card, another model numerically. Now auto follows a run pinned to the CPU, and the hf engine
+    loads the run's model.dtype; a model directory keeps auto."""
+    run, tmp = math_run
+    data = [f"{tmp}/data/test.parquet"]
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # a machine with a card: auto must not take it
+    summary, _ = ev.evaluate(str(run), data, n=0, progress=False, out_dir=tmp_path / "auto")
+    assert (summary["device"], summary["engine"], summary["dtype"]) == ("cpu", "hf", "fp32")
+    monkeypatch.undo()
+
+    bf16 = Path(shutil.copytree(run, tmp_path / "bf16", ignore=shutil.ignore_patterns("eval")))
+    config = json.loads((bf16 / "config.json").read_text())
+    config["model"]["dtype"] = "bf16"
+    (bf16 / "config.json").write_text(json.dumps(config))
+    summary, _ = ev.evaluate(str(bf16), data, n=0, progress=False, engine="hf", out_dir=tmp_path / "bf16-ev")
+    assert (summary["device"], summary["dtype"]) == ("cpu", "bf16")
+    import torch
+    assert ev.eval_device("auto", "cuda") == torch.device("cpu")  # trained on a card, evaluated without one
+    assert ev.eval_device("cpu", None) == torch.device("cpu")
+
+
 def test_a_run_without_data_is_evaluated_on_the_files_its_validation_scored(math_run, tmp_path, monkeypatch):
     """`tinyrl eval RUN` alone: data.test_path (as `test`) and data.val_files, found from any
     directory (shipped files, and generated ones where the run was started); a run's file that is

@@ -522,7 +522,7 @@ def eval_cmd(
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling of the n samples."),
     greedy: bool = typer.Option(True, "--greedy/--no-greedy", help="Also one greedy completion per problem (greedy accuracy)."),
     engine: str = typer.Option("auto", "--engine", help="auto (vllm on CUDA, else hf) | hf | vllm."),
-    device: str = typer.Option("auto", "--device", help="auto (CUDA when torch sees a GPU, else the CPU) | cpu | cuda. A run's val/score is this greedy accuracy on the device it validated on: --device cpu for a run with trainer.device=cpu on a machine with a GPU (on a GPU, bf16, the two can differ by a few answers)."),
+    device: str = typer.Option("auto", "--device", help="auto (a run pinned to the CPU by trainer.device: the CPU; else CUDA when torch sees a GPU, else the CPU) | cpu | cuda. A run's val/score is this greedy accuracy on the device and model.dtype it validated with (on a GPU, bf16, the two can differ by a few answers)."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Response limit (default: the run's, else 1024)."),
     chat_template: Optional[bool] = typer.Option(None, "--chat-template/--no-chat-template", help="Render prompts with the tokenizer's chat template (default: the run's data.chat_template)."),
     tools: Optional[bool] = typer.Option(None, "--tools/--no-tools", help="Episodes with the task's tools (default: on when the task declares tools; limits: the run's rollout.max_turns ...)."),

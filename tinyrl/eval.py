@@ -122,8 +122,9 @@ def _sampling_problems(n: int, ks: list[int] | None, greedy: bool, temperature: 
 
 
 EVAL_DEVICES = ("auto", "cpu", "cuda")
-# Why --device: a run's validation (train's val/score, and `tinyrl sft`'s with sft.val_generate)
-# generates on trainer.device, and eval on `auto` took the GPU whenever there was one: a run pinned
+# Why --device, and why auto follows a run pinned to the CPU (eval_device): a run's validation
+# (train's val/score, and `tinyrl sft`'s with sft.val_generate) generates on trainer.device, and
+# eval on `auto` used to take the GPU whenever there was one: a run pinned
 # to the CPU (the tiny and demo presets) was validated in fp32 on the CPU and evaluated in bf16 on
 # the card, a different model numerically, so a greedy answer or two came out otherwise (found on
 # an H100: test_sft's val_generate test, 22 vs 21 of 24 answers in the format). Same device: the
@@ -141,6 +142,18 @@ def _device_problems(device: str) -> list[str]:
     if device == "cuda" and not torch.cuda.is_available():
         return ["--device cuda but torch sees no CUDA GPU (--device auto or cpu evaluates on the CPU)"]
     return []
+
+
+def eval_device(asked: str, run_device: str | None):
+    """--device (EVAL_DEVICES) -> torch.device. `auto` follows a run's trainer.device where the run
+    was pinned to the CPU (validated there in fp32: the demo and tiny presets) even on a machine with
+    a GPU; otherwise CUDA when torch sees one. A run trained on a card evaluates on the CPU of a
+    machine without one rather than refusing."""
+    import torch
+
+    if asked == "auto" and run_device == "cpu":
+        return torch.device("cpu")
+    return torch.device("cuda" if asked == "cuda" or (asked == "auto" and torch.cuda.is_available()) else "cpu")
 
 
 def parse_data_args(items: list[str]) -> list[tuple[str, Path]]:
@@ -231,14 +244,12 @@ def _looks_local(target: str) -> bool:
     return "/" in target and Path(target).parent.is_dir()
 
 
-def _engine(kind: str, model_path: str, tokenizer, device, max_model_len: int, seed: int):
+def _engine(kind: str, model_path: str, tokenizer, device, dtype, max_model_len: int, seed: int):
     from tinyrl.rollout.factory import make_engine
 
     if kind == "hf":
-        import torch
         from transformers import AutoModelForCausalLM
 
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
         return make_engine("hf", model=model, tokenizer=tokenizer, device=device)
     extra = {"gpu_memory_utilization": 0.85} if device.type == "cuda" else {"kv_cache_memory_bytes": 256 * 2**20}
@@ -256,15 +267,15 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
              tools: bool | None = None, device: str = "auto") -> tuple[dict, Path]:
     """Evaluate; write OUT/eval.json and OUT/eval_samples.jsonl. -> (eval.json's dict, OUT)
     `data`: `name=path` or `path` items (None: a run directory's own held-back files, run_data).
-    `device`: auto (CUDA when torch sees a GPU, else the CPU), cpu or cuda. The hf engine runs
-    bf16 on CUDA and fp32 on the CPU (model.dtype's auto): a run's val/score is this greedy
-    accuracy on the device it validated on (EVAL_DEVICES: why a GPU can differ).
+    `device`: auto (a run's trainer.device when that is the CPU; else CUDA when torch sees a GPU,
+    else the CPU), cpu or cuda. The hf engine runs a run's model.dtype (auto: bf16 on CUDA, fp32
+    on the CPU; a model directory: auto): a run's val/score is this greedy accuracy on the device
+    and dtype it validated with (EVAL_DEVICES: why a GPU can differ).
     `tools` (default: on when the task declares tools): episodes with the task's tools, with the
     run's rollout limits (rollout.max_turns ...; the defaults for a model directory)."""
-    import torch
-
     from tinyrl.config import TaskConfig
     from tinyrl.data.io import chat_text, load_prompts, prompt_text
+    from tinyrl.models import dtype_name, pick_dtype
     from tinyrl.rundir import start_dir
     from tinyrl.setup import load_tokenizer
     from tinyrl.tasks import check_rows, get_task
@@ -337,7 +348,8 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     if with_tools and not chat:
         raise TinyRLError("--tools needs prompts rendered by the chat template (it lists the tools)",
                           hint="drop --no-chat-template, or evaluate without tools: --no-tools")
-    device = torch.device("cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu")
+    device = eval_device(device, cfg.trainer.device if cfg is not None else None)
+    dtype = pick_dtype(cfg.model.dtype if cfg is not None else "auto", device)
     engine = engine if engine != "auto" else ("vllm" if device.type == "cuda" else "hf")
     with tempfile.TemporaryDirectory(prefix="tinyrl-eval-") as tmp:
         if cfg is not None:
@@ -363,7 +375,7 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
             texts = [chat_text(r, tokenizer, schemas) if chat else prompt_text(r) for r in rows]
             loaded.append((name, tokenizer(texts, add_special_tokens=False)["input_ids"], rows))
         longest = max(len(p) for _, prompts, _ in loaded for p in prompts)
-        eng = _engine(engine, model_path, tokenizer, device, longest + max_new, seed)
+        eng = _engine(engine, model_path, tokenizer, device, dtype, longest + max_new, seed)
         try:
             tool_rollout = None
             if with_tools:
@@ -375,7 +387,8 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
                            seed, progress, tool_rollout)
         finally:
             eng.close()
-    summary = {"model": label, "task": task_cfg.name, "engine": engine, "device": device.type, "n": n, "k": ks,
+    summary = {"model": label, "task": task_cfg.name, "engine": engine, "device": device.type,
+               **({"dtype": dtype_name(dtype)} if engine == "hf" else {}), "n": n, "k": ks,
                "temperature": temperature, "top_p": top_p, "greedy": greedy, "max_new_tokens": max_new,
                "files": {r.name: {"path": str(p), "problems": len(rows), **r.metrics}
                          for r, (_, p), (_, _, rows) in zip(results, files, loaded)}}

@@ -44,6 +44,11 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """pick_dtype's inverse: the model.dtype value that names `dtype` (bf16, fp16, fp32)."""
+    return {v: k for k, v in _DTYPES.items()}[dtype]
+
+
 @dataclass
 class Batch:
     """A padded batch: prompt left-padded, response right-padded, concatenated.
