@@ -88,6 +88,7 @@ def math_run(tmp_path_factory, tiny_model_dir):
             "--set", 'data.val_files=["mini=data/math-tiny/test.parquet"]']
     done = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "Loading weights" not in done.stderr  # piped: transformers' bar is not drawn (tinyrl._compat)
     metrics = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert {"batch/groups_kept", "batch/gen_rounds", "reward/accuracy", "val/score",
             "val/mini/pass@1", "val/mini/pass@2", "val/mini/greedy_acc"} <= set(metrics)
@@ -307,6 +308,20 @@ def test_bad_sampling_options_and_data_names_are_said_at_once_before_anything_lo
     assert "give --data a file of the countdown task's prompts" in caught.value.hint and "data.train_path" not in \
         caught.value.hint
     assert not (tmp_path / "ev").exists()
+
+
+def test_piped_eval_draws_no_loading_bar(tmp_path, tiny_model_dir):
+    """`tinyrl eval ... | tee log` wrote transformers' "Loading weights" bar, carriage returns
+    and all, into the log; off a terminal it is not drawn (tinyrl._compat)."""
+    import pandas as pd
+
+    data = tmp_path / "test.parquet"
+    pd.read_parquet(Path(__file__).resolve().parent.parent / "data" / "countdown" / "test.parquet")[:4].to_parquet(data)
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "eval", str(tiny_model_dir), "--data", str(data),
+                           "--task", "countdown", "--n", "0", "--engine", "hf", "--max-tokens", "4",
+                           "--out", str(tmp_path / "ev")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Loading weights" not in done.stderr and "\r" not in done.stderr, done.stderr[-2000:]
 
 
 def test_piped_eval_says_its_progress_in_a_few_lines():

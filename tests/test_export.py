@@ -31,6 +31,7 @@ def test_export_merges_the_actor(tmp_path, trained):
     done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "export", str(run), "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert "Loading weights" not in done.stderr  # piped: transformers' bar is not drawn (tinyrl._compat)
 
     model = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)

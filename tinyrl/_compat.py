@@ -52,3 +52,16 @@ def quiet_library_deprecations() -> None:
     import warnings
 
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.")
+
+
+def loading_bars_only_on_a_terminal() -> None:
+    """transformers' "Loading weights" bar, one per model load, wrote its carriage-return updates
+    into piped output (`tinyrl train ... | tee log`, CI, nohup): a line of bar frames in the log
+    per load. tqdm's own rule, disable=None, draws it only where stderr is a terminal. Only
+    transformers' own bars: a download's (huggingface_hub's) stays as it is. Called where tinyrl
+    loads a model (transformers is imported then, not for `tinyrl --help`)."""
+    from transformers.utils import logging as hf_logging
+
+    set_hook = getattr(hf_logging, "set_tqdm_hook", None)  # transformers 5.19 has it; without it the bars stay
+    if set_hook is not None:
+        set_hook(lambda factory, args, kwargs: factory(*args, **{"disable": None, **kwargs}))

@@ -250,6 +250,9 @@ def _engine(kind: str, model_path: str, tokenizer, device, dtype, max_model_len:
     if kind == "hf":
         from transformers import AutoModelForCausalLM
 
+        from tinyrl._compat import loading_bars_only_on_a_terminal
+
+        loading_bars_only_on_a_terminal()
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
         return make_engine("hf", model=model, tokenizer=tokenizer, device=device)
     extra = {"gpu_memory_utilization": 0.85} if device.type == "cuda" else {"kv_cache_memory_bytes": 256 * 2**20}

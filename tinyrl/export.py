@@ -48,6 +48,7 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, dtype: str
     base model's dtype. model.init_from's starting model uses "base" (the GPU trainer loads bf16)."""
     from transformers import AutoModelForCausalLM
 
+    from tinyrl._compat import loading_bars_only_on_a_terminal
     from tinyrl.init_from import base_of_run
     from tinyrl.setup import load_tokenizer
 
@@ -69,6 +70,7 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, dtype: str
                           + "at its last step: wait for its first save, or continue it (the command that "
                           "started it, with --resume)")
     model_path = base_of_run(cfg, run_dir)  # model.init_from: the run's own starting model
+    loading_bars_only_on_a_terminal()
     try:
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     except OSError as exc:  # a local base moved away reads as a Hub id: a download was tried

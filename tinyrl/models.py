@@ -150,6 +150,9 @@ class PolicyModels:
         actor alone, and rows that share no prompt (see _hidden)."""
         from transformers import AutoModelForCausalLM
 
+        from tinyrl._compat import loading_bars_only_on_a_terminal
+
+        loading_bars_only_on_a_terminal()
         dtype = pick_dtype(cfg.dtype, device)
         load_kwargs = {"dtype": dtype}
         if cfg.quantize == "nf4":
