@@ -340,3 +340,14 @@ def test_a_preset_file_is_repeated_by_its_path_in_the_command_that_reads_the_pla
     said = re.search(r"`tinyrl train --preset (\S+)` with the same --set options", " ".join(stdout.split()))
     assert said and said.group(1) == str(mine), stdout
     assert load_config(said.group(1), planning=True).preset == "mine"  # the stem still names the run
+
+
+def test_an_rl_preset_that_starts_from_an_sft_run_is_planned_before_that_run_exists(monkeypatch, capsys, tmp_path):
+    """countdown-demo's model.init_from = runs/countdown-demo-sft: a plan needs only the base's
+    shapes (load_config(planning=True)), so probe-memory plans it before the SFT run exists;
+    `presets show` and `train` still say to run that first."""
+    monkeypatch.chdir(tmp_path)  # no runs/ here
+    plan = probe_json(monkeypatch, capsys, "--preset", "countdown-demo", "--gpu", "rtx4090")
+    assert plan["fits"] and plan["phases"], plan
+    code, _, err = cli(monkeypatch, capsys, "presets", "show", "countdown-demo")
+    assert code == 2 and "run that first" in " ".join(err.split())
