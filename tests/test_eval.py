@@ -207,10 +207,17 @@ def test_eval_never_overwrites_an_earlier_eval_and_says_so_before_merging(math_r
         out.mkdir()
         (out / "eval.json").write_text("{}")
         (out / "eval_samples.jsonl").write_text("kept\n")
-        with pytest.raises(TinyRLError, match="eval.json exists; nothing was changed"):
+        with pytest.raises(TinyRLError, match="eval.json exists; nothing was changed") as refused:
             ev.evaluate(str(run), [f"{tmp}/data/test.parquet"], n=2, ks=[1], progress=False, engine="hf",
                         out_dir=given)
         assert {p.name: p.read_text() for p in out.iterdir()} == {"eval.json": "{}", "eval_samples.jsonl": "kept\n"}
+        # the run trained on and is evaluated again: the hint names a directory for the step eval would read
+        assert refused.value.hint == f"give another --out directory, e.g. --out {run / 'eval-step1'} for the " \
+                                     "latest checkpoint, step 1"
+    (run / "eval" / "eval.json").write_text(json.dumps({"model": f"{run} (step 1)"}))
+    with pytest.raises(TinyRLError) as refused:
+        ev.evaluate(str(run), [f"{tmp}/data/test.parquet"], n=0, progress=False, engine="hf")
+    assert refused.value.hint.endswith(f"step 1 ({run / 'eval'} holds the eval of {run} (step 1))")
 
 
 @pytest.mark.vllm

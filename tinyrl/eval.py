@@ -200,6 +200,23 @@ def _merged_run(run_dir: Path, tmp: Path) -> tuple[str, str]:
     return str(merged), f"{run_dir} (step {read_export(merged).step})"
 
 
+def _another_out(run_dir: Path, taken: Path) -> str:
+    """The refusal's example for a run evaluated again (typically after it trained on): a
+    directory named after the step eval would now read, and what the kept eval was of."""
+    from tinyrl.checkpoint import list_checkpoints, step_of
+
+    saved = list_checkpoints(run_dir / "checkpoints")
+    if not saved:
+        return ""
+    try:
+        earlier = json.loads((taken / "eval.json").read_text()).get("model", "")
+    except (OSError, ValueError, AttributeError):
+        earlier = ""
+    step = step_of(saved[-1])
+    was = f" ({taken} holds the eval of {earlier})" if earlier else ""
+    return f", e.g. --out {run_dir / f'eval-step{step}'} for the latest checkpoint, step {step}{was}"
+
+
 def _exported_task(model_dir: Path):
     """The task of the run a `tinyrl export` came from (its tinyrl_export.json), or None: another
     model directory, a Hub id, or an export written before it recorded one."""
@@ -318,7 +335,8 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     out = out_dir or (path / "eval" if cfg is not None else Path("eval") / path.name)
     there = [p for p in (out / "eval.json", out / "eval_samples.jsonl") if p.exists()]
     if there:  # said before a run's checkpoint is merged and a model loaded
-        raise TinyRLError(f"{there[0]} exists; nothing was changed", hint="give another --out directory")
+        raise TinyRLError(f"{there[0]} exists; nothing was changed",
+                          hint="give another --out directory" + (_another_out(path, out) if cfg is not None else ""))
     check_writable(out, lost="nothing was evaluated", example="eval/mine")  # not after the evaluation
     if cfg is None:
         _check_model_target(target)
