@@ -126,6 +126,9 @@ def test_a_run_pinned_to_the_cpu_is_evaluated_there_in_its_own_dtype(math_run, t
     import torch
     assert ev.eval_device("auto", "cuda") == torch.device("cpu")  # trained on a card, evaluated without one
     assert ev.eval_device("cpu", None) == torch.device("cpu")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert ev.eval_device("auto", "cpu", "vllm") == torch.device("cuda")  # asked for vLLM: its build's device
+    assert ev.eval_device("auto", "cpu", "hf") == torch.device("cpu")
 
 
 def test_a_run_without_data_is_evaluated_on_the_files_its_validation_scored(math_run, tmp_path, monkeypatch):

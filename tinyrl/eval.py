@@ -144,14 +144,15 @@ def _device_problems(device: str) -> list[str]:
     return []
 
 
-def eval_device(asked: str, run_device: str | None):
+def eval_device(asked: str, run_device: str | None, engine: str = "auto"):
     """--device (EVAL_DEVICES) -> torch.device. `auto` follows a run's trainer.device where the run
     was pinned to the CPU (validated there in fp32: the demo and tiny presets) even on a machine with
-    a GPU; otherwise CUDA when torch sees one. A run trained on a card evaluates on the CPU of a
-    machine without one rather than refusing."""
+    a GPU, unless --engine vllm was asked for (a CUDA build of vLLM runs on the card only);
+    otherwise CUDA when torch sees one. A run trained on a card evaluates on the CPU of a machine
+    without one rather than refusing."""
     import torch
 
-    if asked == "auto" and run_device == "cpu":
+    if asked == "auto" and run_device == "cpu" and engine != "vllm":
         return torch.device("cpu")
     return torch.device("cuda" if asked == "cuda" or (asked == "auto" and torch.cuda.is_available()) else "cpu")
 
@@ -369,7 +370,7 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     if with_tools and not chat:
         raise TinyRLError("--tools needs prompts rendered by the chat template (it lists the tools)",
                           hint="drop --no-chat-template, or evaluate without tools: --no-tools")
-    device = eval_device(device, cfg.trainer.device if cfg is not None else None)
+    device = eval_device(device, cfg.trainer.device if cfg is not None else None, engine)
     dtype = pick_dtype(cfg.model.dtype if cfg is not None else "auto", device)
     engine = engine if engine != "auto" else ("vllm" if device.type == "cuda" else "hf")
     with tempfile.TemporaryDirectory(prefix="tinyrl-eval-") as tmp:
