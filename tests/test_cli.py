@@ -25,6 +25,20 @@ def test_help_teaches_the_commands():
         assert command in done.stdout, command
 
 
+def test_help_shows_flags_bare_and_names_what_an_argument_is():
+    """Typer 0.29 printed `--resume <bool>`, read as taking a value (`--resume true` failed), and
+    `Usage: tinyrl eval [OPTIONS] {target}`; a paragraph kept its source line breaks."""
+    said = {command: " ".join(tinyrl(*command.split(), "--help").stdout.replace("│", " ").split())
+            for command in ("train", "sft", "eval", "doctor", "presets show", "report")}
+    for command, text in said.items():
+        assert "<bool>" not in text and "--help Show this message" in text, command
+    assert "--resume Continue from the latest checkpoint" in said["train"]
+    assert "--greedy --no-greedy Also one greedy" in said["eval"]
+    assert "<int>" in said["eval"]  # an option that takes a value keeps its type
+    assert "eval [OPTIONS] {RUN_DIR|MODEL}" in said["eval"] and "{RUN_DIR}" in said["report"]
+    assert "{NAME}" in said["presets show"]
+
+
 def test_tasks_prints_each_data_command_whole_on_an_80_column_terminal():
     """retool's command was cut to "hf:BytedTsinghua-SI…" at 80 columns: not a command to copy."""
     from tinyrl.tasks import all_tasks

@@ -26,6 +26,27 @@ from rich.text import Text
 from tinyrl.errors import TinyRLError
 from tinyrl.writable import check_file_target, make_dir
 
+
+
+def _flags_show_no_type() -> None:
+    """Typer 0.29's help puts a type beside every option, flags too: `--resume <bool>` read as
+    taking a value, and `--resume true` failed ("unexpected extra argument"). A flag (--resume,
+    --greedy/--no-greedy, --help) is shown bare; other options keep their type. A Typer without
+    that column is left as it is."""
+    from typer import core
+
+    shown = getattr(core.TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "flags_bare", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag else shown(self, ctx)
+
+    display_type_rich.flags_bare = True
+    core.TyperOption.display_type_rich = display_type_rich
+
+
+_flags_show_no_type()
 app = typer.Typer(
     help="RL for language models (PPO with a critic, GRPO) on ONE GPU: Countdown, then maths.\n\n"
     "Start with `tinyrl presets`, then `tinyrl probe-memory`, `tinyrl estimate-cost` and "
@@ -34,7 +55,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
-    rich_markup_mode="rich",
+    rich_markup_mode="markdown",  # a paragraph of the help flows at any width (rich kept its source line breaks)
 )
 presets_app = typer.Typer(help="List presets, or show one fully resolved.", invoke_without_command=True)
 data_app = typer.Typer(help="Make or convert training data for a task (`tinyrl tasks`).", no_args_is_help=True)
@@ -115,7 +136,7 @@ def presets_list(ctx: typer.Context) -> None:
 
 @presets_app.command("show")
 def presets_show(
-    name: str = typer.Argument(..., help="Preset name or path to a .toml file."),
+    name: str = typer.Argument(..., metavar="NAME", help="Preset name or path to a .toml file."),
     overrides: Optional[list[str]] = SetOpt,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of TOML-like text."),
 ) -> None:
@@ -420,7 +441,7 @@ def probe_memory(
 
 @app.command()
 def export(
-    run_dir: Path = typer.Argument(..., help="A run directory written by `tinyrl train`."),
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="A run directory written by `tinyrl train`."),
     out_dir: Path = typer.Option(..., "--out", help="Where to write the merged Hugging Face model (a new or empty directory)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Write into a non-empty --out (never the run directory)."),
     dtype: str = typer.Option("float32", "--dtype", help="float32: the merge exactly as trained (a 3B model: ~12 GB). "
@@ -513,7 +534,7 @@ def estimate_cost_cmd(
 
 @app.command("eval")
 def eval_cmd(
-    target: str = typer.Argument(..., help="A run directory (its latest checkpoint), or a Hugging Face model directory or id."),
+    target: str = typer.Argument(..., metavar="RUN_DIR|MODEL", help="A run directory (its latest checkpoint), or a Hugging Face model directory or id."),
     data: Optional[list[str]] = typer.Option(None, "--data", help="Parquet file(s) of the task, name=FILE or FILE (repeatable). Default for a run directory: the files its validation scored (data.test_path as `test`, data.val_files)."),
     task: Optional[str] = typer.Option(None, "--task", help="Task (`tinyrl tasks`); default: the run's."),
     n: int = typer.Option(32, "--n", help="Sampled completions per problem (0: greedy only)."),
@@ -643,7 +664,7 @@ def doctor_cmd(
 
 @app.command("report")
 def report(
-    run_dir: Path = typer.Argument(..., help="A run directory written by `tinyrl train` (holds metrics.jsonl)."),
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="A run directory written by `tinyrl train` (holds metrics.jsonl)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where to write (default: RUN_DIR/report)."),
 ) -> None:
     """PNG plots (reward, KL, length, memory, phase timings, validation, tool use) and summary.txt of a run."""
