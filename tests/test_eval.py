@@ -236,10 +236,14 @@ def test_eval_cli_on_vllm_in_a_fresh_process(math_run, tmp_path):
     assert len(lines) == summary["files"]["t"]["problems"] * 3
 
 
-def test_eval_cli_errors_are_one_screen(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "eval", str(tmp_path), "--data", "nope.parquet"],
+def test_eval_cli_errors_are_one_screen(tmp_path, tiny_model_dir):
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "eval", str(tiny_model_dir), "--data", "nope.parquet"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "not found" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "eval", str(tmp_path), "--data", "nope.parquet"],
+                          capture_output=True, text=True, timeout=300)  # the target first: no model there
+    assert done.returncode == 2 and "neither a run directory nor a model directory" in \
+        " ".join(done.stderr.replace("│", " ").split())
 
 
 def test_a_k_above_n_is_refused_before_the_model_loads_and_the_default_ks_stop_at_n(tmp_path, tiny_model_dir,

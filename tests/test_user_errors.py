@@ -217,9 +217,17 @@ def test_eval_of_a_path_that_does_not_exist_says_so(tmp_path, where, monkeypatch
     monkeypatch.chdir(tmp_path)
     (tmp_path / "missing").mkdir() if where == "missing/run" else None  # runs/NAME with runs/ there
     target = where.format(tmp=tmp_path)
-    for extra in ([], ["--task", "countdown"]):
-        text = one_screen(tinyrl("eval", target, "--data", str(TEST_DATA), "--n", "0", *extra))
-        assert f"{target}: no such directory" in text and "tokenizer" not in text
+    # without --data too: it said "--data and --task are needed for missing/run" (found by a new user)
+    for extra in ([], ["--task", "countdown"], ["--data", str(TEST_DATA)], ["--data", str(TEST_DATA), "--task", "countdown"]):
+        text = one_screen(tinyrl("eval", target, "--n", "0", *extra))
+        assert f"{target}: no such directory" in text and "tokenizer" not in text and "needed" not in text
+
+
+def test_eval_of_a_mistyped_run_directory_names_the_nearest_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "countdown-demo").mkdir(parents=True)
+    text = one_screen(tinyrl("eval", "runs/countdown-dem"))
+    assert "runs/countdown-dem: no such directory" in text and "did you mean runs/countdown-demo?" in text
 
 
 def test_eval_of_an_unknown_model_id_says_so(tmp_path, monkeypatch):

@@ -239,8 +239,13 @@ def _check_model_target(target: str) -> None:
         raise TinyRLError(f"{target} is neither a run directory nor a model directory (no config.json)",
                           hint="give a `tinyrl train` --out directory, a Hugging Face model directory or id")
     if not path.exists() and _looks_local(target):
+        import difflib
+
+        near = difflib.get_close_matches(path.name, [p.name for p in path.parent.iterdir() if p.is_dir()]
+                                         if path.parent.is_dir() else [], n=1)
         raise TinyRLError(f"{target}: no such directory ({path.absolute()}); nothing was evaluated",
-                          hint="give the --out directory of a `tinyrl train` or `tinyrl sft` run, a model "
+                          hint=(f"did you mean {path.parent / near[0]}? Or give" if near else "give")
+                               + " the --out directory of a `tinyrl train` or `tinyrl sft` run, a model "
                                "directory, or a Hugging Face model id (org/name, with --task)")
 
 
@@ -317,6 +322,8 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     path = Path(target).expanduser()
     cfg = run_config(path) if is_run_dir(path) else None
     exported_task = _exported_task(path) if cfg is None else None
+    if cfg is None:  # a mistyped run directory is said as such, not as "--data and --task are needed"
+        _check_model_target(target)
     if cfg is None and not data:  # --task too when it is missing: both at once, not one per try
         need, also = ("--data is", "") if task_name or exported_task else ("--data and --task are", " and no task")
         raise TinyRLError(f"{need} needed for {target}: only a run directory has held-back files{also} of its own",
@@ -339,8 +346,6 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
         raise TinyRLError(f"{there[0]} exists; nothing was changed",
                           hint="give another --out directory" + (_another_out(path, out) if cfg is not None else ""))
     check_writable(out, lost="nothing was evaluated", example="eval/mine")  # not after the evaluation
-    if cfg is None:
-        _check_model_target(target)
     task_cfg = TaskConfig(**vars(cfg.task)) if cfg is not None else exported_task or TaskConfig()
     if task_name:
         task_cfg.name = task_name
