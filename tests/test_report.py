@@ -386,6 +386,17 @@ def test_no_step_zero_validation_no_accuracy_change_line(tmp_path):
     assert "(-25.0 points)" in accuracy_change([{"step": 0, "val/score": 0.5}, {"step": 3, "val/score": 0.25}], 256)
 
 
+def test_a_run_without_a_step_zero_validation_ends_with_its_last_one():
+    """`tinyrl sft --preset countdown-demo-sft` ended with "run finished at step 300" alone: its
+    accuracy was only in the dashboard's last frame (a new user's note)."""
+    from tinyrl.report import last_validation
+
+    recs = [{"step": 5, "val/score": 0.25, "val/loss": 1.5}, {"step": 6}, {"step": 10, "val/score": 0.0859, "val/loss": 1.25}]
+    assert last_validation(recs, 256) == "greedy accuracy (val/score) on 256 held-back test prompts: 8.6% at step 10"
+    assert last_validation([{"step": 3, "val/loss": 0.75}]) == "validation loss (val/loss) at step 3: 0.7500"
+    assert last_validation([{"step": 3, "sft/loss": 0.75}]) is None
+
+
 def test_the_timings_plot_leaves_out_the_step_zero_validation():
     """The demo's timings.png began with a step 0 of 0 s (its val_before_train record, which times
     nothing): a ramp from 0 up to step 1's seconds, at a step that trained nothing."""

@@ -54,9 +54,13 @@ def test_sft_then_rl_through_the_cli(tmp_path):
     assert proc.returncode == 143, out + err
     assert "resume with: tinyrl sft --preset countdown-tiny-sft" in " ".join((out + err).split())
     stopped = jsonl.read_records(sft_run / "metrics.jsonl")[-1]["step"]
-    tinyrl(*sft_args, "--max-steps", str(stopped + 2), "--resume")
+    resumed = tinyrl(*sft_args, "--max-steps", str(stopped + 2), "--resume")
     metrics = jsonl.read_records(sft_run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, stopped + 3)) and "val/loss" in metrics[1]
+    last = metrics[-1] if "val/score" in metrics[-1] else metrics[-2]  # validated every 2 steps
+    # the end says the last validation in words (it was only in the dashboard's last frame)
+    assert f"greedy accuracy (val/score) on 16 held-back test prompts: {last['val/score']:.1%} at step " \
+           f"{last['step']}" in resumed.stdout, resumed.stdout[-600:]
 
     chat = multiturn_file(tmp_path / "chat.parquet", rows=8)
     template = tmp_path / "template.jinja"

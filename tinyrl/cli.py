@@ -375,10 +375,11 @@ def _show_earlier_validations(dash, run_dir: Path) -> None:
 
 def _print_accuracy_change(run_dir: Path, n_prompts: Optional[int]) -> None:
     """trainer.val_before_train: the greedy accuracy before and after this run, from metrics.jsonl
-    (so a resumed run compares with its real start)."""
-    from tinyrl.report import accuracy_change, load_metrics
+    (so a resumed run compares with its real start); otherwise the last validation's figure."""
+    from tinyrl.report import accuracy_change, last_validation, load_metrics
 
-    change = accuracy_change(load_metrics(run_dir, []), n_prompts)
+    recs = load_metrics(run_dir, [])
+    change = accuracy_change(recs, n_prompts) or last_validation(recs, n_prompts)
     if change:
         out.print(change, highlight=False, soft_wrap=True)
 

@@ -103,6 +103,17 @@ def accuracy_change(recs: list[dict], n_prompts: int | None = None) -> str | Non
     return line
 
 
+def last_validation(recs: list[dict], n_prompts: int | None = None) -> str | None:
+    """The run's last validation in a line, for a run with no step-0 one to compare with (an SFT
+    run: its figures were only in the dashboard's last frame): val/score, else val/loss."""
+    xs, ys = series(recs, "val/score")
+    if xs:
+        on = f"{n_prompts} held-back test prompts" if n_prompts else "the held-back test prompts"
+        return f"greedy accuracy (val/score) on {on}: {ys[-1]:.1%} at step {xs[-1]:g}"
+    xs, ys = series(recs, "val/loss")
+    return f"validation loss (val/loss) at step {xs[-1]:g}: {ys[-1]:.4f}" if xs else None
+
+
 def _marker(xs: list) -> str:
     return "o" if len(xs) <= 30 else ""  # few steps: show the points, or a 2-step run looks empty
 
