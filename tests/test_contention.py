@@ -21,7 +21,8 @@ def test_load_above_the_cores_says_what_to_set():
     # doctor's report from the issue: 2 steps of 47.1 + 43.7 s passed with no hint on a loaded 2-core machine
     found = cpu_contention(9.0, 2, 2, [47.1, 43.7])
     assert found is not None and "load average 9.0 on 2 usable cores" in found.found
-    assert "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE" in found.fix and "22-32 s" in found.fix
+    assert "`OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE tinyrl train ...`" in found.fix and "22-32 s" in found.fix
+    assert "countdown-tiny" not in found.fix  # a preset the user may not be running
     edge = cpu_contention(2 + LOAD_MARGIN, 2, 2)
     assert edge is not None and "load average 3.0" in edge.found
 
@@ -51,8 +52,9 @@ def test_doctor_row_warns_with_the_fix(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(contention, "usable_cpus", lambda: 2)
     monkeypatch.setattr(contention, "load_average", lambda: 9.0)
-    row = cpu_load_row("cpu", [47.1, 43.7])
+    row = cpu_load_row("cpu", [47.1, 43.7], "sft")
     assert row.status == "warn" and row.basis == "measured" and "OMP_NUM_THREADS=1" in row.fix
+    assert "tinyrl sft ...`" in row.fix
     assert row.data["load_1min"] == 9.0 and row.data["step_s"] == [47.1, 43.7]
     monkeypatch.setattr(contention, "load_average", lambda: 1.2)
     assert cpu_load_row("cpu", [4.0, 3.7]).status == "pass"
@@ -67,7 +69,8 @@ def test_the_run_says_it_once(monkeypatch):
     load = {"now": 1.0}
     monkeypatch.setattr(contention, "load_average", lambda: load["now"])
     notes: list[str] = []
-    run = SimpleNamespace(device=torch.device("cpu"), _notice=notes.append, _cpu_noticed=False)
+    run = SimpleNamespace(device=torch.device("cpu"), _notice=notes.append, _cpu_noticed=False,
+                          cfg=SimpleNamespace(command="sft"))
     history = [{"timing/step": 4.0}]
     Trainer._check_cpu(run, history)
     assert notes == []  # quiet
@@ -76,6 +79,7 @@ def test_the_run_says_it_once(monkeypatch):
         history.append({"timing/step": 30.0})
         Trainer._check_cpu(run, history)
     assert len(notes) == 1 and "oversubscribed" in notes[0] and "OMP_NUM_THREADS=1" in notes[0]
+    assert "OMP_WAIT_POLICY=PASSIVE tinyrl sft ...`" in notes[0]  # the command running (an SFT run was told `tinyrl train`)
     on_a_card = SimpleNamespace(device=torch.device("cuda"), _notice=notes.append, _cpu_noticed=False)
     Trainer._check_cpu(on_a_card, history)
     assert len(notes) == 1

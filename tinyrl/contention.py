@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 LOAD_MARGIN = 1.0   # runnable threads beyond the cores, averaged over a minute
 SLOWDOWN = 4.0      # a later step this many times the first step's seconds
-MEASURED = "a countdown-tiny step took 3.7-4 s instead of 22-32 s on a loaded 2-core machine"
+MEASURED = ("measured on a loaded 2-core machine: one RL step of tinyrl's tiny model took 3.7-4 s with it, "
+            "22-32 s without")
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,10 @@ class Contention:
 
 
 def cpu_contention(load: float, cpus: int, threads: int, step_seconds: Sequence[float] = (),
-                   wait_policy: str = "") -> Contention | None:
-    """None when nothing says the cores are shared. `wait_policy`: OMP_WAIT_POLICY as set."""
+                   wait_policy: str = "", command: str = "train") -> Contention | None:
+    """None when nothing says the cores are shared. `wait_policy`: OMP_WAIT_POLICY as set;
+    `command`: the tinyrl command the fix's example starts (the one running: `tinyrl sft` was
+    told `... tinyrl train ...`)."""
     reasons = []
     busy = load >= cpus + LOAD_MARGIN
     if busy:
@@ -62,8 +65,8 @@ def cpu_contention(load: float, cpus: int, threads: int, step_seconds: Sequence[
                                  "the cores (see `top`), and steps are slower until they finish")
     count = 1 if busy or slow is not None else cpus  # only too many threads for the cores: one per core
     env = f"OMP_NUM_THREADS={count}" + ("" if wait_policy.upper() == "PASSIVE" else " OMP_WAIT_POLICY=PASSIVE")
-    return Contention(found, f"start tinyrl with {env} in its environment (e.g. `{env} tinyrl train ...`; "
-                             f"it is read when tinyrl starts): {MEASURED}")
+    return Contention(found, f"start tinyrl with {env} in its environment (e.g. `{env} tinyrl {command} ...`; "
+                             f"it is read when tinyrl starts); {MEASURED}")
 
 
 def usable_cpus() -> int:

@@ -191,7 +191,7 @@ class Trainer:
 
         found = cpu_contention(load, usable_cpus(), torch.get_num_threads(),
                                [m["timing/step"] for m in history if "timing/step" in m],
-                               os.environ.get("OMP_WAIT_POLICY", ""))
+                               os.environ.get("OMP_WAIT_POLICY", ""), self.cfg.command)
         if found is not None:
             self._cpu_noticed = True
             self._notice(f"{found.found}. What to do: {found.fix}")

@@ -31,7 +31,8 @@ def sft_trial(cfg: Config, workdir: Path, cuda: bool) -> list[Row]:
     ran = trial.run_two_steps(cfg, workdir, cuda, SFTTrainer, "SFT trainer")
     if isinstance(ran, Row):
         return [ran]
-    rows = [_run_row(ran), trial.cpu_load_row(ran.trainer.device.type, [h["timing/step"] for h in ran.history])]
+    rows = [_run_row(ran), trial.cpu_load_row(ran.trainer.device.type, [h["timing/step"] for h in ran.history],
+                                                  ran.trainer.cfg.command)]
     rows += [skipped(name, NO_ENGINE) for name in ("sleep / wake", "rollout parity", "adapter sync")]
     return rows + [trial._nonfinite_row(ran.history), *trial.step_memory_rows(cfg, ran)]
 

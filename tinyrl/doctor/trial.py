@@ -169,7 +169,7 @@ def _trial(cfg: Config, workdir: Path, cuda: bool) -> list[Row]:
     trainer, history = ran.trainer, ran.history
     try:
         return [_run_row(cfg, trainer, history, ran.error, ran.seconds, ran.setup_s, ran.data_note),
-                cpu_load_row(trainer.device.type, [h["timing/step"] for h in history]),
+                cpu_load_row(trainer.device.type, [h["timing/step"] for h in history], trainer.cfg.command),
                 _sleep_row(trainer.engine, sleeps, cuda),
                 _parity_row(cfg, history, ran.error, trainer.notices),
                 sync_row(trainer),
@@ -214,8 +214,9 @@ def _run_row(cfg, trainer, history, error, seconds, setup_s, data_note) -> Row:
                      "seconds": seconds, "step_s": step_s, "metrics": history})
 
 
-def cpu_load_row(device: str, step_s: list[float]) -> Row:
-    """The trial's steps and the load average after them (its own threads included)."""
+def cpu_load_row(device: str, step_s: list[float], command: str = "train") -> Row:
+    """The trial's steps and the load average after them (its own threads included). `command`:
+    the preset's (train or sft), which the fix's example starts."""
     import os
 
     import torch
@@ -230,7 +231,7 @@ def cpu_load_row(device: str, step_s: list[float]) -> Row:
     cpus, threads = usable_cpus(), torch.get_num_threads()
     data = {"load_1min": load, "cpus": cpus, "torch_threads": threads, "step_s": step_s,
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
-    found = cpu_contention(load, cpus, threads, step_s, os.environ.get("OMP_WAIT_POLICY", ""))
+    found = cpu_contention(load, cpus, threads, step_s, os.environ.get("OMP_WAIT_POLICY", ""), command)
     if found is None:
         return Row("CPU load", "pass", f"load average {load:.1f} on {cpus} usable cores, torch {threads} "
                    "thread(s): not oversubscribed", basis="measured", data=data)
