@@ -421,6 +421,8 @@ def test_an_sft_frame_has_no_rollout_fields():
     """SFT samples nothing: its frame said "latest sample: waiting for the first step" and showed
     `len mean –`, `len max –`, `clipped –` from the first step to the last."""
     d = Dashboard({**INFO, "algorithm": "sft", "preset": "countdown-demo-sft"}, mode="off")
+    first = frame(d)  # before step 1: it showed reward, KL · policy and rollout panels until then
+    assert "sft loss" in first and "reward" not in first and "KL" not in first and "latest sample" not in first
     d.update({"step": 58, "epoch": 0, "sft/loss": 0.7551, "sft/lr": 3e-3, "sft/grad_norm": 0.43,
               "memory/kind": "ram", "memory/used_bytes": int(0.85 * GIB), "memory/total_bytes": int(23.6 * GIB)})
     text = frame(d)

@@ -284,6 +284,7 @@ class Dashboard:
         algo = str(self.info.get("algorithm", "")).lower()
         # Estimators that train no value model never report critic/* keys.
         self._critic_expected = needs_critic(algo) if algo in ADV_ESTIMATORS else algo != "sft"
+        self._sft = algo == "sft"  # its panels from the first frame, before any step has logged sft/loss
         self._tools_seen = False  # set by the first step with a TOOL_METRICS key; never unset
         self._lock = threading.Lock()
         self._start = _clock()
@@ -411,7 +412,7 @@ class Dashboard:
         top = Table.grid(expand=True, padding=(0, 1))
         for _ in range(3):
             top.add_column(ratio=1)
-        sft = "sft/loss" in snap["m"]
+        sft = self._sft or "sft/loss" in snap["m"]
         top.add_row(self._sft_panel(snap, width) if sft else self._reward_panel(snap, width),
                     self._sft_optimizer_panel(snap) if sft else self._policy_panel(snap),
                     self._memory_panel(snap, lengths=not sft))
