@@ -332,10 +332,11 @@ def test_piped_eval_draws_no_loading_bar(tmp_path, tiny_model_dir):
     data = tmp_path / "test.parquet"
     pd.read_parquet(Path(__file__).resolve().parent.parent / "data" / "countdown" / "test.parquet")[:4].to_parquet(data)
     done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "eval", str(tiny_model_dir), "--data", str(data),
-                           "--task", "countdown", "--n", "0", "--engine", "hf", "--max-tokens", "4",
+                           "--task", "countdown", "--n", "2", "--k", "1,2", "--engine", "hf", "--max-tokens", "4",
                            "--out", str(tmp_path / "ev")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Loading weights" not in done.stderr and "\r" not in done.stderr, done.stderr[-2000:]
+    assert "evaluating: 8/8 prompt passes (greedy, then 2 samples each) (100%)" in done.stderr  # 4 problems, 2 passes
 
 
 def test_piped_eval_says_its_progress_in_a_few_lines():
@@ -352,6 +353,11 @@ def test_piped_eval_says_its_progress_in_a_few_lines():
     once: list[str] = []
     plain_progress(5, once.append)(5)  # fewer prompts than parts: one line, not ten
     assert len(once) == 1
+    # 1,024 problems, greedy then sampled: 2,048 passes, not "2,048 prompts" beside a table of 1,024 problems
+    both: list[str] = []
+    plain_progress(2048, both.append, unit=ev.progress_unit(True, 4))(2048)
+    assert both[0].startswith("evaluating: 2,048/2,048 prompt passes (greedy, then 4 samples each) (100%)")
+    assert ev.progress_unit(False, 4) == ev.progress_unit(True, 0) == "prompts"
 
 
 def test_a_sigterm_mid_eval_removes_the_merged_model_and_says_so(math_run, tmp_path, monkeypatch, capsys):

@@ -445,8 +445,9 @@ def _write(out: Path, summary: dict, results: list) -> None:
                                "again") from exc
 
 
-def plain_progress(total: int, say: Callable[[str], None], parts: int = 10) -> Callable[[int], None]:
-    """A tick(k) that says `evaluating: done/total prompts (P%), elapsed` each time another
+def plain_progress(total: int, say: Callable[[str], None], parts: int = 10,
+                   unit: str = "prompts") -> Callable[[int], None]:
+    """A tick(k) that says `evaluating: done/total UNIT (P%), elapsed` each time another
     1/`parts` of the work is done: progress off a terminal, a few lines in all."""
     start, done, said = time.monotonic(), 0, 0
 
@@ -457,18 +458,25 @@ def plain_progress(total: int, say: Callable[[str], None], parts: int = 10) -> C
         if reached > said:
             said = reached
             elapsed = int(time.monotonic() - start)
-            say(f"evaluating: {done:,}/{total:,} prompts ({100 * done // max(total, 1)}%), "
+            say(f"evaluating: {done:,}/{total:,} {unit} ({100 * done // max(total, 1)}%), "
                 f"{elapsed // 60}:{elapsed % 60:02d} elapsed")
     return tick
 
 
-def _ticker(bar, total: int, console) -> Callable[[int], None]:
+def progress_unit(greedy: bool, n: int) -> str:
+    """What eval's progress counts: a prompt once per pass, greedy and then sampled (n per
+    prompt in one call), so 1,024 problems with both count to 2,048 (which read as a
+    different number of problems than the table's)."""
+    return f"prompt passes (greedy, then {n} samples each)" if greedy and n else "prompts"
+
+
+def _ticker(bar, total: int, console, unit: str = "prompts") -> Callable[[int], None]:
     """The bar's advance on a terminal; piped, where Rich draws no bar (the demo's eval said
     nothing for 100 s), plain_progress's lines."""
     if bar is not None:
-        job = bar.add_task("evaluating (prompts)", total=total)
+        job = bar.add_task(f"evaluating ({unit})", total=total)
         return lambda k: bar.advance(job, k)
-    return plain_progress(total, lambda line: console.print(line, highlight=False, soft_wrap=True))
+    return plain_progress(total, lambda line: console.print(line, highlight=False, soft_wrap=True), unit=unit)
 
 
 def _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, greedy, max_new, seed, progress,
@@ -486,7 +494,7 @@ def _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, gree
     else:
         bar_ctx = nullcontext(None)
     with bar_ctx as bar:
-        tick = _ticker(bar, total, console) if progress else (lambda k: None)
+        tick = _ticker(bar, total, console, progress_unit(greedy, n)) if progress else (lambda k: None)
         return [score_prompts(eng, tokenizer, prompts, rows, task, task_cfg, n=n, ks=ks, temperature=temperature,
                               top_p=top_p, greedy=greedy, max_new_tokens=max_new, seed=seed, name=name, tick=tick,
                               tool_rollout=tool_rollout)
