@@ -414,3 +414,12 @@ def test_the_eval_table_prints_counts_whole_and_says_greedy_only():
     console = Console(record=True, width=200)
     console.print(eval_table({**summary, "n": 8}))
     assert "n=8 T=0.6" in console.export_text()
+    # the demo's eval piped at 80 columns: its title took three lines over a narrow table; 1024 problems unseparated
+    console = Console(record=True, width=80)
+    wide = {**summary, "model": "runs/countdown-demo (step 60)", "task": "countdown", "n": 4,
+            "files": {"test": {"path": "t.parquet", "problems": 1024, "greedy_acc": 0.3496}}}
+    console.print(eval_table(wide))
+    lines = console.export_text().splitlines()
+    assert " ".join(" ".join(lines[:2]).split()) == \
+        "tinyrl eval · runs/countdown-demo (step 60) · task countdown · hf on cpu · n=4 T=0.6"  # 85 characters: 2 lines
+    assert any("1,024" in line for line in lines)

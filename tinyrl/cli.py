@@ -580,8 +580,10 @@ def eval_table(summary: dict) -> Table:
     """eval.json's metrics as a table: rates to 4 places, lengths to 1, counts and tokens/s whole; the title
     says "greedy only" for --n 0 (no sample was drawn at T)."""
     sampled = f"n={summary['n']} T={summary['temperature']}" if summary["n"] else "greedy only"
-    table = Table(title=f"tinyrl eval · {summary['model']} · task {summary['task']} · {summary['engine']} on "
-                  f"{summary['device']} · {sampled}")
+    title = f"tinyrl eval · {summary['model']} · task {summary['task']} · {summary['engine']} on " \
+            f"{summary['device']} · {sampled}"
+    # as wide as its title (the console caps it): a three-column table's width wrapped it in three lines
+    table = Table(title=title, min_width=len(title))
     table.add_column("data", style="bold cyan")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -591,7 +593,8 @@ def eval_table(summary: dict) -> Table:
     for name, metrics in summary["files"].items():
         for key, value in metrics.items():
             if key != "path":
-                table.add_row(name, key, format(value, places.get(key, ".4f")) if isinstance(value, float) else str(value))
+                table.add_row(name, key, format(value, places.get(key, ".4f")) if isinstance(value, float)
+                              else f"{value:,}" if isinstance(value, int) else str(value))
     return table
 
 
