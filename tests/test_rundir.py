@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tinyrl import rundir
+from tinyrl.errors import TinyRLError
 
 ENV = {**os.environ, "COLUMNS": "200"}
 
@@ -101,6 +102,14 @@ def test_foreign_checkpoints_are_refused_and_own_resume_continues(tmp_path, data
     assert old_id != other_id
     assert json.loads((old / "checkpoints" / "step_0000002" / "meta.json").read_text())["run_id"] == old_id
 
+    # a finished run met again by a new one (no --resume): refused, said what it holds and how to use it
+    kept = {p: p.read_bytes() for p in old.rglob("*") if p.is_file() and p.name != rundir.LOCK_FILE}
+    again = run(data, old, "--max-steps", "2")
+    err = " ".join(again.stderr.replace("│", " ").split())
+    assert again.returncode == 2 and f"{old} already holds a run (metrics.jsonl; its last checkpoint is step 2)" \
+        in err and f"--set model.init_from={old}" in err, err[-3000:]
+    assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file() and p.name != rundir.LOCK_FILE} == kept
+
     # issue 29 item 2: metrics.jsonl deleted, a new run (other settings, save_every=1) started there
     (old / "metrics.jsonl").unlink()
     kept = {p: p.read_bytes() for p in old.rglob("*") if p.is_file() and p.name != rundir.LOCK_FILE}
@@ -157,3 +166,25 @@ def test_user_rewards_that_break_the_run_stop_it_loudly(tmp_path, data, tiny_mod
 
     assert [ckpt.step_of(p) for p in ckpt.list_checkpoints(out / "checkpoints")] == [1]
     assert ckpt.load_latest(out / "checkpoints")["step"] == 1  # whole and loadable: --resume goes on from it
+
+
+def test_the_demos_sft_run_met_again_names_the_presets_that_start_from_it(tmp_path, monkeypatch):
+    """README's first command run a second time: `tinyrl sft --preset countdown-demo-sft` into its
+    finished run was told "--set model.init_from=runs/countdown-demo-sft (the demo presets name
+    their SFT run already)"; the same words were said of the RL demo's own run, which no preset
+    starts from. Now the presets that start from it are named, as commands."""
+    monkeypatch.chdir(tmp_path)
+    sft = tmp_path / "runs" / "countdown-demo-sft"
+    sft.mkdir(parents=True)
+    (sft / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(TinyRLError) as refused:
+        rundir.check_new_run(Path("runs/countdown-demo-sft"))
+    hint = refused.value.hint
+    assert "`tinyrl train --preset countdown-demo`" in hint and "`tinyrl train --preset countdown-demo-ppo`" in hint
+    assert "`tinyrl sft --preset countdown-tools-demo-sft`" in hint and "--set model.init_from" not in hint
+    rl = tmp_path / "runs" / "countdown-demo"
+    rl.mkdir()
+    (rl / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(TinyRLError) as refused:
+        rundir.check_new_run(Path("runs/countdown-demo"))
+    assert refused.value.hint.startswith("to train from it as it is: --set model.init_from=runs/countdown-demo;")

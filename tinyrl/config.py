@@ -270,6 +270,18 @@ def list_presets() -> dict[str, Path]:
     return {p.stem: p for p in sorted(PRESETS_DIR.glob("*.toml"))}
 
 
+def presets_starting_from(run_dir: Path) -> list[str]:
+    """`tinyrl CMD --preset NAME` for each shipped preset whose model.init_from is `run_dir` (read
+    from here, as a run reads it): the demos' SFT run is met again by a second demo."""
+    found = []
+    for name, path in list_presets().items():
+        raw = tomllib.loads(path.read_text())
+        start = raw.get("model", {}).get("init_from", "")
+        if start and Path(start).resolve() == run_dir.resolve():
+            found.append(f"tinyrl {raw.get('command', 'train')} --preset {name}")
+    return found
+
+
 def load_config(preset: str, overrides: list[str] | None = None, check: bool = True,
                 notes: list[str] | None = None, resume_dir: Path | None = None, planning: bool = False) -> Config:
     """Preset file (or a path to a .toml) + `key.sub=value` overrides, validated. Warnings that

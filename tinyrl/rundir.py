@@ -100,11 +100,15 @@ def check_new_run(run_dir: Path) -> None:
     if (run_dir / "metrics.jsonl").exists():
         # Most often a finished run met again (the SFT run the demos share, run a second time):
         # say what it holds and how to use it as it is, not only how to continue it.
+        from tinyrl.config import presets_starting_from
+
         last = f"its last checkpoint is step {ckpt.step_of(done[-1])}" if done else "it has no checkpoint"
+        starting = presets_starting_from(run_dir)
+        use = (f"presets that start from it as it is (model.init_from): {', '.join(f'`{c}`' for c in starting)}"
+               if starting else f"to train from it as it is: --set model.init_from={run_dir}")
         raise TinyRLError(f"{run_dir} already holds a run (metrics.jsonl; {last}); nothing was changed",
-                          hint=f"to train from it as it is: --set model.init_from={run_dir} (the demo presets name "
-                               "their SFT run already); to continue it: add --resume (from its last checkpoint, "
-                               "or from step 0 if it has none); for a new run: choose another --out directory")
+                          hint=f"{use}; to continue it: add --resume (from its last checkpoint, or from step 0 if "
+                               "it has none); for a new run: choose another --out directory")
     if done:
         steps = ", ".join(str(ckpt.step_of(p)) for p in done)
         raise TinyRLError(
