@@ -104,9 +104,11 @@ def test_retool_sft_plans_its_16k_conversations_not_an_rl_step(monkeypatch, caps
 
 def test_text_report_says_simulated_and_where_the_plan_is(monkeypatch, capsys, tmp_path):
     out_file = tmp_path / "plan.json"
-    code, stdout, _ = cli(monkeypatch, capsys, "probe-memory", "--preset", "countdown-4090",
-                          "--gpu", "rtx4090", "--simulate", "--out", str(out_file))
+    code, stdout, stderr = cli(monkeypatch, capsys, "probe-memory", "--preset", "countdown-4090",
+                               "--gpu", "rtx4090", "--simulate", "--out", str(out_file))
     assert code == 0
+    # piped, where no spinner is drawn, the wait is said in a line (it was silent for ~55 s on a first plan)
+    assert stderr.startswith("planning Qwen/Qwen2.5-3B on rtx4090 (fake tensors) ...")
     assert "SIMULATED (fake-tensor trace on CPU, no GPU used)" in stdout
     for words in ("base weights", "optimizer state", "log-prob chunk", "vLLM KV cache", "runtime context",
                   "micro-batch", "gpu_memory_utilization", "FITS"):

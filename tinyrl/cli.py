@@ -94,6 +94,24 @@ def _said_if_stopped(after: Union[str, Callable[[], str]]) -> Iterator[None]:
         sys.exit(interrupts.exit_code(exc.signum))
 
 
+@contextlib.contextmanager
+def _working(text: str) -> Iterator:
+    """err.status's spinner on a terminal. Piped (a log file, nohup, CI) Rich draws none, and a
+    model's load or a plan's tracing said nothing for a minute or more: there the text is a line,
+    and so is each update (the doctor's few)."""
+    if err.is_terminal:
+        with err.status(text) as status:
+            yield status
+        return
+    from types import SimpleNamespace
+
+    def say(message: str) -> None:
+        err.print(message, highlight=False, soft_wrap=True)
+
+    say(text)
+    yield SimpleNamespace(update=say)
+
+
 PresetOpt = typer.Option(..., "--preset", "-p", help="Preset name (see `tinyrl presets`) or path to a .toml file.")
 
 
@@ -325,16 +343,16 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
 
     from tinyrl.preflight import preflight
 
-    with err.status("checking the card, the disk and the memory plan ..."):
+    with _working("checking the card, the disk and the memory plan ..."):
         notes = preflight(cfg, run_dir)  # fills 0 settings from the plan before config.json is written
     if command == "sft":
         from tinyrl.sft.trainer import SFTTrainer
 
-        with err.status(f"preparing {cfg.preset}: model {cfg.model.name}, SFT data ..."):
+        with _working(f"preparing {cfg.preset}: model {cfg.model.name}, SFT data ..."):
             trainer = SFTTrainer(cfg, run_dir, resume=resume)
         algorithm, engine = "sft", "none"
     else:
-        with err.status(f"preparing {cfg.preset}: model {cfg.model.name}, data, reward, rollout engine ..."):
+        with _working(f"preparing {cfg.preset}: model {cfg.model.name}, data, reward, rollout engine ..."):
             trainer = Trainer(cfg, run_dir, resume=resume)
         algorithm, engine = cfg.algorithm.adv_estimator, trainer.engine.name
     info = {"preset": cfg.preset, "model": cfg.model.name, "algorithm": algorithm,
@@ -412,7 +430,7 @@ def probe_memory(
         check_file_target(plan_out, lost="nothing was planned", example="plan.json")
     mode = mp.choose_mode(simulate, device, memory_limit, torch.cuda.is_available())
     if mode == "cpu":
-        with err.status(f"CPU probe of {cfg.model.name}: real passes under a {memory_limit} ceiling ..."):
+        with _working(f"CPU probe of {cfg.model.name}: real passes under a {memory_limit} ceiling ..."):
             result = mp.cpu_probe(cfg, mp.parse_size(memory_limit))
         if as_json:
             print(json.dumps(result, indent=2))
@@ -423,7 +441,7 @@ def probe_memory(
     card = mp.resolve_gpu(gpu, cfg, mode)
     budget_bytes = mp.parse_size(budget) if budget else None
     started = time.perf_counter()
-    with err.status(f"planning {cfg.model.name} on {card.name} ({'real passes' if mode == 'cuda' else 'fake tensors'}) ..."):
+    with _working(f"planning {cfg.model.name} on {card.name} ({'real passes' if mode == 'cuda' else 'fake tensors'}) ..."):
         plan = mp.plan_for_config(cfg, card, simulate=True, budget_bytes=budget_bytes)
         if mode == "cuda":
             plan = mp.cuda_probe(cfg, card, plan)
@@ -645,7 +663,7 @@ def doctor_cmd(
     # ended silently (Typer's exit 130), and in its trial the trainer's graceful stop took the
     # signal, after which the doctor went on (tinyrl.interrupts.throwaway).
     with _said_if_stopped(said):
-        with err.status("tinyrl doctor ...") as status:
+        with _working("tinyrl doctor ...") as status:
             report = run_doctor(preset, overrides, bench=bench, bench_steps=bench_steps, progress=progress)
         text = report.to_json()
         if out_file is not None:  # the file the user named (a re-run replaces its last report), written whole
