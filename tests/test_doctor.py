@@ -166,6 +166,24 @@ def test_an_sft_preset_does_not_need_vllm_on_a_card(monkeypatch):
     assert vllm_row(rl, cuda=False).status == "skipped"  # auto on a CPU is hf
 
 
+def test_the_trial_loads_vllm_before_measuring_wherever_its_run_rolls_out_with_it(monkeypatch):
+    """vLLM's import is code loaded once, not the run's memory: the trial imports it before the
+    steps it measures. It did so for rollout.engine = vllm only, not for auto on a card (vLLM
+    there too: factory.rolls_out_with_vllm), whose import then fell inside the first step."""
+    from tinyrl.config import load_config
+    from tinyrl.doctor import trial
+    from tinyrl.rollout import vllm_engine
+
+    imported: list[str] = []
+    monkeypatch.setattr(vllm_engine, "import_vllm", lambda: imported.append("vllm"))
+    auto = load_config("countdown-tiny", ["rollout.engine=auto"])
+    trial._import_heavy(auto, cuda=True)
+    assert imported == ["vllm"]
+    trial._import_heavy(auto, cuda=False)  # auto on a CPU is the hf engine
+    trial._import_heavy(load_config("countdown-tiny-sft"), cuda=True)  # an SFT step rolls nothing out
+    assert imported == ["vllm"]
+
+
 def test_tensor_peaks_count_live_tensor_bytes_per_phase_weights_included():
     """The measured side alone, on tensors of known sizes: each phase's peak of live tensor bytes,
     the largest over its runs, with the tracked weights in every phase (not RSS, not a total)."""

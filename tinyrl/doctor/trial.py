@@ -118,7 +118,7 @@ def run_two_steps(cfg: Config, workdir: Path, cuda: bool, make_trainer: Callable
         preflight(cfg, run_dir)  # as the command: on CUDA the plan fills the micro-batch budgets
     except TinyRLError as exc:
         return Row("two-step run", "fail", f"not started: {exc.message}", fix=exc.hint, basis="measured")
-    _import_heavy(cfg)  # code loaded once is not the run's memory (nor its first step's time)
+    _import_heavy(cfg, cuda)  # code loaded once is not the run's memory (nor its first step's time)
     from tinyrl import interrupts
     from tinyrl.doctor.cpu_memory import TensorPeaks, measuring
 
@@ -179,12 +179,14 @@ def _trial(cfg: Config, workdir: Path, cuda: bool) -> list[Row]:
         trainer.engine.close()
 
 
-def _import_heavy(cfg: Config) -> None:
+def _import_heavy(cfg: Config, cuda: bool) -> None:
     import peft  # noqa: F401
     import transformers  # noqa: F401
 
     import tinyrl.trainer  # noqa: F401
-    if cfg.rollout.engine == "vllm" and cfg.command != "sft":  # an SFT step builds no vLLM engine
+    from tinyrl.rollout.factory import rolls_out_with_vllm
+
+    if rolls_out_with_vllm(cfg, cuda):  # rollout.engine = auto on a card too (it asked for "vllm" only)
         from tinyrl.rollout.vllm_engine import import_vllm
 
         import_vllm()
