@@ -101,7 +101,7 @@ def plan_rows(cfg, budget_bytes: int) -> tuple[list[tuple], list[str]]:
         if name in simulated.phases:
             s, m = simulated.phases[name].micro_batch, measured.phases[name].micro_batch
             rows.append((name, s, m, s / m if m else float("inf")))
-    return rows, [n for n in measured.notes if n.startswith("real probe, ")]
+    return rows, [n for n in measured.notes if n.startswith(mp.PROBE_NOTE)]
 
 
 def run_steps(cfg, run_dir: Path, steps: int):

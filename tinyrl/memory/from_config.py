@@ -37,6 +37,8 @@ MEMORY_FIELDS = ("model.name", "model.finetune", "model.lora_rank", "model.lora_
 
 # The plan's training phases and the trace phase each one is searched with.
 TRAINING_PHASES = {str(p): str(p) for p in BUDGETED_PHASES}
+# How a plan's note from the real probe's own search begins (a step-down: benchmarks/gpu_check.py lists them)
+PROBE_NOTE = "real probe, "
 
 
 def role_flags(cfg: Config) -> dict[str, bool]:
@@ -425,7 +427,7 @@ def cuda_probe(cfg: Config, gpu: GPU, plan: MemoryPlan) -> MemoryPlan:
     plan.simulated = False
     plan.notes.append("training phases MEASURED on this card by the real probe (random weights, bf16); "
                       "the rollout phase is planned from formulas")
-    plan.notes += [f"real probe, {note}" for note in said]
+    plan.notes += [PROBE_NOTE + note for note in said]
     if cfg.model.quantize == "nf4":
         plan.notes.append("the real probe ran a bf16 base, not NF4: its micro-batches are on the safe side")
     return plan
