@@ -27,7 +27,6 @@ from tinyrl.errors import TinyRLError
 from tinyrl.writable import check_file_target, make_dir
 
 
-
 def _flags_show_no_type() -> None:
     """Typer 0.29's help puts a type beside every option, flags too: `--resume <bool>` read as
     taking a value, and `--resume true` failed ("unexpected extra argument"). A flag (--resume,
