@@ -79,7 +79,7 @@ def test_the_run_says_it_once(monkeypatch):
         history.append({"timing/step": 30.0})
         Trainer._check_cpu(run, history)
     assert len(notes) == 1 and "oversubscribed" in notes[0] and "OMP_NUM_THREADS=1" in notes[0]
-    assert "OMP_WAIT_POLICY=PASSIVE tinyrl sft ...`" in notes[0]  # the command running (an SFT run was told `tinyrl train`)
+    assert " tinyrl sft ...`" in notes[0]  # the command running (an SFT run was told `tinyrl train`)
     on_a_card = SimpleNamespace(device=torch.device("cuda"), _notice=notes.append, _cpu_noticed=False)
     Trainer._check_cpu(on_a_card, history)
     assert len(notes) == 1
