@@ -281,6 +281,8 @@ def test_the_versions_row_says_whether_tinyrl_ran_these_versions_and_readme_has_
     cpu = exercised.EXERCISED[0]
     for row in exercised.EXERCISED:
         assert versions_row(row.torch, row.transformers).status == "pass", row
+    # "as tinyrl ran them (CPU (this project's machines, every CI run))": one parenthesis in another
+    assert versions_row(cpu.torch, cpu.transformers).found.endswith(f"as tinyrl ran them, on {cpu.where}")
     # README's first command, run in a fresh venv on 2026-11-26, resolved transformers 5.24.0:
     # a new user's `tinyrl doctor` must not call the demo's own install untested.
     assert versions_row("2.13.0+cpu", "5.24.0").status == "pass"

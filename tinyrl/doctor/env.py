@@ -110,7 +110,7 @@ def versions_row(torch_version: str | None = None, transformers_version: str | N
             "cuda_extra_resolves": exercised.CUDA_EXTRA_RESOLVES}
     row = exercised.ran(tv, hv)
     if row is not None:
-        return Row("versions", "pass", f"torch {tv}, transformers {hv}: as tinyrl ran them ({row.where})",
+        return Row("versions", "pass", f"torch {tv}, transformers {hv}: as tinyrl ran them, on {row.where}",
                    basis="read", data=data)
     return Row("versions", "warn", f"torch {tv}, transformers {hv}: never run by tinyrl (it ran with: "
                f"{exercised.summary()})", fix="it should work within the pins, but it is untested: attach "
