@@ -336,7 +336,9 @@ def test_piped_eval_draws_no_loading_bar(tmp_path, tiny_model_dir):
                            "--out", str(tmp_path / "ev")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Loading weights" not in done.stderr and "\r" not in done.stderr, done.stderr[-2000:]
-    assert "evaluating: 8/8 prompt passes (greedy, then 2 samples each) (100%)" in done.stderr  # 4 problems, 2 passes
+    # 4 problems x (1 greedy + 2 samples), counted as the completions are made
+    assert "evaluating: 12/12 completions (1 greedy + 2 samples per problem) (100%)" in done.stderr
+    assert "evaluating: 4/12 completions" in done.stderr  # the greedy pass: a third of the work, not half
 
 
 def test_piped_eval_says_its_progress_in_a_few_lines():
@@ -353,11 +355,13 @@ def test_piped_eval_says_its_progress_in_a_few_lines():
     once: list[str] = []
     plain_progress(5, once.append)(5)  # fewer prompts than parts: one line, not ten
     assert len(once) == 1
-    # 1,024 problems, greedy then sampled: 2,048 passes, not "2,048 prompts" beside a table of 1,024 problems
+    # 1,024 problems, greedy and 4 samples each: 5,120 completions (it said "2,048 prompts" beside a
+    # table of 1,024 problems, and weighed a 32-sample pass as one greedy pass in its ETA)
     both: list[str] = []
-    plain_progress(2048, both.append, unit=ev.progress_unit(True, 4))(2048)
-    assert both[0].startswith("evaluating: 2,048/2,048 prompt passes (greedy, then 4 samples each) (100%)")
-    assert ev.progress_unit(False, 4) == ev.progress_unit(True, 0) == "prompts"
+    plain_progress(5120, both.append, unit=ev.progress_unit(True, 4))(5120)
+    assert both[0].startswith("evaluating: 5,120/5,120 completions (1 greedy + 4 samples per problem) (100%)")
+    assert ev.progress_unit(False, 4) == "completions (4 samples per problem)"
+    assert ev.progress_unit(True, 0) == "completions (greedy)"
 
 
 def test_a_sigterm_mid_eval_removes_the_merged_model_and_says_so(math_run, tmp_path, monkeypatch, capsys):

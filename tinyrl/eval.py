@@ -71,7 +71,7 @@ def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], 
                     groups[i][-1].update(transcript(tokenizer, e))
                 tokens += len(e.response_ids)
                 lengths.append(len(e.response_ids))
-            tick(len(chunk))
+            tick(len(chunk) * settings.n)  # completions: a sampled pass is n times a greedy one's work
         per_kind[kind] = groups
         result.samples += [s for g in groups for s in g]
     if "greedy" in per_kind:
@@ -464,10 +464,10 @@ def plain_progress(total: int, say: Callable[[str], None], parts: int = 10,
 
 
 def progress_unit(greedy: bool, n: int) -> str:
-    """What eval's progress counts: a prompt once per pass, greedy and then sampled (n per
-    prompt in one call), so 1,024 problems with both count to 2,048 (which read as a
-    different number of problems than the table's)."""
-    return f"prompt passes (greedy, then {n} samples each)" if greedy and n else "prompts"
+    """What eval's progress counts: completions, a greedy one and n samples per problem. It
+    counted prompt passes: 1,024 problems read "2,048" beside a table of 1,024, and a pass of 32
+    samples a prompt weighed as much as a greedy one, so its ETA said 4 minutes of an hour."""
+    return f"completions ({'1 greedy + ' if greedy else ''}{n} samples per problem)" if n else "completions (greedy)"
 
 
 def _ticker(bar, total: int, console, unit: str = "prompts") -> Callable[[int], None]:
@@ -485,7 +485,7 @@ def _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, gree
 
     from rich.console import Console
 
-    total = sum(len(prompts) for _, prompts, _ in loaded) * ((1 if greedy else 0) + (1 if n else 0))
+    total = sum(len(prompts) for _, prompts, _ in loaded) * ((1 if greedy else 0) + n)  # completions
     console = Console(stderr=True)
     if progress and console.is_terminal:
         from rich.progress import Progress
