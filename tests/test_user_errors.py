@@ -87,6 +87,19 @@ def test_one_empty_prompt_is_named_by_its_row(tmp_path, tiny_model_dir):
     rows.to_parquet(tmp_path / "one.parquet")
     with pytest.raises(TinyRLError, match=r"1 of 8 prompts .* are empty \(first at row 5"):
         tokenize_rows(tmp_path / "one.parquet", AutoTokenizer.from_pretrained(tiny_model_dir), 256)
+    # through the chat template (data.chat_template, every task with tools): the template's role
+    # words made the prompt non-empty, and the row trained on them alone (a new user's walk)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|assistant|>"
+    with pytest.raises(TinyRLError, match=r"1 of 8 prompts .* are empty \(first at row 5"):
+        tokenize_rows(tmp_path / "one.parquet", tok, 256, chat=True)
+    rows.at[5, "prompt"] = [{"role": "system", "content": "  "}, {"role": "user", "content": "\n"}]
+    rows.to_parquet(tmp_path / "blank.parquet")
+    with pytest.raises(TinyRLError, match=r"1 of 8 prompts .* are empty \(first at row 5"):
+        tokenize_rows(tmp_path / "blank.parquet", tok, 256, chat=True)
+    rows.at[5, "prompt"] = [{"role": "user", "content": "1 + 1?"}]
+    rows.to_parquet(tmp_path / "fine.parquet")
+    assert len(tokenize_rows(tmp_path / "fine.parquet", tok, 256, chat=True)[0]) == 8
 
 
 # ------------------------------------------------------------------ --out

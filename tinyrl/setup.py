@@ -219,7 +219,7 @@ def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = No
     """`tools`: the task's tools, whose schemas the chat template lists in each prompt. `room`:
     the largest max_len the model takes (config.prompt_room), so a too-long prompt's hint never
     asks for a length the config check then refuses."""
-    from tinyrl.data.io import chat_text, load_prompts, prompt_text
+    from tinyrl.data.io import chat_text, load_prompts, prompt_messages, prompt_text
 
     frame = load_prompts(path, max_rows=max_rows)
     rows = frame.to_dict("records")
@@ -231,7 +231,10 @@ def tokenize_rows(path: Path, tokenizer, max_len: int, max_rows: int | None = No
         except TinyRLError as exc:  # say where: a 327,680-row file has one bad row
             raise TinyRLError(f"{path} row {i} (counting from 0): {exc.message}", hint=exc.hint) from exc
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    empty = [i for i, x in enumerate(ids) if not x]
+    # Through a chat template an empty message is never an empty prompt (the template's role words
+    # remain): a row of empty messages trained and validated on nothing but those.
+    empty = [i for i, x in enumerate(ids)
+             if not x or (chat and not "".join(m["content"] for m in prompt_messages(rows[i])).strip())]
     if empty:  # a model cannot continue nothing (all of them empty used to crash step 1 in the embedding)
         raise TinyRLError(
             f"{len(empty)} of {len(ids)} prompts in {path} are empty (first at row {empty[0]}, counting from 0)",
