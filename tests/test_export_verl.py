@@ -679,7 +679,35 @@ def test_from_run_reads_the_runs_relative_paths_from_where_it_was_started(tmp_pa
     assert len(pd.read_parquet(elsewhere / "o" / "data" / "train.parquet")) == 64
     saved = json.loads((elsewhere / "o" / "tinyrl_config.json").read_text())
     assert saved["model"]["init_from"] == str(sft) and saved["data"]["train_path"] == str(proj / "data" / "train.parquet")
+    # without --actor the recipe starts verl from the bare base: said on the console, not only in a
+    # comment inside the script (a new user ran it as printed)
+    said = " ".join(done.stderr.replace("│", " ").split())
+    assert f"WARNING: model.init_from = {sft}: this recipe starts verl from the base model" in said
+    assert f"`tinyrl export {sft} --out DIR`" in said
     (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "timing/step": 2.0}) + "\n" for i in range(1, 5)))
     done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "estimate-cost", "--from-run", str(run), "--json"],
                           capture_output=True, text=True, timeout=120, cwd=elsewhere)
     assert done.returncode == 0 and json.loads(done.stdout)["prompts_per_epoch"] == 64, done.stderr  # not 8,192 made
+
+
+def test_an_actor_given_for_a_run_that_started_from_another_says_which_reference_tinyrl_had(tmp_path):
+    """With --actor, the script's header said "tinyrl's reference was the base" of a run whose
+    reference was its model.init_from, "the critic starts afresh" of GRPO, which has none, and
+    still asked for `--actor DIR`, which had been given."""
+    import pandas as pd
+
+    data = tmp_path / "train.parquet"
+    pd.read_parquet(Path(__file__).resolve().parent.parent / "data" / "countdown" / "test.parquet")[:64].to_parquet(data)
+    cfg = load_config("countdown-tiny", [f"data.train_path={data}", "trainer.test_every=0",
+                                         "algorithm.adv_estimator=grpo", "rollout.n=4"])
+    cfg.model.init_from = "runs/sft"  # set after the check: no such run here, and none is read
+    actor = tmp_path / "actor"
+    actor.mkdir()
+    (actor / "config.json").write_text("{}")
+    warned: list[str] = []
+    export_verl(cfg, tmp_path / "o", actor=actor, warn=warned.append)
+    text = " ".join(line.lstrip("# ") for line in (tmp_path / "o" / "run_verl.sh").read_text().splitlines())
+    assert "tinyrl's reference was the run's start, model.init_from = runs/sft)" in text
+    assert "critic" not in text.split("verl starts from the exported actor")[1].split(" - ")[0]
+    assert "model.init_from = 'runs/sft': verl starts from --actor (model.path) instead" in text
+    assert "pass `--actor DIR`" not in text and "export again with `--actor DIR`" not in text and warned == []

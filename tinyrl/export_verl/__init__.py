@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from tinyrl.config import Config
+from tinyrl.config import Config, has_critic
 from tinyrl.errors import TinyRLError
 from tinyrl.export_info import read_export
 from tinyrl.export_verl import files, tools
@@ -40,9 +40,12 @@ def model_path(cfg: Config, actor: Path | None) -> tuple[str, list[str]]:
             raise TinyRLError(f"--actor {actor} is not a Hugging Face model directory (no config.json)",
                               hint="write one with `tinyrl export RUN_DIR --out DIR` and pass that DIR")
         _check_actor_base(actor, cfg.model.name)
+        reference = f"the run's start, model.init_from = {cfg.model.init_from}" if cfg.model.init_from \
+            else f"the base {cfg.model.name}"
+        critic = ", and the critic starts afresh from the base" if has_critic(cfg) else ""
         return str(actor.resolve()), [
             f"verl starts from the exported actor {actor.resolve()}: it is also verl's KL reference "
-            f"(tinyrl's reference was the base {cfg.model.name}), and the critic starts afresh from the base"]
+            f"(tinyrl's reference was {reference}){critic}"]
     if cfg.model.name == TINY_MODEL_NAME:
         path = default_cache_root() / _build_dir_name(TinyRecipe())
         return str(path), [f"model.name = {TINY_MODEL_NAME!r} is built locally by tinyrl (at {path}); "
@@ -101,7 +104,8 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
                       val_files=val_files if extra_val else val_files[0], reward_path=files.HERE + "reward_fn.py",
                       steps_per_epoch=steps, gpus=gpus, nodes=nodes,
                       critic_model_path=model_path(cfg, None)[0],  # the value head is not in an export
-                      tool_config_path=files.HERE + tools.TOOL_CONFIG if tool_files else "")
+                      tool_config_path=files.HERE + tools.TOOL_CONFIG if tool_files else "",
+                      actor_given=actor is not None)
         mapping = map_config(cfg, ctx)
         header = [f"verl {VERL_VERSION} recipe exported by `tinyrl export-verl` from {source or cfg.preset}",
                   f"{gpus} GPU(s) per node x {nodes} node(s); keys are verl {VERL_VERSION}'s "

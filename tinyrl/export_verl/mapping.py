@@ -43,6 +43,7 @@ class Context:
     nodes: int = 1
     critic_model_path: str = ""    # default: model_path
     tool_config_path: str = ""     # value for multi_turn.tool_config_path (a task with tools)
+    actor_given: bool = False      # model_path is a `tinyrl export` passed as --actor, not the base
 
 
 @dataclass
@@ -109,9 +110,14 @@ def _model(cfg, ctx, m, o):
     g = lambda k, d=_MISSING: m.get(cfg, k, d)  # noqa: E731
     g("model.name")  # Context.model_path: the base, the built tiny model, or an exported actor
     o[f"{AR}.model.path"] = ctx.model_path
-    if g("model.init_from", ""):
-        m.note(cfg, "model.init_from", "verl starts from model.path: run `tinyrl export RUN_DIR --out DIR` on "
-               "that run and pass `--actor DIR` here (it is then the actor's start and the reference)")
+    start = g("model.init_from", "")
+    if start and ctx.actor_given:
+        m.note(cfg, "model.init_from", "verl starts from --actor (model.path) instead, its reference too: the "
+               "export of that run, or of this one")
+    elif start:  # the recipe runs as printed, from the bare base: said on the console, not only in the script
+        m.warnings.append(f"model.init_from = {start}: this recipe starts verl from the base model "
+                          f"({ctx.model_path}), not from that run; run `tinyrl export {start} --out DIR` and export "
+                          "again with `--actor DIR` (it is then the actor's start and the KL reference)")
     custom = g("model.custom_chat_template", "")
     if not g("data.chat_template", False):  # with it, verl renders `prompt` as tinyrl does
         o[f"{AR}.model.custom_chat_template"] = RAW_CHAT_TEMPLATE
