@@ -395,3 +395,17 @@ def test_a_preset_file_is_repeated_by_its_path_in_the_probe_memory_command(monke
     said = re.search(r"a guess: `tinyrl probe-memory --preset (\S+)`", " ".join(stdout.split()))
     assert said and said.group(1) == str(mine), stdout
     assert load_config(said.group(1), planning=True).preset == "mine"
+
+
+def test_an_epoch_priced_before_a_download_does_not_say_it_is_generated(tmp_path, monkeypatch):
+    """math-grpo-4090 (data.generate = false: DAPO-Math-17k is downloaded or converted) was priced
+    from "data.generate_train_size (data/math/dapo-math-17k.parquet not generated yet)": tinyrl
+    never generates that file."""
+    from tinyrl.cost import prompts_per_epoch
+
+    monkeypatch.chdir(tmp_path)  # no data/ here
+    n, source = prompts_per_epoch(load_config("math-grpo-4090", check=False))
+    assert n == 17917 and "not there yet: made with `tinyrl data`, or downloaded" in source
+    assert "generated" not in source
+    n, source = prompts_per_epoch(load_config("countdown-tiny", ["data.train_path=gen/train.parquet"], check=False))
+    assert source.endswith("not generated yet)")  # a task that generates its data on first use

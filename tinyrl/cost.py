@@ -149,7 +149,9 @@ def prompts_per_epoch(cfg: Config, given: int | None = None) -> tuple[int, str]:
                           f"(data.generate = false), so the {unit_of(cfg)} per epoch are unknown",
                           hint=f"give --prompts-per-epoch N (its row count), set data.generate_train_size, or make "
                           f"the file first with {data_hint(cfg)}")
-    return cfg.data.generate_train_size, f"data.generate_train_size ({path} not generated yet)"
+    # a file tinyrl never generates (data.generate = false) is made or downloaded by the user
+    missing = "not generated yet" if cfg.data.generate else "not there yet: made with `tinyrl data`, or downloaded"
+    return cfg.data.generate_train_size, f"data.generate_train_size ({path} {missing})"
 
 
 def unit_of(cfg: Config) -> str:
