@@ -174,8 +174,8 @@ def test_rows_without_an_answer_are_not_counted_as_repeats(tmp_path, capsys):
     assert (n, dropped, skipped) == (1, 1, 2)
     rt.data_command(out_dir=tmp_path / "cli", source=str(tmp_path / "t.parquet"), sft=False, name=None,
                     test_size=None, problem_key=None, answer_key=None, train_size=1, seed=0)
-    assert ("(1 prompts; 1 repeated rows kept once; 2 rows without a problem or an answer skipped)"
-            in " ".join(capsys.readouterr().out.split()))
+    assert ("(1 prompt; 1 repeated row kept once; 2 rows without a problem or an answer skipped)"
+            in " ".join(capsys.readouterr().out.split()))  # one of each is no plural ("1 prompts")
 
 
 # ------------------------------------------------------------------ SFT data
@@ -227,7 +227,7 @@ HERMES = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def test_the_sft_file_trains_with_tinyrl_sft_loss_on_the_assistant_turns_only(tmp_path, tiny_model_dir):
+def test_the_sft_file_trains_with_tinyrl_sft_loss_on_the_assistant_turns_only(tmp_path, tiny_model_dir, capsys):
     from tinyrl.setup import load_tokenizer
     from tinyrl.sft.data import load_sft
 
@@ -238,6 +238,10 @@ def test_the_sft_file_trains_with_tinyrl_sft_loss_on_the_assistant_turns_only(tm
     assert (n, skipped) == (3, len(MALFORMED))
     assert [p.name for p in paths] == ["retool-sft.parquet", "retool-sft-test.parquet"]
     assert [pq.ParquetFile(p).metadata.num_rows for p in paths] == [2, 1]
+    rt.data_command(out_dir=tmp_path / "cli", source=str(tmp_path / "retool-sft.parquet"), sft=True, name=None,
+                    test_size=1, problem_key=None, answer_key=None, train_size=1, seed=0)
+    said = " ".join(capsys.readouterr().out.split())  # it said "3 conversations" of a 2 + 1 split
+    assert f"(2 conversations + 1 for the test; {len(MALFORMED)} malformed rows skipped)" in said, said
     assert json.loads(pq.read_table(paths[0]).column("tools")[0].as_py()) == rt.tool_schemas()
 
     tok = load_tokenizer(str(tiny_model_dir), HERMES)

@@ -280,14 +280,19 @@ def data_command(
         train, test = generate(out_dir, train_size, tests, seed=seed)
         Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({tests:,} rows)")
         return
+    from tinyrl.data.io import counted
+
     if sft:
         paths, n, skipped = convert_sft(source, out_dir, name, test_size or 0)
-        Console().print(f"wrote {' and '.join(map(str, paths))} ({n:,} conversations"
-                        + (f"; {skipped:,} malformed rows skipped" if skipped else "") + ")")
+        split = f"{counted(n - (test_size or 0), 'conversation')} + {test_size:,} for the test" if len(paths) > 1 \
+            else counted(n, "conversation")
+        Console().print(f"wrote {' and '.join(map(str, paths))} ({split}"
+                        + (f"; {counted(skipped, 'malformed row')} skipped" if skipped else "") + ")")
         return
     path, n, dropped, skipped = convert_rl(source, out_dir, name, problem_key, answer_key)
-    said = ([f"{dropped:,} repeated rows kept once"] if dropped else []) + ([maths.skipped_rows(skipped)] if skipped else [])
-    Console().print(f"wrote {path} ({n:,} prompts" + "".join(f"; {s}" for s in said) + ")")
+    said = ([f"{counted(dropped, 'repeated row')} kept once"] if dropped else []) + \
+        ([maths.skipped_rows(skipped)] if skipped else [])
+    Console().print(f"wrote {path} ({counted(n, 'prompt')}" + "".join(f"; {s}" for s in said) + ")")
 
 
 def _config_problems(t: Any) -> list[str]:
