@@ -239,6 +239,9 @@ def test_max_steps_ends_the_run_there_before_or_past_the_presets_end(tmp_path):
     first = tinyrl(*base, "--max-steps", "2")
     assert first.returncode == 0, first.stderr
     assert "run finished at step 2" in first.stdout
+    # piped, the waits are said in lines; a CPU run has no card or memory plan to check
+    assert "checking the disk and RAM ..." in first.stderr and "checking the card" not in first.stderr
+    assert "preparing countdown-tiny: model tinyrl/tiny-qwen2" in first.stderr
     more = tinyrl(*base, "--resume", "--max-steps", "3")
     assert more.returncode == 0, more.stderr
     assert [m["step"] for m in jsonl.read_records(run / "metrics.jsonl")] == [1, 2, 3]

@@ -342,7 +342,10 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
 
     from tinyrl.preflight import preflight
 
-    with _working("checking the card, the disk and the memory plan ..."):
+    import torch
+
+    on_card = cfg.trainer.device != "cpu" and torch.cuda.is_available()  # a CPU run has no card or plan to check
+    with _working("checking the card, the disk and the memory plan ..." if on_card else "checking the disk and RAM ..."):
         notes = preflight(cfg, run_dir)  # fills 0 settings from the plan before config.json is written
     if command == "sft":
         from tinyrl.sft.trainer import SFTTrainer
