@@ -286,7 +286,7 @@ def test_a_tool_episode_is_drawn_as_a_conversation_with_the_tool_turn_boxed_apar
     d = Dashboard(INFO, mode="off")
     d.update(metrics(3), EPISODE)
     lines = sample_lines(d)
-    assert "latest sample · step 3 · reward 1.00 · 3 turns · 1 tool call" in lines[0]
+    assert "latest sample · step 3 · reward 1.00 · 2 model turns · 1 tool call" in lines[0]
     body = "\n".join(lines)
     # in order: the call, the tool's reply, the answer
     at = [body.index(s) for s in ("Let me add them.", '"code": "print(44 + 35 + 19)"', "<tool_response>", "│ │ 98 ",
@@ -307,7 +307,7 @@ def test_a_failed_tool_call_draws_its_box_red_and_a_cut_episode_says_why():
               "tool_calls": [{"name": "code_interpreter", "status": "timeout", "seconds": 10.0, "turn": 0}]}
     d = Dashboard(INFO, mode="off")
     d.update(metrics(3), failed)
-    assert "3 turns · 1 tool call · stopped: max_turns" in sample_lines(d)[0]
+    assert "2 model turns · 1 tool call · stopped: max_turns" in sample_lines(d)[0]
     c = Console(file=io.StringIO(), width=100, force_terminal=True, color_system="standard")
     c.print(d.render())
     # red (SGR 31) starts the box's top border; the ok box of EPISODE is not red
@@ -360,7 +360,7 @@ def test_tool_metrics_show_in_the_live_view_and_on_every_plain_line_once_seen():
     text = frame(d)
     assert "─ tools ─" in text
     for label, value in (("calls", "12"), ("errors", "2"), ("timeouts", "1"), ("seconds", "3.46"),
-                         ("turns/episode", "2.50"), ("tok mismatch", "3 (text 1)")):
+                         ("model turns/ep", "2.50"), ("tok mismatch", "3 (text 1)")):
         assert re.search(rf"{re.escape(label)}\s+{re.escape(value)}(\s|$)", text, re.M), label
     p, buf = plain_dash()
     with p:

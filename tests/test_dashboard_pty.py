@@ -189,14 +189,14 @@ def test_a_tool_episode_in_a_real_pty_is_a_conversation_and_its_hostile_output_s
     lines = text.splitlines()
     # nothing was cleared or overwritten: the notice is still above the one frame
     assert text.index("before the step") < text.index("latest sample ·") and text.count("latest sample ·") == 1
-    assert "latest sample · step 1 · reward 1.00 · 3 turns · 1 tool call" in text
+    assert "latest sample · step 1 · reward 1.00 · 2 model turns · 1 tool call" in text
     # the tool's reply in its own box, its escapes shown as text, in order between the two assistant turns
     assert any("╭─ tool · code_interpreter ok 0.25s" in x for x in lines)
     box = next(i for i, x in enumerate(lines) if "╭─ tool ·" in x)
     assert lines[box + 1].startswith("│ │ 98") and lines[box - 1].startswith("│ </tool_call>")
     assert "│ │ \\x1b[2J\\x1b[H\\x1b[31mRED [bold]x[/bold] [/nope]\\x1b]0;owned\\x07" in lines[box + 2]
     assert lines[box + 4].startswith("│ assistant ▸ </think>") and "<answer> 44 + 35 + 19 </answer>" in text
-    assert re.search(r"calls\s+8\b", text) and re.search(r"turns/episode\s+2\.25", text)
+    assert re.search(r"calls\s+8\b", text) and re.search(r"model turns/ep\s+2\.25", text)
     # the answer after the reply is still drawn green (SGR 32): the reply's "red" reached no one
     assert re.search(r"\x1b\[[0-9;]*\b32m(\x1b\[[0-9;]*m)*<answer>", pane.capture(escapes=True))
     assert pane.tmux("display-message", "-p", "-t", "t", "#{pane_title}").strip() != "owned"

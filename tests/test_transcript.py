@@ -69,7 +69,7 @@ def test_the_kept_record_is_what_the_dashboard_draws(tok):
     c = Console(file=io.StringIO(), width=100, record=True, color_system=None)
     c.print(d.render())
     text = c.export_text()
-    assert "3 turns · 1 tool call" in text and "╭─ tool · code_interpreter ok 0.12s" in text
+    assert "2 model turns · 1 tool call" in text and "╭─ tool · code_interpreter ok 0.12s" in text
     assert "│ │ 98 [bold]\\x1b[31m" in text and "<answer> 44 + 35 + 19 </answer>" in text
 
 

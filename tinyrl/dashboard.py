@@ -555,7 +555,7 @@ class Dashboard:
         return Panel(self._kv([
             ("calls", fmt(m.get("tools/calls"), COUNT)), ("errors", fmt(m.get("tools/errors"), COUNT)),
             ("timeouts", fmt(m.get("tools/timeouts"), COUNT)), ("seconds", fmt(m.get("tools/seconds"), ".2f")),
-            ("turns/episode", fmt(m.get("episode/turns"), ".2f")),
+            ("model turns/ep", fmt(m.get("episode/turns"), ".2f")),
             ("tok mismatch", mismatch_label(m)),
         ]), title="tools", border_style="bright_blue")
 
@@ -583,7 +583,10 @@ class Dashboard:
         title = f"latest sample · step {fmt(s.get('step'))} · reward {fmt(reward, '.2f')}"
         turns, calls = sample_turns(s)
         if len(turns) > 1 or calls:
-            title += f" · {len(turns)} turns · {len(calls)} tool call{'' if len(calls) == 1 else 's'}"
+            # the model's turns, as episode/turns counts them (the tools panel's turns/episode): it
+            # said "3 turns" of 2 model turns and a tool reply beside a turns/episode of 1.58
+            said = sum(t.get("role") == "assistant" for t in turns)
+            title += f" · {said} model turn{'' if said == 1 else 's'} · {len(calls)} tool call{'' if len(calls) == 1 else 's'}"
             if s.get("stop_reason") not in (None, "stop"):
                 title += f" · stopped: {safe_text(str(s['stop_reason']))}"
             body = Group(task, *episode_view(turns, calls, reward, width))
