@@ -190,7 +190,7 @@ def test_a_tool_run_gets_a_tool_use_plot_and_a_summary_line_per_tool_metric(tmp_
         "tools/errors per step: first 0 (step 1), last 3 (step 12), mean 1.25",
         "tools/timeouts per step: first 0 (step 1), last 2 (step 12), mean 0.6667",
         "tools/seconds per step: first 0.1 (step 1), last 1.2 (step 12), mean 0.65",
-        "episode/turns per step: first 1.08333 (step 1), last 2 (step 12), mean 1.542",
+        "episode/turns per step: first 1.083 (step 1), last 2 (step 12), mean 1.542",
         "episode/tokenization_mismatch per step: first 0 (step 1), last 0 (step 12), mean 0.1667",
         "episode/text_mismatch per step: first 0 (step 1), last 0 (step 12), mean 0.08333"]
     assert "tools.png" not in summary[summary.index("plots skipped"):]

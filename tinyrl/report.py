@@ -385,7 +385,8 @@ def tools_summary(recs: list[dict]) -> list[str]:
     for key in TOOL_METRICS:
         xs, ys = series(recs, key)
         if xs:
-            lines.append(f"{key} per step: first {ys[0]:g} (step {xs[0]:g}), last {ys[-1]:g} (step {xs[-1]:g}), "
+            # one precision for the three (first 3.83524 beside mean 8.234 read as different kinds of figure)
+            lines.append(f"{key} per step: first {ys[0]:.4g} (step {xs[0]:g}), last {ys[-1]:.4g} (step {xs[-1]:g}), "
                          f"mean {statistics.fmean(ys):.4g}")
     return lines
 
