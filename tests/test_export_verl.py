@@ -472,6 +472,15 @@ def test_a_task_with_tools_exports_verls_multi_turn_rollout(tmp_path, verl_yaml)
     assert f'@register("{loop}")' in (agent_loops / "tool_agent_loop.py").read_text()  # verl's tool loop's name
     text = (out / "run_verl.sh").read_text()
     assert 'export PYTHONPATH="$HERE' in text and "rollout.max_tool_calls = 8" in text
+    # the command's last line lists the tool files too (it named run_verl.sh, reward_fn.py and data/ only)
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "export-verl", "--preset", "retool-4090",
+                           "--set", f"data.train_path={tmp_path / 'data' / 'train.parquet'}",
+                           "--set", f"data.test_path={tmp_path / 'data' / 'test.parquet'}",
+                           "--set", "trainer.train_batch_size=8", "--set", "actor.ppo_mini_batch_size=8",
+                           "--out", str(tmp_path / "cli")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "300"})
+    assert done.returncode == 0, done.stderr
+    assert "run_verl.sh, reward_fn.py, tool_config.yaml, tinyrl_tool.py and data/" in done.stdout, done.stdout
     # a task without tools: no multi-turn keys, and the tool settings are still handled (no note)
     plain = export_verl(load_config("countdown-tiny", SMALL), tmp_path / "plain")
     assert "multi_turn" not in (plain / "run_verl.sh").read_text() and not (plain / "tool_config.yaml").exists()

@@ -501,8 +501,11 @@ def export_verl_cmd(
     path = export_verl(cfg, out_dir, gpus=gpus, nodes=nodes, overwrite=overwrite, actor=actor,
                        source=f"run {from_run}" if from_run else f"preset {cfg.preset}",
                        warn=lambda w: err.print(w, style="yellow", highlight=False, soft_wrap=True))
-    out.print(f"wrote {path}/run_verl.sh, reward_fn.py and data/: run [bold]bash {path}/run_verl.sh[/] "
-              "where verl is installed", soft_wrap=True)
+    from tinyrl.export_verl.tools import TOOL_CONFIG, TOOL_MODULE
+
+    tool_files = [f", {name}" for name in (TOOL_CONFIG, f"{TOOL_MODULE}.py") if (path / name).is_file()]
+    out.print(f"wrote {path}/run_verl.sh, reward_fn.py{''.join(tool_files)} and data/: run [bold]bash "
+              f"{path}/run_verl.sh[/] where verl is installed", soft_wrap=True)
 
 
 # Loggers whose INFO lines the user sees: one-off work on first use that takes a while (the tiny
