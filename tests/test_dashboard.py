@@ -2,6 +2,8 @@
 
 import io
 import re
+import subprocess
+import sys
 
 import pytest
 from rich.console import Console
@@ -439,3 +441,19 @@ def test_an_sft_frame_holds_its_val_score_like_its_val_loss():
     d.update({**base, "step": 9})
     text = frame(d)
     assert re.search(r"val loss\s+1\.1658 @5", text) and re.search(r"val score\s+0\.125 @5", text)
+
+
+def test_counts_in_the_sample_panel_are_singular_for_one_and_the_render_thread_stays_light():
+    """The sample title and the "earlier turns" line say counts as the data commands do (one
+    `counted`); the dashboard module imports neither pandas nor torch (it draws on its own thread)."""
+    turns = [{"role": "assistant", "text": f"try {k}", "tokens": 4} for k in range(dashboard.MAX_TURNS_SHOWN + 1)]
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(*dashboard.episode_view(turns, [], 1.0, 80))
+    body = console.export_text()
+    assert "… 1 earlier turn" in body and "earlier turns" not in body
+    d = Dashboard(INFO, mode="off")
+    d.update(metrics(3), {**SAMPLE, "turns": turns[:1] + [{"role": "tool", "text": "1"}], "tool_calls":
+                          [{"name": "code_interpreter", "status": "ok", "seconds": 0.1, "turn": 0}]})
+    assert "1 model turn · 1 tool call" in sample_lines(d)[0]
+    code = "import sys, tinyrl.dashboard; print(sorted({'pandas', 'torch'} & set(sys.modules)))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"

@@ -31,6 +31,7 @@ from tinyrl.config import ADV_ESTIMATORS
 from tinyrl.phases import Phase
 from tinyrl.roles import needs_critic
 from tinyrl.tasks import answer_patterns, task_line
+from tinyrl.words import counted
 
 # Shown in this order: the trainer's phases of one step, then the ones between steps.
 PHASES = tuple(str(p) for p in Phase)
@@ -182,7 +183,7 @@ def episode_view(turns: list[dict], calls: list[dict], reward: Any, width: int) 
     out: list = []
     first = max(0, len(turns) - MAX_TURNS_SHOWN)
     if first:
-        out.append(Text(f"… {first} earlier turn{'s' if first > 1 else ''}", style="dim"))
+        out.append(Text(f"… {counted(first, 'earlier turn')}", style="dim"))
     for i in range(first, len(turns)):
         role, text = str(turns[i].get("role", "?")), str(turns[i].get("text", "")).strip()
         if role == "assistant":  # the last one holds the answer: as much room as a single-turn sample
@@ -586,7 +587,7 @@ class Dashboard:
             # the model's turns, as episode/turns counts them (the tools panel's turns/episode): it
             # said "3 turns" of 2 model turns and a tool reply beside a turns/episode of 1.58
             said = sum(t.get("role") == "assistant" for t in turns)
-            title += f" · {said} model turn{'' if said == 1 else 's'} · {len(calls)} tool call{'' if len(calls) == 1 else 's'}"
+            title += f" · {counted(said, 'model turn')} · {counted(len(calls), 'tool call')}"
             if s.get("stop_reason") not in (None, "stop"):
                 title += f" · stopped: {safe_text(str(s['stop_reason']))}"
             body = Group(task, *episode_view(turns, calls, reward, width))

@@ -21,11 +21,6 @@ _MAKE_HINT = ("set data.train_path / data.test_path to a TinyZero-schema parquet
               "one with `tinyrl data countdown --out DIR`")
 
 
-def counted(n: int, noun: str) -> str:
-    """'1 row', '2 rows', '1,024 rows': a count as a data command says it."""
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
-
-
 def not_parquet_hint(path: Path) -> str:
     """What to do with a file that is not parquet: a JSON-lines, JSON or CSV table converts in
     one line (tinyrl reads parquet only, as verl's data sets do, so an export-verl copy loads)."""

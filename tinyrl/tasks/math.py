@@ -336,14 +336,14 @@ def data_command(
         Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
         return
     path, n, skipped = convert(source, out_dir, template, name, problem_key, answer_key)
-    from tinyrl.data.io import counted
+    from tinyrl.words import counted
 
     Console().print(f"wrote {path} ({counted(n, 'row')}" + (f"; {skipped_rows(skipped)}" if skipped else "") + ")")
 
 
 def skipped_rows(n: int) -> str:
     """How a conversion says the rows it left out (a user counting rows asks where they went)."""
-    from tinyrl.data.io import counted
+    from tinyrl.words import counted
 
     return f"{counted(n, 'row')} without a problem or an answer skipped"
 

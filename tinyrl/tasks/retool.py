@@ -280,7 +280,7 @@ def data_command(
         train, test = generate(out_dir, train_size, tests, seed=seed)
         Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({tests:,} rows)")
         return
-    from tinyrl.data.io import counted
+    from tinyrl.words import counted
 
     if sft:
         paths, n, skipped = convert_sft(source, out_dir, name, test_size or 0)
