@@ -720,3 +720,38 @@ def test_an_actor_given_for_a_run_that_started_from_another_says_which_reference
     assert "critic" not in text.split("verl starts from the exported actor")[1].split(" - ")[0]
     assert "model.init_from = 'runs/sft': verl starts from --actor (model.path) instead" in text
     assert "pass `--actor DIR`" not in text and "export again with `--actor DIR`" not in text and warned == []
+
+
+def test_a_template_the_command_line_cannot_carry_is_said_to_ride_in_the_actor_when_it_does(tmp_path):
+    """A template with newlines or quotes is not passed on verl's command line. Without --actor the
+    recipe says to put it into the model's tokenizer_config.json; with an --actor whose tokenizer
+    already carries it (`tinyrl export` saves chat_template.jinja) it said the same, a needless step."""
+    import pandas as pd
+
+    from tinyrl.setup import read_chat_template
+
+    data = tmp_path / "train.parquet"
+    pd.read_parquet(Path(__file__).resolve().parent.parent / "data" / "countdown" / "test.parquet")[:64].to_parquet(data)
+    template = "presets/chat_templates/tiny-hermes.jinja"
+    cfg = load_config("countdown-tiny", [f"data.train_path={data}", "trainer.test_every=0", "data.chat_template=true",
+                                         f"model.custom_chat_template={template}"])
+    text = read_chat_template(template)
+    assert "\n" in text  # what keeps it off the command line
+
+    def script(out, actor=None):
+        export_verl(cfg, tmp_path / out, actor=actor, warn=lambda _: None)
+        return " ".join(line.lstrip("# ") for line in (tmp_path / out / "run_verl.sh").read_text().splitlines())
+
+    said_to_copy = "put its text in the model directory's tokenizer_config.json"
+    assert said_to_copy in script("bare") and "custom_chat_template=" not in script("bare2")
+    actor = tmp_path / "actor"
+    actor.mkdir()
+    (actor / "config.json").write_text("{}")
+    (actor / "chat_template.jinja").write_text(text)
+    carried = script("with-actor", actor)
+    assert "the --actor directory's tokenizer carries it" in carried and said_to_copy not in carried
+    (actor / "chat_template.jinja").unlink()  # an actor exported from a run with another template
+    (actor / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ other }}"}))
+    assert said_to_copy in script("other-actor", actor)
+    (actor / "tokenizer_config.json").write_text(json.dumps({"chat_template": text}))  # transformers 4's place
+    assert "the --actor directory's tokenizer carries it" in script("tf4-actor", actor)

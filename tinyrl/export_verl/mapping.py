@@ -8,8 +8,10 @@ module does not know (added to tinyrl after it) becomes a note too, so nothing i
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from tinyrl.config import Config, has_critic  # tinyrl.roles: verl, too, builds a critic for gae only
@@ -106,6 +108,19 @@ def map_config(cfg: Config, ctx: Context) -> Mapping:
     return m
 
 
+def saved_chat_template(model_dir: Path) -> str | None:
+    """The chat template a saved tokenizer carries: transformers 5 writes `chat_template.jinja`,
+    older ones a `chat_template` key in tokenizer_config.json; None when it has neither."""
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    try:
+        value = json.loads((model_dir / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, str) else None
+
+
 def _model(cfg, ctx, m, o):
     g = lambda k, d=_MISSING: m.get(cfg, k, d)  # noqa: E731
     g("model.name")  # Context.model_path: the base, the built tiny model, or an exported actor
@@ -127,6 +142,9 @@ def _model(cfg, ctx, m, o):
         text = read_chat_template(custom)
         if CMDLINE_SAFE.fullmatch(text):
             o[f"{AR}.model.custom_chat_template"] = text
+        elif ctx.actor_given and saved_chat_template(Path(ctx.model_path)) == text:
+            m.note(cfg, "model.custom_chat_template", "not passed on the command line: the --actor directory's "
+                   "tokenizer carries it (`tinyrl export` saved it), and verl uses the tokenizer's own")
         else:  # verl 0.9.1 takes the text itself (workers/config/model.py `custom_chat_template: Optional[str]`)
             m.note(cfg, "model.custom_chat_template", "not passed: the template has quotes, backslashes or "
                    "newlines that a command line cannot carry to verl safely; put its text in the model "
