@@ -42,6 +42,24 @@ def test_tiny_model_build_shows_its_progress_through_the_cli_logging(tmp_path):
     assert "WARNING" not in text
 
 
+def test_a_hub_retry_warning_is_printed_once_through_the_cli_logging():
+    """Offline, a Hub model's load retries ten times; each "Retrying in" line came out twice (the
+    hub's own handler, then ours). A real retry of huggingface_hub's HTTP layer, to a closed port."""
+    code = textwrap.dedent("""
+        from tinyrl.cli import _log_to_stderr
+        _log_to_stderr()
+        from huggingface_hub.utils._http import http_backoff
+        try:
+            http_backoff("HEAD", "http://127.0.0.1:9/config.json", max_retries=1, base_wait_time=0.01)
+        except Exception as exc:
+            print(type(exc).__name__)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr
+    assert done.stderr.count("Retrying in") == 1, done.stderr
+    assert "WARNING" in done.stderr  # through the CLI's handler, not only the hub's raw one
+
+
 def test_first_use_data_generation_is_an_info_line(tmp_path, monkeypatch, caplog):
     from tinyrl import setup
 

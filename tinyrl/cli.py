@@ -521,6 +521,13 @@ def _log_to_stderr() -> None:
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s",
                         handlers=[RichHandler(console=err, show_path=False, show_time=False)])
+    # huggingface_hub gives its root logger a handler of its own and lets it propagate to ours as
+    # well: each warning (an offline load's "Retrying in 1s", ten of them) came out twice
+    import huggingface_hub.utils.logging  # noqa: F401  (adds that handler on import: remove it after)
+
+    hub = logging.getLogger("huggingface_hub")
+    for handler in [h for h in hub.handlers if type(h) is logging.StreamHandler]:
+        hub.removeHandler(handler)
     for name in PROGRESS_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO)
 
