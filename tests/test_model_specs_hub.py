@@ -150,3 +150,43 @@ def test_validation_never_waits_on_the_network(monkeypatch):
     from tinyrl.config import load_config
 
     load_config("countdown-4090", ["model.name=someone/not-cached"])
+
+
+def test_a_cached_hub_model_loads_at_once_when_the_hub_cannot_be_resolved(tmp_path, tiny_model_dir):
+    """No network, a model in the Hugging Face cache: eval (tokenizer, then weights) waited through
+    huggingface_hub's retries of every file, ten "Retrying in" warnings, before the cache was read.
+    A real `tinyrl eval` of an id cached here (the tiny model in the cache's layout), a Hub name
+    that cannot resolve (.invalid), and then an id that is not cached: one line, at once."""
+    import pandas as pd
+
+    snapshot = tmp_path / "hf" / "models--someone--tiny" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("a" * 40)
+    for f in tiny_model_dir.iterdir():
+        (snapshot / f.name).symlink_to(f)
+    data = tmp_path / "few.parquet"
+    pd.read_parquet(Path(__file__).resolve().parent.parent / "data" / "countdown" / "test.parquet")[:4].to_parquet(data)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HUB_CACHE=str(tmp_path / "hf"), HF_ENDPOINT="https://hub.tinyrl.invalid", COLUMNS="160")
+
+    def evaluate(model: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tinyrl.cli", "eval", model, "--data", str(data), "--task",
+                               "countdown", "--n", "1", "--device", "cpu", "--out", str(tmp_path / "evals" / model.replace("/", "-"))],
+                              capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+
+    done = evaluate("someone/tiny")
+    assert done.returncode == 0, done.stderr
+    assert "Retrying" not in done.stderr and "WARNING" not in done.stderr, done.stderr
+    assert json.loads((tmp_path / "evals" / "someone-tiny" / "eval.json").read_text())["n"] == 1
+    # the trainer's load (tokenizer, then PolicyModels' weights), as `tinyrl train` makes it
+    code = ("import torch; from tinyrl.config import load_config; from tinyrl.models import PolicyModels; "
+            "from tinyrl.setup import load_tokenizer; cfg = load_config('countdown-tiny', []).model; "
+            "load_tokenizer('someone/tiny'); PolicyModels(cfg, 'someone/tiny', torch.device('cpu'), actor_only=True)")
+    trainer = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                             cwd=tmp_path)
+    assert trainer.returncode == 0 and "Retrying" not in trainer.stderr, trainer.stderr
+    missing = evaluate("someone/other")
+    text = " ".join(missing.stderr.replace("│", " ").split())
+    assert missing.returncode == 2 and "Retrying" not in missing.stderr, missing.stderr
+    assert "not in the Hugging Face cache, and hub.tinyrl.invalid cannot be resolved" in text, text

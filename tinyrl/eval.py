@@ -275,8 +275,12 @@ def _engine(kind: str, model_path: str, tokenizer, device, dtype, max_model_len:
 
         from tinyrl._compat import loading_bars_only_on_a_terminal
 
+        from tinyrl.model_specs import hub_load_options
+
         loading_bars_only_on_a_terminal()
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype,
+                                                     **hub_load_options(model_path, weights=True)[0])
+        model = model.to(device).eval()
         return make_engine("hf", model=model, tokenizer=tokenizer, device=device)
     extra = {"gpu_memory_utilization": 0.85} if device.type == "cuda" else {"kv_cache_memory_bytes": 256 * 2**20}
     return make_engine(kind, model=None, tokenizer=tokenizer, model_path=model_path, device=device,
@@ -392,7 +396,8 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
                 raise
             raise TinyRLError(f"{target}: no such directory here, and no Hugging Face model of that id could be "
                               f"loaded ({exc.message})", hint="give a run directory, a model directory, or a "
-                              "Hugging Face id (org/name) with network access or in the local cache") from exc
+                              "Hugging Face id (org/name) with network access or in the local cache (HF_HUB_OFFLINE=1: "
+                              "the cache alone, no network tried)") from exc
         from tinyrl.setup import tool_schemas
 
         schemas = tool_schemas(task.tools if with_tools else ())

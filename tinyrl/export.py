@@ -70,9 +70,12 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, dtype: str
                           + "at its last step: wait for its first save, or continue it (the command that "
                           "started it, with --resume)")
     model_path = base_of_run(cfg, run_dir)  # model.init_from: the run's own starting model
+    from tinyrl.model_specs import hub_load_options
+
     loading_bars_only_on_a_terminal()
     try:
-        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
+                                                    **hub_load_options(model_path, weights=True)[0])
     except OSError as exc:  # a local base moved away reads as a Hub id: a download was tried
         start = rundir.start_dir(run_dir)
         raise TinyRLError(f"cannot load {run_dir}'s base model {model_path!r} (model.name = {cfg.model.name}): "
@@ -96,7 +99,8 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, dtype: str
     if dtype == "base":
         from transformers import AutoConfig
 
-        own = getattr(AutoConfig.from_pretrained(model_path), "dtype", None) or torch.float32
+        own = getattr(AutoConfig.from_pretrained(model_path, **hub_load_options(model_path)[0]), "dtype", None) \
+            or torch.float32
         merged = merged.to(getattr(torch, own) if isinstance(own, str) else own)
     need = sum(t.numel() * t.element_size() for t in merged.state_dict().values())  # tied weights twice: a bound
     make_dir(out_dir, example="exported-actor")

@@ -154,7 +154,9 @@ class PolicyModels:
 
         loading_bars_only_on_a_terminal()
         dtype = pick_dtype(cfg.dtype, device)
-        load_kwargs = {"dtype": dtype}
+        from tinyrl.model_specs import hub_load_options
+
+        load_kwargs = {"dtype": dtype, **hub_load_options(model_path, weights=True)[0]}
         if cfg.quantize == "nf4":
             load_kwargs["quantization_config"] = _nf4_config(device)
 

@@ -186,11 +186,16 @@ def load_tokenizer(model_path: str, chat_template: str = ""):
     text, or a file holding it) replaces the tokenizer's own."""
     from transformers import AutoTokenizer
 
+    from tinyrl.model_specs import hub_load_options
+
+    options, offline = hub_load_options(model_path)
     try:
-        tok = AutoTokenizer.from_pretrained(model_path)
+        tok = AutoTokenizer.from_pretrained(model_path, **options)
     except OSError as exc:
-        raise TinyRLError(f"could not load the tokenizer of {model_path!r}: {exc}",
-                          hint="check model.name; on a machine without internet use a local directory") from exc
+        why = f"not in the Hugging Face cache, and {offline}" if offline else str(exc)
+        raise TinyRLError(f"could not load the tokenizer of {model_path!r}: {why}",
+                          hint="check model.name; on a machine without internet use a local directory, or a "
+                               "model in the Hugging Face cache") from exc
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token

@@ -120,6 +120,21 @@ def _unresolved_endpoint() -> str | None:
     return None
 
 
+def hub_load_options(model_path: str, weights: bool = False) -> tuple[dict, str]:
+    """from_pretrained's options for `model_path`, and why they are set ('' when not): a Hub id
+    whose host does not resolve (no network) is read from the Hugging Face cache alone
+    (`local_files_only`). A cached model then loads at once, and one not cached fails at once;
+    without it huggingface_hub retried each file ~25 s, ten warnings, before either. `weights`:
+    for AutoModel*, whose look for a PEFT adapter does not get local_files_only (transformers
+    5.19 models/auto/auto_factory.py: only `adapter_kwargs` reach find_adapter_config_file)."""
+    if Path(model_path).expanduser().exists() or not _looks_like_hub_id(model_path):
+        return {}, ""
+    why = _unresolved_endpoint()
+    if not why:
+        return {}, ""
+    return {"local_files_only": True, **({"adapter_kwargs": {"local_files_only": True}} if weights else {})}, why
+
+
 def _why(exc: Exception) -> str:
     """huggingface_hub's reason, its first sentence (its messages run to several lines)."""
     from huggingface_hub import constants
