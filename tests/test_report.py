@@ -449,3 +449,38 @@ def test_a_ctrl_c_while_plotting_leaves_the_last_report_whole(tmp_path):
                     f"in {run / 'report'} was changed"), said
     assert all(path.read_bytes() == b"the last report" for path in files)
     assert sorted(p.name for p in (run / "report").iterdir()) == sorted([REPORT_MARK] + [p.name for p in files])
+
+
+def test_the_median_step_time_is_the_one_estimate_cost_prices_with(tmp_path):
+    """report gave the median of every step, estimate-cost --from-run that of the steady ones (the
+    first step, and the first after a resume, left out): two figures for one run. A slow first
+    step and a resumed run whose first step after the resume is slow again."""
+    import subprocess
+    import sys
+
+    from tinyrl.cost import read_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    times = {1: 60.0, 2: 8.0, 3: 9.0, 4: 10.0, 5: 11.0}
+    lines = [{"step": s, "timing/step": t, "reward/mean": 0.1} for s, t in times.items()]
+    lines += [{"step": 5, "timing/step": 70.0, "reward/mean": 0.1},  # resumed from step 4: 5 again, slow
+              {"step": 6, "timing/step": 12.0, "reward/mean": 0.1}]
+    # steady: 8, 9, 10, 11, 12 -> 10.0; the report's old median of the steps it keeps (step 5's
+    # last record): 60, 8, 9, 10, 70, 12 -> 11.0
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    (run / "config.json").write_text(json.dumps({"preset": "countdown-tiny"}))
+    write_report(run)
+    summary = (run / "report" / "summary.txt").read_text()
+    assert read_run(run).sec_per_step == 10.0
+    assert "median step time: 10.00 s over 5 steps (warm-up steps 1, 5 left out, as estimate-cost " \
+           "--from-run does)" in summary, summary
+    priced = subprocess.run([sys.executable, "-m", "tinyrl.cli", "estimate-cost", "--from-run", str(run),
+                             "--prompts-per-epoch", "64", "--json"], capture_output=True, text=True, timeout=120)
+    assert priced.returncode == 0 and json.loads(priced.stdout)["sec_per_step"] == 10.0, priced.stderr
+    short = tmp_path / "short"
+    short.mkdir()
+    (short / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines[:2]))
+    write_report(short)
+    assert "median step time: 34.00 s over all 2 steps (too few to leave out warm-up)" in \
+        (short / "report" / "summary.txt").read_text()

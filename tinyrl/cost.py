@@ -53,6 +53,24 @@ class RunTiming:
     memory_total: int | None = None   # that card's bytes (memory/total_bytes): which card it was
 
 
+def steady_steps(rows: list[dict]) -> tuple[list[dict], list[int]]:
+    """metrics.jsonl's step records (each with a step number) split into the steady ones and the
+    step numbers of the warm-up left out: the first WARMUP_STEPS of the run and of each resume
+    (compilation, allocator growth, first-use caches). `report`'s median step time uses it too."""
+    steady, warm, previous, left = [], [], None, 0
+    for row in rows:
+        # A step number that does not grow marks a resume: its first steps are warm-up again.
+        if previous is None or row["step"] <= previous:
+            left = WARMUP_STEPS
+        previous = row["step"]
+        if left > 0:
+            warm.append(row["step"])
+            left -= 1
+        else:
+            steady.append(row)
+    return steady, warm
+
+
 def read_run(run_dir: str | Path) -> RunTiming:
     """Median seconds per step (and per phase) of a run's steady steps."""
     run = Path(run_dir).expanduser()
@@ -75,17 +93,7 @@ def read_run(run_dir: str | Path) -> RunTiming:
         # Records without a step time (e.g. validation-only lines) say nothing about a step.
         if isinstance(row, dict) and all(isinstance(row.get(k), (int, float)) for k in ("step", "timing/step")):
             rows.append(row)
-    steady, warm, previous = [], [], None
-    for row in rows:
-        # A step number that does not grow marks a resume: its first steps are warm-up again.
-        if previous is None or row["step"] <= previous:
-            left = WARMUP_STEPS
-        previous = row["step"]
-        if left > 0:
-            warm.append(row["step"])
-            left -= 1
-        else:
-            steady.append(row)
+    steady, warm = steady_steps(rows)
     if len(steady) < MIN_STEADY_STEPS:
         raise TinyRLError(
             f"{metrics} has {len(rows)} timed step(s); after leaving out {len(warm)} warm-up step(s) "

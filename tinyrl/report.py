@@ -401,7 +401,29 @@ def steps_line(recs: list[dict]) -> str:
     return f"steps: {len(steps)} recorded, step {steps[0]:g} to {steps[-1]:g}{before}"
 
 
-def summarize(recs: list[dict], config: dict | None) -> list[str]:
+def step_time_line(recs: list[dict], run_dir: Path | None) -> str:
+    """The median step time `estimate-cost --from-run` prices an epoch with (the first step, and
+    the first after each resume, left out as warm-up): one figure, where the report gave the
+    median of every step beside it. Too few steps to leave any out: all of them, said so."""
+    from tinyrl.cost import read_run
+
+    if run_dir is not None:
+        try:
+            timing = read_run(run_dir)
+        except TinyRLError:
+            timing = None
+        if timing is not None:
+            warm = ", ".join(map(str, timing.warmup_steps))
+            return (f"median step time: {timing.sec_per_step:.2f} s over {timing.steady_steps} steps "
+                    f"(warm-up step{'s' if len(timing.warmup_steps) > 1 else ''} {warm} left out, as "
+                    "estimate-cost --from-run does)")
+    _, st = series(recs, "timing/step")
+    if not st:
+        return "median step time: not recorded"
+    return f"median step time: {statistics.median(st):.2f} s over all {len(st)} steps (too few to leave out warm-up)"
+
+
+def summarize(recs: list[dict], config: dict | None, run_dir: Path | None = None) -> list[str]:
     lines = []
     if config:
         lines.append(f"preset: {config.get('preset', '–')}  model: {config.get('model', {}).get('name', '–')}"
@@ -429,8 +451,7 @@ def summarize(recs: list[dict], config: dict | None) -> list[str]:
     change = accuracy_change(recs)
     if change:
         lines.append(change)
-    _, st = series(recs, "timing/step")
-    lines.append(f"median step time: {statistics.median(st):.2f} s" if st else "median step time: not recorded")
+    lines.append(step_time_line(recs, run_dir))
     _, tps = series(recs, "perf/tokens_per_s")
     if tps:
         lines.append(f"median throughput: {statistics.median(tps):,.0f} tokens/s")
@@ -550,7 +571,7 @@ def _write_files(run_dir: Path, recs: list[dict], notes: list[str], out: Path, f
             config = json.loads((run_dir / "config.json").read_text())
         except json.JSONDecodeError:
             notes.append("config.json is not valid JSON; preset and model left out")
-    lines = [f"tinyrl report for {run_dir}", ""] + summarize(recs, config if isinstance(config, dict) else None)
+    lines = [f"tinyrl report for {run_dir}", ""] + summarize(recs, config if isinstance(config, dict) else None, run_dir)
     vs_lines, vs_rows = memory_vs_plan(run_dir, points)
     lines += vs_lines
     if vs_rows:
