@@ -186,6 +186,20 @@ def test_a_cached_hub_model_loads_at_once_when_the_hub_cannot_be_resolved(tmp_pa
     trainer = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
                              cwd=tmp_path)
     assert trainer.returncode == 0 and "Retrying" not in trainer.stderr, trainer.stderr
+    # vLLM takes no local_files_only: it is given the cached snapshot's directory instead, when that
+    # holds weights (a snapshot with only the config.json a plan fetched is left to vLLM's message)
+    (tmp_path / "hf" / "models--someone--config-only" / "snapshots" / ("b" * 40)).mkdir(parents=True)
+    (tmp_path / "hf" / "models--someone--config-only" / "refs").mkdir()
+    (tmp_path / "hf" / "models--someone--config-only" / "refs" / "main").write_text("b" * 40)
+    (tmp_path / "hf" / "models--someone--config-only" / "snapshots" / ("b" * 40) / "config.json").write_text("{}")
+    code = ("from tinyrl.model_specs import cached_snapshot; "
+            "print([cached_snapshot(m) for m in ('someone/tiny', 'someone/other', 'someone/config-only')])")
+    paths = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert paths.returncode == 0, paths.stderr
+    assert eval(paths.stdout) == [str(snapshot), "someone/other", "someone/config-only"]
+    online = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**env, "HF_ENDPOINT": "http://127.0.0.1:9"})  # resolves: vLLM asks the Hub
+    assert eval(online.stdout) == ["someone/tiny", "someone/other", "someone/config-only"], online.stderr
     missing = evaluate("someone/other")
     text = " ".join(missing.stderr.replace("│", " ").split())
     assert missing.returncode == 2 and "Retrying" not in missing.stderr, missing.stderr

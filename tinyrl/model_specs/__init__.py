@@ -135,6 +135,23 @@ def hub_load_options(model_path: str, weights: bool = False) -> tuple[dict, str]
     return {"local_files_only": True, **({"adapter_kwargs": {"local_files_only": True}} if weights else {})}, why
 
 
+def cached_snapshot(model_path: str) -> str:
+    """`model_path`, or its directory in the Hugging Face cache when hub_load_options reads the
+    cache alone (no network) and the cached snapshot holds weights: for a loader that takes no
+    local_files_only (vLLM), which would otherwise retry the Hub before failing. A snapshot
+    without weights (only the config.json a plan fetched) is left to the loader's own message."""
+    if not hub_load_options(model_path)[0]:
+        return model_path
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot = Path(snapshot_download(model_path, local_files_only=True))
+    except (OSError, ValueError):  # LocalEntryNotFoundError is an OSError: not cached
+        return model_path
+    has_weights = any(snapshot.glob("*.safetensors")) or any(snapshot.glob("*.bin"))
+    return str(snapshot) if has_weights else model_path
+
+
 def _why(exc: Exception) -> str:
     """huggingface_hub's reason, its first sentence (its messages run to several lines)."""
     from huggingface_hub import constants

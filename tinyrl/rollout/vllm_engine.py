@@ -125,8 +125,10 @@ class VLLMEngine:
                                   if self._lora_root is not None else None)
         self._next_lora_id = 1
 
+        from tinyrl.model_specs import cached_snapshot
+
         kwargs = dict(
-            model=self.model_path,
+            model=cached_snapshot(self.model_path),  # no network: the cached copy, not ~25 s of retries a file
             dtype=dtype,
             max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization,
