@@ -65,18 +65,23 @@ def test_all_problems_are_reported_at_once():
         "algorithm.use_kl_loss=true",            # KL twice (in reward and as a loss)
         "actor.clip_ratio_c=1.0",                # dual clip needs > 1
     )
-    assert "7 problem(s)" in message
+    assert "7 problems" in message
     for fragment in ("actor.lrr", "actor.ppo_mini_batch_size = 64 does not divide",
                      "critic.ppo_mini_batch_size = 64 does not divide", "did you mean 'grpo'", "32768", "counted twice",
                      "clip_ratio_c"):
         assert fragment in message
 
 
+def test_one_problem_is_said_as_one():
+    assert "preset 'countdown-tiny' has 1 problem:\n  - rollout.n = -1 must be at least 1" in \
+        _problems("countdown-tiny", "rollout.n=-1")
+
+
 @pytest.mark.parametrize("engine", ["vllm", "auto"])
 def test_an_nf4_base_with_vllm_is_refused_with_the_other_problems(engine):
     # vLLM 0.32/0.33 cannot load a bitsandbytes base; "auto" is vLLM on CUDA, where nf4 runs
     message = _problems("countdown-4090", "model.quantize=nf4", f"rollout.engine={engine}", "rollout.top_p=2")
-    assert "2 problem(s)" in message
+    assert "2 problems" in message
     assert f"model.quantize = nf4 with rollout.engine = {engine}" in message
     assert "rollout.engine=hf" in message and "model.quantize=none" in message
     assert "rollout.top_p" in message
@@ -197,7 +202,7 @@ def test_val_files_with_one_name_twice_is_a_config_problem():
     same name", pointing at eval's flag, after the model had loaded."""
     shipped = "data/countdown/test.parquet"
     message = _problems("countdown-tiny", f'data.val_files=["a={shipped}", "a={shipped}", "b=nowhere.parquet"]')
-    assert "2 problem(s)" in message and "data.val_files names 'a' twice" in message and "b = nowhere" in message
+    assert "2 problems" in message and "data.val_files names 'a' twice" in message and "b = nowhere" in message
 
 
 def test_list_settings_check_their_elements_and_reward_settings_their_shape(tmp_path, monkeypatch):
@@ -225,7 +230,7 @@ def test_list_settings_check_their_elements_and_reward_settings_their_shape(tmp_
                      "reward.extra_fns[1] = nofile.py:f: file nofile.py not found",
                      "trainer.memory_budget_gib = -1.0 must be >= 0"):
         assert fragment in message, fragment
-    assert "7 problem(s)" in message, message
+    assert "7 problems" in message, message
     assert load_config("countdown-tiny", ['reward.fn="~/mine.py:score"', "rollout.tool_memory_mb=64",
                                           "reward.timeout_s=86400"]).reward.fn == "~/mine.py:score"
 
@@ -240,7 +245,7 @@ def test_a_mistyped_reward_function_is_said_with_the_other_problems(tmp_path):
                         "trainer.memory_budget_gib=-1")
     assert (f"reward.fn = {path}:rewrad: {path} defines no function 'rewrad' (did you mean 'reward'?); "
             "its functions: reward, shaped") in message, message
-    assert "trainer.memory_budget_gib = -1.0 must be >= 0" in message and "2 problem(s)" in message, message
+    assert "trainer.memory_budget_gib = -1.0 must be >= 0" in message and "2 problems" in message, message
 
 
 def test_another_tasks_option_is_said_to_be_unread():
@@ -292,7 +297,7 @@ def test_settings_that_would_train_wrongly_in_silence_are_refused_together():
                      "algorithm.overlong_buffer = 100 tokens is longer than rollout.max_response_length = 48",
                      "trainer.seed = 9223372036854775807 is out of range"):
         assert fragment in message, fragment
-    assert "13 problem(s)" in message
+    assert "13 problems" in message
     assert "algorithm.kl_loss_coef = -0.01 must be >= 0" in _problems("countdown-tiny", "algorithm.use_kl_loss=true",
                                                                       "algorithm.kl_loss_coef=-0.01")
     # A setting this run does not read is a note, not also a problem: on GRPO (no critic, no

@@ -240,7 +240,7 @@ def test_the_screen_shows_each_failure_with_its_fix_and_the_exit_code():
         console.print(part)
     text = console.export_text()
     assert "skipped: no CUDA" in text and "→ fix: set rollout.vllm.sleep_level=1" in text
-    assert "1 check(s) failed: adapter sync (exit code 1)" in text
+    assert "1 check failed: adapter sync (exit code 1)" in text
     assert report.exit_code == 1 and json.loads(report.to_json())["failed"] == ["adapter sync"]
 
 

@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tinyrl.errors import TinyRLError
+from tinyrl.words import counted
 from tinyrl.writable import check_file_target, make_dir
 
 
@@ -171,7 +172,7 @@ def presets_show(
     problems = problems_of(cfg)
     if problems:  # printed in full above; exit 2 as `train` would refuse it (scripts see it too)
         err.print(Panel("\n".join(f"- {p}" for p in problems), border_style="red",
-                        title=f"{len(problems)} problem(s): `tinyrl {cfg.command}` refuses this config"))
+                        title=f"{counted(len(problems), 'problem')}: `tinyrl {cfg.command}` refuses this config"))
         raise typer.Exit(2)
 
 

@@ -18,6 +18,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 from tinyrl.errors import TinyRLError
 from tinyrl.rl.kl_names import KL_NAMES, KL_REFUSED
 from tinyrl.roles import ESTIMATOR_NAMES, ESTIMATORS, Role, run_roles
+from tinyrl.words import counted
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PRESETS_DIR = REPO_ROOT / "presets"
@@ -306,7 +307,7 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
         notes += role_rate_notes(cfg, given) + unread_setting_notes(cfg, given)
     if problems:
         raise TinyRLError(
-            f"preset {cfg.preset!r} has {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems),
+            f"preset {cfg.preset!r} has {counted(len(problems), 'problem')}:\n" + "\n".join(f"  - {p}" for p in problems),
             hint="fix them in the preset file or with --set key.sub=value; "
             "`tinyrl presets show NAME` lists every key",
         )

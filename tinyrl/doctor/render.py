@@ -6,6 +6,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tinyrl.doctor.report import Report
+from tinyrl.words import counted
 
 BASIS = {"simulated vs measured": "plan vs run"}  # short on screen; the JSON has the words
 STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim"}
@@ -24,7 +25,7 @@ def render(report: Report) -> list:
             found.append(f"\n→ fix: {row.fix}", style=STYLE[row.status])
         table.add_row(row.name, Text(row.label, style=STYLE[row.status]), BASIS.get(row.basis, row.basis) or "—", found)
     if report.failed:
-        verdict = Text(f"{len(report.failed)} check(s) failed: {', '.join(report.failed)} (exit code 1). ",
+        verdict = Text(f"{counted(len(report.failed), 'check')} failed: {', '.join(report.failed)} (exit code 1). ",
                        style="bold red")
     else:
         verdict = Text("all checks passed (exit code 0). ", style="bold green")

@@ -19,6 +19,7 @@ from tinyrl.export_info import read_export
 from tinyrl.export_verl import files, tools
 from tinyrl.export_verl.mapping import VERL_VERSION, Context, map_config
 from tinyrl.export_verl.staging import staged
+from tinyrl.words import counted
 from tinyrl.writable import check_writable
 
 
@@ -145,6 +146,6 @@ def config_of_run(run_dir: Path, overrides: list[str] | None) -> Config:
     rebase_paths(cfg, run_dir)  # its relative paths, from where it was started
     problems = [p for item in overrides or [] for p in _apply_override(cfg, item)] + problems_of(cfg)
     if problems:
-        raise TinyRLError(f"the run's config has {len(problems)} problem(s):\n"
+        raise TinyRLError(f"the run's config has {counted(len(problems), 'problem')}:\n"
                           + "\n".join(f"  - {p}" for p in problems), hint="fix them with --set key.sub=value")
     return cfg
