@@ -195,7 +195,23 @@ def test_a_file_out_that_cannot_be_written_is_exit_2_before_the_work(tmp_path, c
     assert f"--out {mine / 'plan.json'}: {mine} is a file, not a directory; {lost}" in text, text
     text = one_screen(tinyrl(*base, "--out", str(tmp_path)))
     assert f"--out {tmp_path} is a directory; {lost}" in text, text
-    assert mine.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    # a file of the user's there: it was replaced by the plan or the report, exit 0, until 2026-11-27
+    what = {"probe-memory": "memory plan", "doctor": "doctor report"}[command]
+    text = one_screen(tinyrl(*base, "--out", str(mine)))
+    assert f"--out {mine} exists and is not a {what} tinyrl wrote; {lost}" in text, text
+    other = tmp_path / "other.json"  # JSON, but another command's: the plan is not a doctor report
+    other.write_text(json.dumps({"phases": {}} if command == "doctor" else {"tool": "tinyrl doctor"}))
+    assert f"--out {other} exists and is not a {what}" in one_screen(tinyrl(*base, "--out", str(other)))
+    assert mine.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "other.json"]
+
+
+def test_probe_memory_replaces_its_own_earlier_plan_file(tmp_path):
+    """A re-run with the same --out replaces the plan written there before (what --out asked for)."""
+    out = tmp_path / "plan.json"
+    out.write_text(json.dumps({"phases": {}, "note": "an earlier plan"}))
+    done = tinyrl("probe-memory", "--preset", "countdown-tiny", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "an earlier plan" not in out.read_text() and json.loads(out.read_text())["phases"]
 
 
 @pytest.mark.parametrize("command, mine", [

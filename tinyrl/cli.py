@@ -25,7 +25,7 @@ from rich.text import Text
 
 from tinyrl.errors import TinyRLError
 from tinyrl.words import counted
-from tinyrl.writable import check_file_target, make_dir
+from tinyrl.writable import check_file_target, json_object_with, make_dir
 
 
 def _flags_show_no_type() -> None:
@@ -430,7 +430,8 @@ def probe_memory(
 
     cfg = load_config(preset, overrides, planning=True)
     if plan_out is not None:  # said now, not after the plan
-        check_file_target(plan_out, lost="nothing was planned", example="plan.json")
+        check_file_target(plan_out, lambda f: json_object_with(f, "phases"), "memory plan",
+                          lost="nothing was planned", example="plan.json")
     mode = mp.choose_mode(simulate, device, memory_limit, torch.cuda.is_available())
     if mode == "cpu":
         with _working(f"CPU probe of {cfg.model.name}: real passes under a {memory_limit} ceiling ..."):
@@ -651,7 +652,8 @@ def doctor_cmd(
         raise TinyRLError(f"--bench-steps {bench_steps}: the bench needs at least 3 (one warm-up, two timed)",
                           hint="e.g. --bench-steps 3")
     if out_file is not None:  # said now, not after the two steps
-        check_file_target(out_file, lost="no check was run", example="doctor.json")
+        check_file_target(out_file, lambda f: json_object_with(f, "tool", "tinyrl doctor"), "doctor report",
+                          lost="no check was run", example="doctor.json")
     _log_to_stderr()
     now = {"doing": "reading the config", "written": False}
     kept = out_file is not None and out_file.exists()

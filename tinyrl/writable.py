@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from tinyrl.errors import TinyRLError
 
@@ -64,13 +65,20 @@ def check_writable(path: Path, flag: str = "--out", lost: str = "nothing was loa
     os.unlink(probe)
 
 
-def check_file_target(path: Path, flag: str = "--out", lost: str = "nothing was written",
-                      example: str = "report.json") -> None:
-    """`path` can be written as a file: not a directory, and its folder can be made and written."""
+def check_file_target(path: Path, written_before: Callable[[Path], bool], what: str, flag: str = "--out",
+                      lost: str = "nothing was written", example: str = "report.json") -> None:
+    """`path` can be written as a file: not a directory, its folder can be made and written, and
+    a file there is one this command wrote before (`written_before`: a re-run replaces its `what`).
+    Any other file is the user's: until 2026-11-27 `probe-memory --out notes.txt` and `doctor --out`
+    replaced it without a word, exit 0."""
     path = path.expanduser()
     if path.is_dir():
         raise TinyRLError(f"{flag} {path} is a directory; {lost}",
                           hint=f"give {flag} a file path, e.g. {flag} {path / example}")
+    if path.is_file() and not written_before(path):
+        raise TinyRLError(f"{flag} {path} exists and is not a {what} tinyrl wrote; {lost}",
+                          hint=f"give {flag} a new file, e.g. {flag} {example}, or move that one away "
+                               f"(a {what} of an earlier run is replaced)")
     where = nearest_existing(path.parent)
     if not where.is_dir():
         raise TinyRLError(f"{flag} {path}: {where} is a file, not a directory; {lost}",
@@ -79,6 +87,16 @@ def check_file_target(path: Path, flag: str = "--out", lost: str = "nothing was 
 
 
 ANOTHER_OUT = "choose another --out (or move those files away)"  # the generators' files have fixed names
+
+
+def json_object_with(path: Path, key: str, value: object = None) -> bool:
+    """The file holds a JSON object with `key` (equal to `value` when one is given): how a command
+    knows its own earlier output, which it may replace, from a file of the user's."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and key in data and (value is None or data[key] == value)
 
 
 def refuse_existing(paths, hint: str = "choose another --out or --name") -> None:
