@@ -348,7 +348,8 @@ def test_the_roofline_decodes_with_the_memory_plans_vllm_settings_once_there_is_
     plan (retool-4090: 0.71 and 95 on a 4090) while the roofline guessed 50% and 59 sequences.
     Once probe-memory has planned the config on the card (its plan file), the roofline reads it."""
     from tinyrl.hardware import get_gpu
-    from tinyrl.memory.from_config import plan_for_config, plan_path, save_plan
+    from tinyrl.hardware import GiB
+    from tinyrl.memory.from_config import plan_for_config, plan_path, read_plan, save_plan
 
     monkeypatch.setenv("TINYRL_CACHE", str(tmp_path / "cache"))
     cfg = load_config("countdown-4090", [f"data.train_path={tmp_path / 'x.parquet'}"])
@@ -364,6 +365,13 @@ def test_the_roofline_decodes_with_the_memory_plans_vllm_settings_once_there_is_
     assert any(f"vLLM gets {share:.0%} of the card, " in a and f"max_num_seqs {seqs}" in a for a in read.assumptions)
     assert any(str(path) in a and "as `train` sets them" in a for a in read.assumptions), read.assumptions
     assert cfg.rollout.vllm.gpu_memory_utilization == 0  # the user's config is left as given
+    # a plan that does not fit (probe-memory --budget, before it was cached apart): train refuses it,
+    # so its vLLM share prices no run; it priced retool-4090 at 818 s a step instead of 334
+    save_plan(plan_for_config(cfg, gpu, simulate=False, budget_bytes=8 * GiB), path)
+    assert not read_plan(path).fits
+    unfit = estimate_cost(cfg, gpu_name="rtx4090")
+    assert unfit.hours_per_epoch == guessed.hours_per_epoch
+    assert any("DOES NOT FIT, and `train` will not start on it" in a for a in unfit.assumptions), unfit.assumptions
 
 
 def test_an_rl_preset_that_starts_from_an_sft_run_is_priced_before_that_run_exists(monkeypatch, capsys, tmp_path):

@@ -220,6 +220,9 @@ def as_planned(cfg: Config, gpu: Any) -> tuple[Config, list[str]]:
     plan = read_plan(path)
     if plan is None or not plan.vllm_gpu_memory_utilization:
         return cfg, []  # the roofline's own assumption, said in its lines
+    if not plan.fits:  # train refuses it (preflight.check_memory): its settings are no run's
+        return cfg, [f"roofline: the memory plan of this config on the {gpu.name} ({path}) DOES NOT FIT, and "
+                     "`train` will not start on it: vLLM's share below is the roofline's guess, not a plan's"]
     planned = copy.deepcopy(cfg)
     apply_plan(planned, plan)
     taken = [f"rollout.vllm.{key} = {getattr(planned.rollout.vllm, key)}"
