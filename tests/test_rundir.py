@@ -188,3 +188,26 @@ def test_the_demos_sft_run_met_again_names_the_presets_that_start_from_it(tmp_pa
     with pytest.raises(TinyRLError) as refused:
         rundir.check_new_run(Path("runs/countdown-demo"))
     assert refused.value.hint.startswith("to train from it as it is: --set model.init_from=runs/countdown-demo;")
+
+
+def test_a_new_run_never_writes_over_a_model_directory_or_the_users_files(tmp_path, data, tiny_model_dir):
+    """`train --out DIR` wrote its config.json over an exported model's (no loader read it after)
+    and appended to a timeline.jsonl of the user's: only metrics.jsonl and checkpoints/ were looked
+    at. A directory holding a file a run writes, and not a tinyrl run's, is refused before loading."""
+    export = tmp_path / "exported"
+    shutil.copytree(tiny_model_dir, export)  # a Hugging Face model directory: config.json, weights
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "timeline.jsonl").write_text("my own lines\n")
+    for out, named in ((export, "config.json"), (mine, "timeline.jsonl")):
+        kept = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        done = run(data, out, "--max-steps", "1")
+        err = " ".join(done.stderr.replace("│", " ").split())
+        assert done.returncode == 2 and f"{out} holds {named}, which a run writes over, and is not a tinyrl run" \
+            in err and "nothing was changed" in err, err[-3000:]
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != rundir.LOCK_FILE} == kept
+    # a run that stopped before its first step (its own config.json, no metrics): started again there
+    started = tmp_path / "started"
+    started.mkdir()
+    (started / "config.json").write_text(json.dumps({"preset": "countdown-tiny", "trainer": {}}))
+    rundir.check_new_run(started)

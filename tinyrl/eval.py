@@ -249,16 +249,6 @@ def _check_model_target(target: str) -> None:
                                "directory, or a Hugging Face model id (org/name, with --task)")
 
 
-def is_run_dir(path: Path) -> bool:
-    """A tinyrl run directory: its config.json is tinyrl's (sections such as `trainer`), not a
-    Hugging Face model's (`model_type`), whether or not it holds a checkpoint yet."""
-    try:
-        raw = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(raw, dict) and "trainer" in raw and "model_type" not in raw
-
-
 def _looks_local(target: str) -> bool:
     """A target that cannot be a Hugging Face id (org/name): an absolute or ./ ~ path, more than
     one '/', or an org part that is a directory here (runs/NAME when runs/ exists)."""
@@ -324,6 +314,8 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
                                   if any(k <= n for k in ks) else ", or leave --k out"))
     ks = sorted(set(ks or [k for k in DEFAULT_KS if k <= n]))
     path = Path(target).expanduser()
+    from tinyrl.rundir import is_run_dir
+
     cfg = run_config(path) if is_run_dir(path) else None
     exported_task = _exported_task(path) if cfg is None else None
     if cfg is None:  # a mistyped run directory is said as such, not as "--data and --task are needed"

@@ -92,8 +92,23 @@ def claim(run_dir: Path, command: str = "train") -> Iterator[None]:
             os.close(fd)
 
 
+# What a run writes at the top of its directory (beside checkpoints/ and report/).
+RUN_FILES = ("config.json", RUN_FILE, "metrics.jsonl", "samples.jsonl", "timeline.jsonl", "metrics.parquet")
+
+
+def is_run_dir(path: Path) -> bool:
+    """A tinyrl run directory: its config.json is tinyrl's (sections such as `trainer`), not a
+    Hugging Face model's (`model_type`), whether or not it holds a checkpoint yet."""
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and "trainer" in raw and "model_type" not in raw
+
+
 def check_new_run(run_dir: Path) -> None:
-    """A new run (no --resume) starts only in a directory that holds no other run's results."""
+    """A new run (no --resume) starts only in a directory that holds no other run's results, and
+    no file of the user's that a run writes over (config.json, timeline.jsonl, ...)."""
     from tinyrl import checkpoint as ckpt
 
     done = ckpt.list_checkpoints(run_dir / "checkpoints")
@@ -116,6 +131,17 @@ def check_new_run(run_dir: Path) -> None:
             "a new run there would prune them as its own and a later --resume would continue from them. "
             "Nothing was changed",
             hint="add --resume to continue the run they belong to, or choose another --out directory")
+    theirs = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if theirs and not is_run_dir(run_dir):
+        # until 2026-11-27 `train --out DIR` wrote its config.json over an exported model's, which
+        # no loader then read, and appended to a timeline.jsonl of the user's
+        from tinyrl.export_info import read_export
+
+        what = "a model directory (`tinyrl export` of a run)" if read_export(run_dir) else \
+            "not a tinyrl run" + (" (config.json is not a run's config)" if "config.json" in theirs else "")
+        raise TinyRLError(f"{run_dir} holds {', '.join(theirs)}, which a run writes over, and is {what}; "
+                          "nothing was changed",
+                          hint="give --out a new or empty directory (runs/NAME), or move those files away")
 
 
 def start_run(run_dir: Path) -> str:
