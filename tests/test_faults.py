@@ -22,7 +22,7 @@ import torch
 
 from helpers import small_disk
 from tinyrl import checkpoint as ckpt
-from tinyrl import jsonl
+from tinyrl import interrupts, jsonl
 
 STEPS = 3
 REWARD = Path(__file__).parent / "helpers" / "fault_reward.py"
@@ -152,7 +152,7 @@ def test_signals_and_kills_at_random_moments_then_resume(tmp_path, data, referen
         assert proc.returncode in (0, 128 + sig) or finished_then_killed(proc, out, sig), stderr[-3000:]
         if proc.returncode > 0:
             text = " ".join(stderr.split())
-            assert "Traceback" not in text and f"stopped by {'SIGINT' if sig == signal.SIGINT else 'SIGTERM'}" in text
+            assert "Traceback" not in text and f"stopped by {interrupts.SIGNAL_NAMES[sig]}" in text
             assert "resume with: tinyrl train" in text and "--resume" in text
             saved = ckpt.load_latest(out / "checkpoints")["step"]
             assert f"checkpoint of step {saved}" in text
@@ -161,6 +161,37 @@ def test_signals_and_kills_at_random_moments_then_resume(tmp_path, data, referen
     wait_until(proc, lambda: any(p.name.startswith(".tmp-") for p in (out / "checkpoints").glob(".*")))
     proc.kill()
     proc.communicate(timeout=600)
+    done = run(data, out, "--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_as(reference, out)
+
+
+@pytest.mark.slow
+def test_a_closed_pipe_or_terminal_stops_the_run_saved_and_resume_finishes_it(tmp_path, data, reference):
+    """`tinyrl train ... | head -3`, a pager quit: the next line written got EPIPE, and Rich's
+    handler ended the run with exit 1, mid-step, unsaved, nothing said (until 2026-11-27). Now it
+    stops as on a signal: the step finished and saved, where and how to resume on stderr, 141."""
+    out = tmp_path / "run"
+    proc = start(data, out)
+    for line in proc.stdout:  # the reader takes the first step's line, then goes away
+        if line.startswith("step 1/"):
+            break
+    proc.stdout.close()
+    stderr = proc.communicate(timeout=600)[1]
+    text = " ".join(stderr.split())
+    assert proc.returncode == 141, stderr[-3000:]
+    assert "Traceback" not in text and f"stopped by {interrupts.SIGNAL_NAMES[signal.SIGPIPE]} at step" in text
+    saved = ckpt.load_latest(out / "checkpoints")["step"]
+    assert 1 <= saved < STEPS and f"checkpoint of step {saved}" in text and "resume with: tinyrl train" in text
+    # a closed terminal or a dropped SSH session (SIGHUP), as soon as training has begun: until
+    # 2026-11-27 it ended the run unsaved, exit 129, without a word
+    out = tmp_path / "hup"
+    proc = start(data, out)
+    assert wait_until(proc, training_started(out, time.time() - 0.5))
+    proc.send_signal(signal.SIGHUP)
+    text = " ".join(proc.communicate(timeout=600)[1].split())
+    assert proc.returncode == 129 and f"stopped by {interrupts.SIGNAL_NAMES[signal.SIGHUP]} at step" in text, text
+    assert "resume with: tinyrl train" in text and (out / "checkpoints").is_dir()
     done = run(data, out, "--resume")
     assert done.returncode == 0, done.stderr[-3000:]
     assert_same_as(reference, out)

@@ -131,3 +131,23 @@ def test_ctrl_c_while_train_reads_its_config_and_data_is_one_line_and_writes_not
     assert done.stderr.strip() == ("stopped by SIGINT (Ctrl-C) while reading the config and the data; "
                                    "nothing was written")
     assert not run.exists()
+
+
+def test_under_nohup_sighup_stays_ignored_and_otherwise_it_stops_a_run_like_sigterm(monkeypatch):
+    """SIGHUP (a closed terminal) is taken as SIGINT/SIGTERM are, except where it is ignored
+    (nohup): that choice of the user's is kept."""
+    before = signal.getsignal(signal.SIGHUP)
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        fresh = interrupts.StopSignals().install()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        fresh.uninstall()
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        fresh = interrupts.StopSignals().install()
+        monkeypatch.setattr(interrupts, "_ACTIVE", fresh)
+        with pytest.raises(interrupts.Interrupted) as got:
+            signal.raise_signal(signal.SIGHUP)
+        assert got.value.signum == signal.SIGHUP and interrupts.exit_code(signal.SIGHUP) == 129
+        fresh.uninstall()
+    finally:
+        signal.signal(signal.SIGHUP, before)

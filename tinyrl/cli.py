@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tinyrl.errors import TinyRLError
+from tinyrl.interrupts import stop_on_closed_stdout
 from tinyrl.words import counted
 from tinyrl.writable import check_file_target, json_object_with, make_dir
 
@@ -62,7 +63,7 @@ data_app = typer.Typer(help="Make or convert training data for a task (`tinyrl t
 app.add_typer(presets_app, name="presets")
 app.add_typer(data_app, name="data")
 
-out = Console()
+out = stop_on_closed_stdout(Console())  # `| head`: a run stops saved, not mid-step (exit 141)
 err = Console(stderr=True)
 
 

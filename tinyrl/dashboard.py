@@ -28,6 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tinyrl.config import ADV_ESTIMATORS
+from tinyrl.interrupts import stop_on_closed_stdout
 from tinyrl.phases import Phase
 from tinyrl.roles import needs_critic
 from tinyrl.tasks import answer_patterns, task_line
@@ -277,7 +278,7 @@ class Dashboard:
 
             raise TinyRLError(f"unknown dashboard mode {mode!r}", hint=f"use one of: {', '.join(MODES)}")
         self.info = dict(run_info)
-        self.console = console or Console()
+        self.console = console or stop_on_closed_stdout(Console())
         if mode == "auto":
             terminal = self.console.is_terminal and not self.console.is_dumb_terminal
             mode = "live" if terminal else "plain"

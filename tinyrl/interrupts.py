@@ -1,4 +1,5 @@
-"""Ctrl-C and SIGTERM without losing work.
+"""Ctrl-C, SIGTERM and SIGHUP (a closed terminal) without losing work; a closed stdout (the
+reader of a pipe gone) stops the same way (stdout_closed).
 
 Before training starts (loading the model, the data): a signal raises `Interrupted`, the CLI
 says so and exits 130 (SIGINT) or 143 (SIGTERM); there is nothing to save yet.
@@ -36,7 +37,9 @@ from tinyrl.phases import Phase
 # Phases before any weight changes: a signal there abandons the step. Any other phase
 # (updates, and names this list does not know) finishes it: the safe default.
 ABANDONABLE_PHASES = {str(p) for p in (Phase.SYNC, Phase.ROLLOUT, Phase.FORWARD, Phase.REWARD, Phase.ADVANTAGES)}
-SIGNAL_NAMES = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}
+SIGNAL_NAMES = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM",
+                signal.SIGHUP: "SIGHUP (the terminal closed)",
+                signal.SIGPIPE: "a closed stdout (the reader of the pipe, e.g. `| head`, ended)"}
 
 
 class Interrupted(BaseException):
@@ -83,6 +86,10 @@ class StopSignals:
         if threading.current_thread() is threading.main_thread() and not self._old:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old[sig] = signal.signal(sig, self._handle)
+            # A closed terminal or a dropped SSH session: it ended the run mid-step, unsaved, exit
+            # 129 (until 2026-11-27). Under nohup SIGHUP is ignored, and stays so.
+            if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+                self._old[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._handle)
         return self
 
     def uninstall(self) -> None:
@@ -113,6 +120,17 @@ class StopSignals:
             raise StepAbandoned()
         _say(f"{name}: finishing step {self.step_no}, then saving a checkpoint. "
              "Press Ctrl-C again to stop at once without saving.")
+
+    def request(self, signum: int) -> None:
+        """A stop the program itself asks for (stdout_closed), taken as a first signal is, except
+        that a step under way is finished, never abandoned: the request comes from inside a print."""
+        if self.signum is not None or self.ended:
+            return
+        if not self.training:
+            self.signum = signum
+            raise Interrupted(signum)
+        self.signum = signum
+        _say(f"{SIGNAL_NAMES.get(signum, signum)}: finishing step {self.step_no}, then saving a checkpoint.")
 
     def _on_phase(self, phase: str) -> None:
         if phase not in ABANDONABLE_PHASES:
@@ -150,6 +168,29 @@ def install() -> StopSignals:
 
 def active() -> StopSignals | None:
     return _ACTIVE
+
+
+def stdout_closed() -> None:
+    """stdout's reader has gone (`| head`, a pager quit): a write got EPIPE. Click's handler then
+    ended the run with exit 1 and not a word, mid-step and unsaved (until 2026-11-27). Now fd 1
+    goes to /dev/null, so later writes and the flush at exit succeed, and the run stops as on a
+    signal: its step finished, a checkpoint saved, where and how to resume said on stderr, exit
+    141 (128 + SIGPIPE, as the shell reports a process a closed pipe ended)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+    finally:
+        os.close(devnull)
+    if _ACTIVE is not None and not _THROWAWAY:
+        _ACTIVE.request(signal.SIGPIPE)
+
+
+def stop_on_closed_stdout(console):
+    """A Rich `console` that, on a write to a pipe whose reader has gone, stops the run as a signal
+    does (stdout_closed). Rich 15's own Console.on_broken_pipe raises SystemExit(1) there: the
+    run ended mid-step, unsaved, with not a word on stderr."""
+    console.on_broken_pipe = stdout_closed  # Rich calls self.on_broken_pipe(), no arguments
+    return console
 
 
 _THROWAWAY = False  # inside throwaway()
