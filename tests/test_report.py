@@ -484,3 +484,18 @@ def test_the_median_step_time_is_the_one_estimate_cost_prices_with(tmp_path):
     write_report(short)
     assert "median step time: 34.00 s over all 2 steps (too few to leave out warm-up)" in \
         (short / "report" / "summary.txt").read_text()
+
+
+def test_a_closed_stdout_is_no_traceback(tmp_path):
+    """`tinyrl report RUN | head -1`: the pipe's reader ends; the report is written all the same and
+    nothing is said (a closed stdout stops a training loop, saved; other commands just go on)."""
+    import subprocess
+    import sys
+
+    run = make_run(tmp_path / "run")
+    proc = subprocess.Popen([sys.executable, "-m", "tinyrl.cli", "report", str(run)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # gone before the first line: every write to stdout meets EPIPE
+    err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert (run / "report" / "summary.txt").is_file()

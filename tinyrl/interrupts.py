@@ -122,13 +122,12 @@ class StopSignals:
              "Press Ctrl-C again to stop at once without saving.")
 
     def request(self, signum: int) -> None:
-        """A stop the program itself asks for (stdout_closed), taken as a first signal is, except
-        that a step under way is finished, never abandoned: the request comes from inside a print."""
-        if self.signum is not None or self.ended:
+        """A stop the program itself asks for (stdout_closed) in a training loop, taken as a first
+        signal is, except that a step under way is finished, never abandoned: the request comes
+        from inside a print. Outside a loop it asks nothing: the command goes on, its output
+        discarded (raising there gave `tinyrl report | head -1` a traceback)."""
+        if self.signum is not None or not self.training:
             return
-        if not self.training:
-            self.signum = signum
-            raise Interrupted(signum)
         self.signum = signum
         _say(f"{SIGNAL_NAMES.get(signum, signum)}: finishing step {self.step_no}, then saving a checkpoint.")
 
