@@ -32,6 +32,11 @@ class ParsedCall:
     status: str = ""                          # "" = usable; else "bad_call" / "unknown_tool"
     problem: str = ""                         # what was wrong, for the error tool turn
 
+    @property
+    def error_turn(self) -> str:
+        """The tool turn of a call that is not run: what was wrong with it."""
+        return f"[error: {self.problem}]"
+
 
 def has_tool_call(text: str) -> bool:
     return "<tool_call>" in text
@@ -55,7 +60,14 @@ def _parse_one(body: str, schemas: dict[str, dict]) -> ParsedCall:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return ParsedCall("", status="bad_call",
                           problem='the call must be a JSON object {"name": ..., "arguments": {...}}')
-    name, arguments = obj["name"], obj.get("arguments", {})
+    return check_call(obj["name"], obj.get("arguments", {}), schemas)
+
+
+def check_call(name: str, arguments: Any, schemas: dict[str, dict]) -> ParsedCall:
+    """A call of tool `name` with `arguments` (its parsed JSON value) checked against `schemas`
+    (tool name -> OpenAI function schema): tinyrl's rules for every call it runs, in its own turn
+    loop and in the verl tool `tinyrl export-verl` writes (tinyrl/export_verl/tools.py), so a
+    call is run or refused, with the same words, in both."""
     if isinstance(arguments, str):  # some models double-encode the arguments
         try:
             arguments = json.loads(arguments)

@@ -252,7 +252,7 @@ def _submit_calls(pool: ThreadPoolExecutor, live: _Live, calls: list[ParsedCall]
     row: list[tuple[str, object]] = []
     for call in calls:
         if call.status:
-            row.append((call.name, _Outcome(call.status, f"[error: {call.problem}]")))
+            row.append((call.name, _Outcome(call.status, call.error_turn)))
         elif used >= limits.max_tool_calls:
             row.append((call.name, _Outcome("over_limit", f"[error: this episode already made "
                         f"{limits.max_tool_calls} tool calls (rollout.max_tool_calls); this call was not run]")))
@@ -312,8 +312,7 @@ def _outcomes(row: list[tuple[str, object]], tokenizer, limits: EpisodeLimits) -
 def _result(result, name: str, tokenizer, max_tokens: int) -> _Outcome:
     from tinyrl.tools import render
 
-    status = "timeout" if result.timed_out else "ok" if result.exit_code == 0 else "error"
-    return _Outcome(status, cut_to_tokens(render(result), tokenizer, max_tokens), result.seconds, name)
+    return _Outcome(result.status, cut_to_tokens(render(result), tokenizer, max_tokens), result.seconds, name)
 
 
 def cut_to_tokens(text: str, tokenizer, max_tokens: int) -> str:

@@ -60,6 +60,11 @@ class ToolResult:
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
 
+    @property
+    def status(self) -> str:
+        """The call's status (tinyrl.rollout.base.TOOL_CALL_STATUSES): "ok", "error" or "timeout"."""
+        return "timeout" if self.timed_out else "ok" if self.exit_code == 0 else "error"
+
 
 MIN_MEMORY_MB = 64  # rollout.tool_memory_mb's floor too (tinyrl.config)
 
