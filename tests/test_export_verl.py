@@ -517,6 +517,7 @@ def verl_tool_loader(monkeypatch):
         module = importlib.util.module_from_spec(spec)
         monkeypatch.setitem(sys.modules, f"verl.tools.{name}", module)
         spec.loader.exec_module(module)
+    monkeypatch.delitem(sys.modules, "tinyrl_tool", raising=False)  # each test imports its own export's
     return sys.modules["verl.tools.tool_registry"]
 
 
@@ -559,6 +560,104 @@ def test_verls_tool_loader_builds_the_exported_tool_and_it_runs_tinyrls_sandbox(
     assert response.text == "9" and tool._create_kwargs == {}  # released with the instance
     response, _, _ = asyncio.run(call({"code": "print(n ** 2)"}))
     assert "NameError" in response.text  # another row's state never leaks into a call without one
+
+
+def calculator_tool():
+    """A tool a user registers in tinyrl.tools.TOOLS (the bug report's): `expression` evaluated in
+    this process with the episode's `names` (create_kwargs), not in the sandbox."""
+    from tinyrl.tools import Tool, ToolResult
+
+    def run(arguments, create_kwargs=None, **limits):
+        names = dict((create_kwargs or {}).get("names") or {})
+        try:
+            value = eval(str(arguments["expression"]), {"__builtins__": {}}, names)
+        except Exception as e:  # a tool's run never raises: the error is its result
+            why = f"{type(e).__name__}: {e}"
+            return ToolResult("", why + "\n", 1, False, None, False, 0.0, f"exit code 1: {why}", "isolated", False)
+        return ToolResult(f"{value}\n", "", 0, False, None, False, 0.0, "exit code 0", "isolated", False)
+
+    schema = {"type": "function", "function": {
+        "name": "calculator", "description": "Evaluate an arithmetic expression.",
+        "parameters": {"type": "object", "required": ["expression"],
+                       "properties": {"expression": {"type": "string", "description": "e.g. 12*34"}}}}}
+    return Tool("calculator", schema, run)
+
+
+def test_the_exported_tool_runs_every_tool_the_task_offers_as_tinyrls_turn_loop_does(tmp_path, monkeypatch,
+                                                                                      tiny_model_dir):
+    """A task offering a tool of the user's besides code_interpreter: each call through the exported
+    verl tool answers with the text and status tinyrl's own turn loop gives the same call. It answered
+    every call of another tool '[bad call: calculator takes one string argument, code]'."""
+    import asyncio
+
+    from helpers.hermes_template import HERMES_TEMPLATE
+    from helpers.scripted_engine import ScriptedEngine
+    from helpers.tool_task import give_tools
+    from transformers import AutoTokenizer
+
+    from tinyrl.rollout.base import SamplingSettings
+    from tinyrl.rollout.chat import ToolChat
+    from tinyrl.rollout.turns import EpisodeLimits, run_episodes
+    from tinyrl.tools import TOOLS, render
+
+    monkeypatch.setitem(TOOLS, "calculator", calculator_tool())
+    give_tools(monkeypatch, "retool", ("code_interpreter", "calculator"))
+    assert render(TOOLS["calculator"].run({"expression": "12*34"})) == "408"
+    out = retool_export(tmp_path)
+    registry = verl_tool_loader(monkeypatch)
+    monkeypatch.syspath_prepend(str(out))
+    tools = {t.name: t for t in registry.initialize_tools_from_config(str(out / "tool_config.yaml"))}
+    assert sorted(tools) == ["calculator", "code_interpreter"]
+    assert tools["calculator"].tool_schema.model_dump(exclude_unset=True) == TOOLS["calculator"].schema
+    # a row's extra_info.tools_kwargs, for both (verl and tinyrl hand each tool its own create_kwargs)
+    kwargs = {"calculator": {"create_kwargs": {"names": {"n": 21}}},
+              "code_interpreter": {"create_kwargs": {"setup": "n = 5"}}}
+    calls = [("calculator", {"expression": "12*34"}), ("calculator", {"expression": "n * 2"}),
+             ("calculator", {"expression": "1 / 0"}), ("calculator", {"code": "12*34"}),
+             ("calculator", {"expression": 12}), ("calculator", '{"expression": "2 + 2"}'),  # double-encoded
+             ("calculator", ["12*34"]), ("code_interpreter", {"code": "print(n * 7)"}),
+             ("code_interpreter", {"expression": "1"})]
+
+    async def verl_call(name, parameters):  # what verl 0.9.1's ToolAgentLoop._call_tool does
+        tool = tools[name]
+        instance, _ = await tool.create(create_kwargs=kwargs[name]["create_kwargs"])
+        try:
+            response, reward, metrics = await tool.execute(instance, parameters)
+        finally:
+            await tool.release(instance)
+        return response.text, metrics["status"]
+
+    theirs = [asyncio.run(verl_call(name, parameters)) for name, parameters in calls]
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = HERMES_TEMPLATE
+    offered = {name: TOOLS[name] for name in ("code_interpreter", "calculator")}
+    chat = ToolChat(tok, [t.schema for t in offered.values()], [tok.eos_token_id])
+
+    def script(context, j):  # sample j makes call j, then ends
+        if "<tool_response>" in context:
+            return "done"
+        name, parameters = calls[j]
+        return "<tool_call>\n" + json.dumps({"name": name, "arguments": parameters}) + "\n</tool_call>"
+
+    messages = [{"role": "user", "content": "compute"}]
+    res = run_episodes(ScriptedEngine(tok, script), [chat.render(messages, generation_prompt=True)],
+                       SamplingSettings(n=len(calls), max_new_tokens=600, seed=1), chat=chat, tools=offered,
+                       limits=EpisodeLimits(tool_timeout_s=2.0, tool_memory_mb=512), tools_kwargs=[kwargs])
+    ours = []
+    for e in res.episodes:
+        turn = next(t for t in e.turns if t.role == "tool")
+        text = tok.decode(e.response_ids[turn.start:turn.end], skip_special_tokens=False)
+        ours.append((text.split("<tool_response>\n", 1)[1].split("\n</tool_response>", 1)[0],
+                     e.tool_calls[0].status))
+    assert theirs == ours
+    assert theirs[:3] == [("408", "ok"), ("42", "ok"), ("ZeroDivisionError: division by zero\n"
+                                                        "[exit code 1: ZeroDivisionError: division by zero]", "error")]
+    # a bad call names the calculator's own argument and types, not the Python tool's
+    assert theirs[3:5] == [("[error: missing argument(s): expression]", "bad_call"),
+                           ("[error: argument 'expression' must be a string, got int]", "bad_call")]
+    assert theirs[5:7] == [("4", "ok"), ('[error: "arguments" must be a JSON object]', "bad_call")]
+    assert theirs[7:] == [("35", "ok"), ("[error: missing argument(s): code]", "bad_call")]
 
 
 def test_the_exported_reward_scores_episodes_exactly_like_tinyrl(tmp_path):

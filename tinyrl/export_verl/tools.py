@@ -1,5 +1,6 @@
 """export-verl for a task with tools: verl's multi-turn rollout settings, its tool config YAML,
-and tinyrl's Python sandbox wrapped as a verl tool (OUT/tinyrl_tool.py).
+and tinyrl's tools (tinyrl.tools.TOOLS: every tool the task offers) wrapped as a verl tool
+(OUT/tinyrl_tool.py).
 
 verl 0.9.1, read from the installed package:
 - settings: `actor_rollout_ref.rollout.multi_turn.*` (workers/config/rollout.py MultiTurnConfig:
@@ -10,8 +11,12 @@ verl 0.9.1, read from the installed package:
 - the YAML: tools/tool_registry.py initialize_tools_from_config reads `tools[].class_name`,
   `tools[].config` (its `type` must be "native") and `tools[].tool_schema`
   (schemas.py OpenAIFunctionToolSchema), and builds `cls(config=..., tool_schema=...)`;
-- the tool: tools/base_tool.py BaseTool(config: dict, tool_schema), `async execute(instance_id,
-  parameters: dict, **kwargs) -> tuple[ToolResponse, float, dict]` (ToolResponse(text=...)).
+- the tool: tools/base_tool.py BaseTool(config: dict, tool_schema) (line 36; `self.name` is the
+  schema's function name, line 40), `async execute(instance_id, parameters: dict, **kwargs) ->
+  tuple[ToolResponse, float, dict]` (line 62; ToolResponse(text=...)). One class serves every
+  tool of the task: each instance is one tool of tool_config.yaml, and runs the call through
+  tinyrl's registry and rules (tinyrl.tools.TOOLS, tinyrl.rollout.hermes.check_call), never a
+  copy of them.
 """
 
 from __future__ import annotations
@@ -59,7 +64,8 @@ def map_tools(cfg: Config, m: Any, o: dict, rollout: str, tool_config_path: str)
     m.note(cfg, "rollout.max_tool_response_tokens", f"verl cuts a tool response by characters "
            f"(multi_turn.max_tool_response_length = {CHARS_PER_TOKEN} x this), keeping its head and tail")
     m.notes.append(f"rollout.tool_timeout_s / tool_memory_mb / tool_workers: in {TOOL_CONFIG}, read by "
-                   f"{TOOL_MODULE}.py, which runs tinyrl's sandbox (tinyrl.tools.python.run_code) inside "
+                   f"{TOOL_MODULE}.py, which runs each call through tinyrl's own tools (tinyrl.tools.TOOLS: "
+                   "the Python sandbox for code_interpreter) inside "
                    "verl's agent-loop workers: tinyrl must be importable there, and "
                    f"{TOOL_MODULE}.py on PYTHONPATH (run_verl.sh adds its directory; on other nodes set it)")
     if cfg.task.tool_error_penalty:
@@ -79,16 +85,24 @@ def tool_config(cfg: Config) -> dict:
                        "tool_schema": TOOLS[name].schema} for name in task_tools(cfg)]}
 
 
-TOOL_SOURCE = '''"""tinyrl's tools as verl {verl} tools: written by `tinyrl export-verl`; {config} names this class.
+TOOL_SOURCE = '''"""tinyrl's tools as verl {verl} tools: written by `tinyrl export-verl`; {config} names this class,
+once per tool the task offers.
 
-verl/tools/base_tool.py: BaseTool.__init__(config: dict, tool_schema: OpenAIFunctionToolSchema),
-`async create(instance_id, create_kwargs=...)` (a row's extra_info.tools_kwargs[name]
-["create_kwargs"], which verl's tool agent loop passes before each call), `async
-execute(instance_id, parameters, **kwargs) -> (ToolResponse, reward, metrics)`, `async
-release(instance_id)`. A call runs tinyrl.tools.TOOLS[name] (the Python sandbox:
-tinyrl.tools.python.run_code) with its instance's create_kwargs (e.g. the Python tool's setup)
-and the limits of config (timeout_s, memory_mb) in a pool of config["max_workers"] threads
-(0 = the usable cores), and its text is tinyrl.tools.render(result): the tool turn tinyrl trains with."""
+verl/tools/base_tool.py (verl 0.9.1): BaseTool.__init__(config: dict, tool_schema:
+OpenAIFunctionToolSchema) (line 36; self.name = the schema's function name, line 40), `async
+create(instance_id, **kwargs)` (line 46), `async execute(instance_id, parameters, **kwargs) ->
+(ToolResponse, reward, metrics)` (line 62), `async release(instance_id)` (line 87). verl's tool
+agent loop (experimental/agent_loop/tool_agent_loop.py, _call_tool, lines 465-488) passes a row's
+extra_info.tools_kwargs[name]["create_kwargs"] to create before each call, and as parameters the
+call's arguments as json.loads reads them: any JSON value, not only an object.
+
+A call is checked by tinyrl's own rules (tinyrl.rollout.hermes.check_call against the tool's
+schema in tinyrl.tools.TOOLS: a JSON object with the required arguments of the declared types;
+a bad call's tool turn is tinyrl's, e.g. "[error: missing argument(s): expression]"), then runs
+tinyrl.tools.TOOLS[name] (code_interpreter: the Python sandbox, tinyrl.tools.python.run_code) with
+its instance's create_kwargs (e.g. the Python tool's setup) and the limits of config (timeout_s,
+memory_mb) in a pool of config["max_workers"] threads (0 = the usable cores), and its text is
+tinyrl.tools.render(result): the tool turn tinyrl trains with."""
 
 import asyncio
 import os
@@ -103,6 +117,7 @@ try:
     import tinyrl  # noqa: F401
 except ImportError:
     sys.path.insert(0, TINYRL_SRC)
+from tinyrl.rollout.hermes import check_call
 from tinyrl.tools import TOOLS, render
 
 
@@ -124,16 +139,16 @@ class {cls}(BaseTool):
     async def release(self, instance_id: str, **kwargs):
         self._create_kwargs.pop(instance_id, None)
 
-    async def execute(self, instance_id: str, parameters: dict, **kwargs):
-        if self.name not in TOOLS or not isinstance(parameters.get("code"), str):
-            return ToolResponse(text=f"[bad call: {{self.name}} takes one string argument, code]"), 0.0, \
-                {{"status": "bad_call"}}
+    async def execute(self, instance_id: str, parameters, **kwargs):
+        # TOOLS read at each call: a tool registered after this module was imported counts too
+        call = check_call(self.name, parameters, {{name: tool.schema for name, tool in TOOLS.items()}})
+        if call.status:
+            return ToolResponse(text=call.error_turn), 0.0, {{"status": call.status}}
         create = self._create_kwargs.get(instance_id, {{}})
         result = await asyncio.get_running_loop().run_in_executor(
-            self._pool, lambda: TOOLS[self.name].run(parameters, create, timeout_s=self.timeout_s,
+            self._pool, lambda: TOOLS[call.name].run(call.arguments, create, timeout_s=self.timeout_s,
                                                      memory_mb=self.memory_mb))
-        status = "ok" if result.ok else ("timeout" if result.timed_out else "error")
-        return ToolResponse(text=render(result)), 0.0, {{"status": status, "seconds": result.seconds}}
+        return ToolResponse(text=render(result)), 0.0, {{"status": result.status, "seconds": result.seconds}}
 '''
 
 
