@@ -19,10 +19,12 @@ What it does, in order:
 """
 
 import ctypes
+import fcntl
 import json
 import linecache
 import os
 import resource
+import select
 import signal
 import sys
 import time
@@ -116,10 +118,11 @@ def _fd_paths(paths: list, others_must_read: bool = True) -> list:
 
 
 def _run_reaper(spec: dict, status_w: int) -> None:
-    """In the forked child: fork the code process and reap every child until it ends; report
-    its wait status on `status_w`. As root this stays root, so the code (another uid) cannot
-    kill it; in a pid namespace it is the namespace's init, and its exit kills whatever the
-    code left. Never returns."""
+    """In the forked child: fork the code process, report its pid and then its wait status on
+    `status_w`, and reap every child until none is left (the code's leftovers stay alive
+    meanwhile, to be counted). As root this stays root, so the code (another uid) cannot kill
+    it; in a pid namespace it is the namespace's init, and its exit kills whatever the code
+    left. Never returns."""
     os.setpgid(0, 0)                 # the call's process group: the wall-clock kill's target
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -134,14 +137,17 @@ def _run_reaper(spec: dict, status_w: int) -> None:
             print(f"sandbox setup failed: {type(e).__name__}: {e}", file=sys.stderr)
             os._exit(125)
         _run_code(spec["code"], spec.get("setup", ""))
+    # the code's pid as this namespace numbers it: the launcher tells the code from what it left
+    os.write(status_w, code_pid.to_bytes(4, "little"))
     while True:                      # reap: orphans of a pid namespace come to its init
         try:
             pid, status = os.wait()
         except ChildProcessError:
             os._exit(0)
         if pid == code_pid:
+            # then go on reaping instead of exiting: in a pid namespace our exit would kill what
+            # the code left before the launcher has counted it (it kills us after counting)
             os.write(status_w, status.to_bytes(4, "little"))
-            os._exit(0)
 
 
 def _confine(spec: dict) -> None:
@@ -204,23 +210,36 @@ def _run_code(code: str, setup: str = "") -> None:
     os._exit(status & 0xFF)
 
 
-def _wait(pid: int, deadline: float):
-    """Wait for `pid` (reaping re-parented orphans meanwhile) until `deadline`.
-    Returns (wait status or None on timeout)."""
-    while True:
-        while True:
-            try:
-                got, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return None
-            if got == 0:
-                break
-            if got == pid:
-                return status
+def _wait(status_r: int, deadline: float) -> bytes:
+    """Read the reaper's report (4 bytes: the code's pid; 4 more: its wait status) until it is
+    whole, the reaper is gone (end of file) or `deadline`; reap re-parented orphans meanwhile.
+    SIGCHLD and SIGIO (the pipe: data or end of file, see main) wake it. -> the bytes read."""
+    got = b""
+    while len(got) < 8:
+        procs.reap_children()
+        if select.select([status_r], [], [], 0)[0]:
+            chunk = os.read(status_r, 8 - len(got))
+            if not chunk:
+                return got
+            got += chunk
+            continue
         left = deadline - time.monotonic()
         if left <= 0:
-            return None
-        signal.sigtimedwait([signal.SIGCHLD], min(left, 0.5))
+            return got
+        signal.sigtimedwait([signal.SIGCHLD, signal.SIGIO], min(left, 0.5))
+    return got
+
+
+def _ns_pid(pid: int) -> int | None:
+    """`pid`'s number in its own (innermost) pid namespace: the last of /proc's NSpid."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return int(line.split()[-1])
+    except OSError:
+        pass
+    return None
 
 
 def main() -> None:
@@ -237,7 +256,9 @@ def main() -> None:
     network, pid_ns = _unshare(as_root) if spec["isolate"] else ("not requested", False)
     spec["launcher_pid"] = me_pid = os.getpid()
     status_r, status_w = os.pipe()
-    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD, signal.SIGIO])
+    fcntl.fcntl(status_r, fcntl.F_SETOWN, me_pid)    # SIGIO to us when the reaper writes or ends
+    fcntl.fcntl(status_r, fcntl.F_SETFL, fcntl.fcntl(status_r, fcntl.F_GETFL) | os.O_ASYNC)
     reaper = os.fork()
     if reaper == 0:
         try:
@@ -246,26 +267,36 @@ def main() -> None:
         finally:
             os._exit(125)            # only reached when the reaper's own setup raised
     os.close(status_w)
-    timed_out = _wait(reaper, start + spec["timeout_s"]) is None
-    try:
-        os.killpg(reaper, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    report = _wait(status_r, start + spec["timeout_s"])
+    timed_out = len(report) < 8 and time.monotonic() >= start + spec["timeout_s"]
     if as_root:
         uid = spec["uid"]
         ours = lambda ps: {p.pid for p in ps if uid in p.uids}  # noqa: E731
     else:
         ours = lambda ps: {p.pid for p in ps if p.pgid == reaper} | procs.descendants(me_pid, ps)  # noqa: E731
+    # What the code left: the call's live processes now (the code has ended, or the clock ran
+    # out), less the reaper and the code process itself; a fork loop's later children are
+    # added as the cleanup kills them. Counted before any kill, so nothing dies uncounted.
+    not_left = {reaper}
+    if len(report) == 4:             # the code still runs (the clock ran out): it is no leftover
+        code_ns_pid = int.from_bytes(report, "little")
+        not_left |= {p.pid for p in procs.processes() if p.ppid == reaper and _ns_pid(p.pid) == code_ns_pid}
+    left = ours([p for p in procs.processes() if not p.zombie]) - not_left
+    try:
+        os.killpg(reaper, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
     killed, alive = procs.kill_selected(ours, reap=True)
     procs.reap_until_gone(ours)      # zombies included: none may outlive this subreaper
-    raw = b"" if timed_out else os.read(status_r, 4)
+    left |= killed - not_left
+    raw = report[4:]
     result = {
         "status": int.from_bytes(raw, "little") if len(raw) == 4 else None,
         "timed_out": timed_out,
         "seconds": time.monotonic() - start,
         "network": network,
         "pid_namespace": pid_ns,
-        "leftover_killed": killed,
+        "leftover_killed": len(left),
         "survivors": alive,
     }
     with open(spec["result_path"], "w") as f:

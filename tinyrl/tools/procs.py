@@ -96,13 +96,13 @@ def reap_until_gone(select, timeout_s: float = 2.0) -> list[int]:
         time.sleep(0.002)
 
 
-def kill_selected(select, timeout_s: float = 10.0, reap: bool = False) -> tuple[int, list[int]]:
+def kill_selected(select, timeout_s: float = 10.0, reap: bool = False) -> tuple[set[int], list[int]]:
     """SIGKILL every live process that `select(live_processes) -> set of pids` names, until a
     scan finds none.
 
     A fork loop can create a process after a scan, so this repeats until a scan is empty (a
     process-count limit makes that converge). Zombies are dead already; with `reap`, this
-    process collects those that are its own children. Returns (processes killed, pids still
+    process collects those that are its own children. Returns (pids it sent SIGKILL, pids still
     alive at the timeout) -- the second is empty unless something resisted SIGKILL.
     """
     killed: set[int] = set()
@@ -114,9 +114,9 @@ def kill_selected(select, timeout_s: float = 10.0, reap: bool = False) -> tuple[
         live = [p for p in processes() if p.pid != me and not p.zombie]
         alive = sorted(select(live))
         if not alive:
-            return len(killed), []
+            return killed, []
         if time.monotonic() > deadline:
-            return len(killed), alive
+            return killed, alive
         for pid in alive:
             try:
                 os.kill(pid, signal.SIGKILL)
