@@ -289,6 +289,36 @@ def test_children_left_running_are_killed():
     # the autouse fixture asserts that neither `sleep` nor the daemon survived
 
 
+THREE_CHILDREN = "import subprocess\nfor _ in range(3):\n    subprocess.Popen(['sleep', '50'])\nprint('left 3')"
+DAEMON = """
+import os, time
+first = os.fork()
+if first == 0:                  # fork, setsid, fork again, the first child exits
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(50)
+    os._exit(0)
+os.waitpid(first, 0)            # the daemon runs on its own now
+print('daemon started')
+"""
+
+
+@pytest.mark.parametrize("code, timeout_s, left", [
+    (THREE_CHILDREN, 10.0, 3),                    # the code exits, its 3 children run on
+    (DAEMON, 10.0, 1),                            # a double-forked setsid daemon
+    ("import time; time.sleep(30)", HOSTILE_TIMEOUT_S, 0),   # timed out, nothing started: the code is no leftover
+    ("import subprocess, time\nsubprocess.Popen(['sleep', '50'])\ntime.sleep(30)", HOSTILE_TIMEOUT_S, 1),
+], ids=["three-children", "setsid-daemon", "timeout-alone", "timeout-one-child"])
+def test_leftover_killed_counts_the_processes_the_code_left(code, timeout_s, left):
+    """README: "processes the code left behind that the cleanup killed" -- alive when the code
+    ended (or the clock ran out), the code process itself not counted. In a pid namespace the
+    reaper's exit used to kill them before the count (0 for the first two), and a timed-out
+    code process still dying was counted (1 for the third)."""
+    r = run_code(code, timeout_s=timeout_s)
+    assert r.timed_out == (timeout_s == HOSTILE_TIMEOUT_S), (r.stdout, r.stderr)
+    assert r.leftover_killed == left, (r.stdout, r.stderr, r.message)
+
+
 def test_trainer_environment_is_invisible(monkeypatch):
     secret = "tinyrl-test-secret-7f3a9c"
     monkeypatch.setenv("HF_TOKEN", secret)
@@ -491,7 +521,7 @@ from tinyrl.tools.python import run_code
 out = {}
 for name, code in json.loads(sys.argv[1]).items():
     r = run_code(code, timeout_s=2)
-    out[name] = [r.stdout, r.exit_code, r.timed_out, r.network, r.pid_namespace]
+    out[name] = [r.stdout, r.exit_code, r.timed_out, r.network, r.pid_namespace, r.leftover_killed]
 print(json.dumps(out))
 """
 
@@ -526,8 +556,9 @@ def test_not_root_mode_through_an_unprivileged_process():
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["ok"][:3] == ["hi\n", 0, False]
-    assert out["loop"][2] is True
+    assert out["loop"][2] is True and out["loop"][5] == 0
     assert out["children"][:2] == ["left them running\n", 0]
+    assert out["children"][5] == 2             # the `sleep` and the daemon
     assert out["killall"][0] == "alive\n"      # the runner survived: kill(-1) stayed in the pid ns
     if out["net"][3] == "isolated":
         assert out["net"][1] == 1

@@ -54,7 +54,9 @@ class ToolResult:
     message: str              # one line for the model's tool turn: what happened
     network: str              # "isolated", or why not
     pid_namespace: bool       # the code ran in its own pid namespace
-    leftover_killed: int = 0  # processes the code left behind that the cleanup killed
+    # processes the code left behind that the cleanup killed: the call's processes alive when the
+    # code ended or the clock ran out, the code's own process not counted (README)
+    leftover_killed: int = 0
 
     @property
     def ok(self) -> bool:
