@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import textwrap
 import threading
@@ -25,7 +26,8 @@ import torch
 from tinyrl.errors import TinyRLError
 from tinyrl.tools import TOOLS, ToolResult, render
 from tinyrl.tools import procs
-from tinyrl.tools.python import UID_BASE, UID_SLOTS, _read_output, run_code, run_many, uid_lock_path
+from tinyrl.tools.python import (UID_BASE, UID_SLOTS, _dir_prefix, _read_output, run_code, run_many,
+                                 sweep_stale_dirs, uid_lock_path)
 
 ROOT = os.geteuid() == 0
 REPO = Path(__file__).resolve().parent.parent
@@ -394,6 +396,97 @@ def test_launcher_killed_from_outside_takes_the_code_with_it():
     r = box[0]
     assert not r.timed_out and r.exit_code == -9 and r.seconds < 60
     assert r.message.startswith("the sandbox launcher ended without a result (exit status -9)")
+
+
+CALLER = """
+from tinyrl.tools.python import run_code
+run_code("print('in the call', flush=True)\\nimport time\\ntime.sleep(60)", timeout_s=60)
+"""
+
+
+def _mid_call(caller: subprocess.Popen) -> Path:
+    """The call directory of `caller` (its pid is in the name) once the code runs in it."""
+    for _ in range(1200):
+        for d in Path(tempfile.gettempdir()).glob(f"tinyrl-sandbox-{caller.pid}-*"):
+            if (d / "stdout").exists() and b"in the call" in (d / "stdout").read_bytes():
+                return d
+        assert caller.poll() is None, caller.communicate()
+        threading.Event().wait(0.05)
+    raise AssertionError("the caller never got into its call")
+
+
+def _call_processes(d: Path) -> list[int]:
+    """Launcher, reaper and code of the call in `d`: all three run the launcher's command line."""
+    return [p.pid for p in procs.processes() if str(d) in _cmdline(p.pid)]
+
+
+def test_directory_of_a_sigkilled_caller_goes_with_the_next_call():
+    """SIGKILL cannot be caught: a caller killed mid-call leaves its directory (spec, output,
+    work/ owned by the sandbox uid as root). The next call of any process removes it, and
+    keeps the directory of a caller that is alive (a second tinyrl run)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    callers = [subprocess.Popen([sys.executable, "-c", CALLER], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE) for _ in range(2)]
+    dirs: list[Path] = []
+    try:
+        dirs = [_mid_call(c) for c in callers]
+        killed, live = callers
+        killed.kill()
+        killed.wait()
+        assert (dirs[0] / "spec.json").exists() and (dirs[0] / "work").is_dir()   # left behind
+        assert run_code("print(1)").stdout == "1\n"
+        assert not dirs[0].exists()               # swept by the next call
+        assert (dirs[1] / "spec.json").exists() and live.poll() is None   # a live caller's: kept
+        live.kill()
+        live.wait()
+        assert run_code("print(2)").stdout == "2\n" and not dirs[1].exists()
+    finally:
+        for c in callers:
+            c.kill()
+            c.communicate()
+        # the killed callers' launchers would finish their calls at the timeout: end them now
+        # (the reaper and the code die with the launcher: PR_SET_PDEATHSIG)
+        for d in dirs:
+            for pid in _call_processes(d):
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+        for _ in range(400):
+            if not any(_call_processes(d) for d in dirs):
+                break
+            threading.Event().wait(0.05)
+        assert not any(_call_processes(d) for d in dirs)
+        sweep_stale_dirs()
+        assert not any(d.exists() for d in dirs)
+
+
+def test_sweep_removes_only_directories_whose_creator_is_gone(tmp_path):
+    """Named by the creator's pid, start time, pid namespace and boot: a reused pid (another
+    start time) and another boot are stale; this live process's, another pid namespace's (its
+    pids cannot be checked from here) and anything named otherwise are kept."""
+    pid, start, ns, boot = _dir_prefix()[len("tinyrl-sandbox-"):-1].split("-")
+    other_boot = "0" * 8 if boot != "0" * 8 else "1" * 8
+    names = {
+        "live": f"{_dir_prefix()}live0000",
+        "reused pid": f"tinyrl-sandbox-{pid}-{int(start) + 1}-{ns}-{boot}-reused00",
+        "gone pid": f"tinyrl-sandbox-{2 ** 22 + 7}-{start}-{ns}-{boot}-gone0000",  # above pid_max
+        "other namespace": f"tinyrl-sandbox-{2 ** 22 + 7}-{start}-{int(ns) + 1}-{boot}-otherns0",
+        "other boot": f"tinyrl-sandbox-{pid}-{start}-{int(ns) + 1}-{other_boot}-boot0000",
+        "uid locks": "tinyrl-sandbox-uids",
+        "old style": "tinyrl-sandbox-abc_1234",
+    }
+    for name in names.values():
+        (tmp_path / name / "work").mkdir(parents=True)
+        (tmp_path / name / "work" / "f").write_text("x")
+        if ROOT:                      # as a call leaves it: work/ is the sandbox uid's, 0700
+            os.chown(tmp_path / name / "work", UID_BASE + 1, UID_BASE + 1)
+            os.chown(tmp_path / name / "work" / "f", UID_BASE + 1, UID_BASE + 1)
+            os.chmod(tmp_path / name / "work", 0o700)
+    removed = sweep_stale_dirs(str(tmp_path))
+    assert sorted(Path(p).name for p in removed) == sorted(names[k] for k in ("reused pid", "gone pid", "other boot"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == \
+        sorted(names[k] for k in ("live", "other namespace", "uid locks", "old style"))
 
 
 def test_code_runs_at_a_lower_priority():

@@ -1,7 +1,8 @@
 """The Python tool: run untrusted code in a fresh, limited subprocess and say what happened.
 
 `run_code(code)` -> `ToolResult`; `run_many(codes)` runs a batch in a bounded thread pool, in
-order. Each call gets a fresh temporary directory (removed afterwards) and a fresh launcher
+order. Each call gets a fresh temporary directory (removed afterwards; one whose creator was
+SIGKILLed is removed by the next call, `sweep_stale_dirs`) and a fresh launcher
 process (`_launcher.py`: limits, privilege drop, network namespace, wall-clock kill, cleanup).
 When the trainer runs as root, each concurrent call runs under its own unprivileged uid
 (UID_BASE + a slot held with flock, so two calls -- even of two trainers -- never share one);
@@ -17,6 +18,7 @@ import json
 import math
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -160,6 +162,77 @@ def _rmtree(path: str) -> None:
     shutil.rmtree(path, onerror=unlock)
 
 
+# A call's directory: tinyrl-sandbox-PID-START-PIDNS-BOOT-xxxxxxxx, its creating process named
+# in it (START: its start time in clock ticks since boot, so a reused pid is not taken for it;
+# PIDNS: the inode of its pid namespace, where PID means something; BOOT: the kernel's boot id,
+# cut to 8 hex digits). In the name, not in a file: the directory never exists without it.
+_DIR_PREFIX = "tinyrl-sandbox-"
+_DIR_NAME = re.compile(re.escape(_DIR_PREFIX) + r"(\d+)-(\d+)-(\d+)-([0-9a-f]{8})-[a-z0-9_]+")
+_creator_tags: dict[int, str] = {}
+
+
+def _start_ticks(pid) -> tuple[int, bool] | None:
+    """(start time in clock ticks since boot, ended (a zombie)) of `pid`, None when no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()     # field 3 (state) on; starttime is field 22
+    return int(fields[19]), fields[0] in ("Z", "X")
+
+
+def _pid_ns() -> int:
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
+def _boot_id() -> str:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip().replace("-", "")[:8]
+
+
+def _dir_prefix() -> str:
+    """This process's directory prefix (per pid: a forked child is a creator of its own)."""
+    pid = os.getpid()
+    if pid not in _creator_tags:
+        _creator_tags[pid] = f"{_DIR_PREFIX}{pid}-{_start_ticks('self')[0]}-{_pid_ns()}-{_boot_id()}-"
+    return _creator_tags[pid]
+
+
+def sweep_stale_dirs(tmp: str | None = None) -> list[str]:
+    """Remove the call directories in `tmp` (the temp dir) whose creating process is gone: a
+    trainer SIGKILLed mid-call cannot remove its own. Kept: those of a live process (its pid
+    and start time match; a tinyrl run beside this one), of another pid namespace (whose pids
+    this process cannot check), of another user, and anything named otherwise. Never raises.
+    -> the paths removed. Called by every `run_code` before it makes its own directory."""
+    tmp = tmp or tempfile.gettempdir()
+    removed = []
+    try:
+        my_ns, boot, me = _pid_ns(), _boot_id(), os.geteuid()
+        entries = list(os.scandir(tmp))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _DIR_NAME.fullmatch(entry.name)
+        if m is None:
+            continue
+        pid, start, ns, dir_boot = int(m[1]), int(m[2]), int(m[3]), m[4]
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != me:
+                continue
+            if dir_boot == boot:         # another boot's directory is stale whatever its pid
+                if ns != my_ns:
+                    continue
+                now = _start_ticks(pid)
+                if now is not None and now == (start, False):
+                    continue             # its creator lives: its call may be running
+            _rmtree(entry.path)          # the work dir may be the sandbox uid's: root removes it
+            removed.append(entry.path)
+        except OSError:                  # removed meanwhile by another sweep, or not ours to remove
+            pass
+    return removed
+
+
 def _describe(exit_code: int, killed_by: str | None, timed_out: bool, truncated: bool,
               timeout_s: float, stderr: str) -> str:
     if timed_out:
@@ -194,7 +267,8 @@ def run_code(code: str, timeout_s: float = 10.0, memory_mb: int = 1024, *,
     start = time.monotonic()
     as_root = os.geteuid() == 0
     slot = _UidSlot() if as_root else None
-    base = tempfile.mkdtemp(prefix="tinyrl-sandbox-")
+    sweep_stale_dirs()
+    base = tempfile.mkdtemp(prefix=_dir_prefix())
     try:
         return _run(code, timeout_s, memory_mb, max_output_bytes, max_processes, max_open_files,
                     file_size_mb, isolate, slot, Path(base), start, setup)
