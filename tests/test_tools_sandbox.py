@@ -18,11 +18,13 @@ import sys
 import tempfile
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+import tinyrl.tools.python as sandbox
 from tinyrl.errors import TinyRLError
 from tinyrl.tools import TOOLS, ToolResult, render
 from tinyrl.tools import procs
@@ -36,35 +38,39 @@ HOSTILE_TIMEOUT_S = 3.0
 SLACK_S = 20.0
 
 
-def _leftovers() -> set[int]:
-    """Processes a call may have left: any under a sandbox uid that no call holds (zombies too:
-    they would count against the next call's process limit), and any live descendant of this
-    test process. A uid whose lock is held belongs to a call running now (another xdist
-    worker's): holding the lock while looking makes the check race-free."""
-    everything = procs.processes()
-    left = procs.descendants(os.getpid(), [p for p in everything if not p.zombie])
-    for uid in {u for p in everything for u in p.uids if UID_BASE <= u < UID_BASE + UID_SLOTS}:
-        fd = os.open(uid_lock_path(uid), os.O_CREAT | os.O_RDWR, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            continue                  # a call of another process is using it right now
-        else:
-            left |= {p.pid for p in procs.processes() if uid in p.uids}
-        finally:
-            os.close(fd)
-    return left
+def _left_under(uid: int, wait_s: float = 5.0) -> list[str]:
+    """The processes of `uid`, zombies included (they would count against the next call's
+    process limit), after up to `wait_s` for them to go: a killed process is a zombie until
+    its parent (init, once the launcher is gone) reaps it; one the cleanup missed stays."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = [p.pid for p in procs.processes() if uid in p.uids]
+        if not left or time.monotonic() > deadline:
+            return [_cmdline(pid) for pid in left]
+        time.sleep(0.02)
 
 
 @pytest.fixture(autouse=True)
-def no_process_left_behind():
-    # Descendants this pytest worker had before the test (another test's long-lived math-verify
-    # worker, multiprocessing's resource tracker) are not the sandbox's: a clean-clone CI run
-    # failed every test here on them.
+def no_process_left_behind(monkeypatch):
+    """After every call of the test, while the call still holds its uid (as root): no process
+    of that uid. Checked at the release, not after the test for every sandbox uid: once released,
+    the uid may be another call's (another xdist worker's, or another user's tinyrl on this
+    machine: "assert {12138, 12139} == set()" was such a call). After the test: no live
+    descendant of this test process, less those it had before (another test's long-lived
+    math-verify worker, multiprocessing's resource tracker: a clean-clone CI run failed every
+    test here on them)."""
     before = procs.descendants(os.getpid(), [p for p in procs.processes() if not p.zombie])
+    at_release: list[str] = []
+    release = sandbox._UidSlot.release
+
+    def checked_release(slot):
+        at_release.extend(_left_under(slot.uid))
+        release(slot)
+    monkeypatch.setattr(sandbox._UidSlot, "release", checked_release)
     yield
-    left = _leftovers() - set(before)
+    left = procs.descendants(os.getpid(), [p for p in procs.processes() if not p.zombie]) - set(before)
     assert left == set(), [_cmdline(pid) for pid in left]
+    assert at_release == []
 
 
 def _cmdline(pid: int) -> str:
@@ -497,8 +503,6 @@ def test_code_runs_at_a_lower_priority():
 def test_a_uid_with_an_account_is_never_used(monkeypatch):
     import pwd
 
-    import tinyrl.tools.python as sandbox
-
     taken = set(range(UID_BASE, UID_BASE + 3))
     real = pwd.getpwuid
 
@@ -603,10 +607,28 @@ def test_read_output_keeps_head_and_tail(tmp_path):
 
 # ---- not root: the user's machine --------------------------------------------------------
 
-# Outside the slot range, so only this test uses it; one per test process, because its last check
-# (no process of that uid is left) would see the processes of another CI run on the same machine
-# (scripts/ci-soak -j 2 runs two at once: it failed once that way).
-NONROOT_UID = UID_BASE + UID_SLOTS + 900 + os.getpid() % 1000
+# Outside the slot range, so no call of the sandbox uses them. Its last check (no process of the
+# uid is left) would see the processes of another CI run on the same machine using the same uid
+# (scripts/ci-soak -j 2 runs two at once: it failed once that way), so the test holds its uid
+# the way a call holds a slot (flock), instead of hoping that two pids differ modulo 1000.
+NONROOT_UIDS = range(UID_BASE + UID_SLOTS + 900, UID_BASE + UID_SLOTS + 1900)
+
+
+@pytest.fixture
+def nonroot_uid():
+    for uid in NONROOT_UIDS:
+        fd = os.open(uid_lock_path(uid), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            yield uid
+        finally:
+            os.close(fd)
+        return
+    pytest.fail("every uid of NONROOT_UIDS is held")
 
 NONROOT_SCRIPT = """
 import json, os, sys
@@ -621,7 +643,7 @@ print(json.dumps(out))
 
 @pytest.mark.skipif(not ROOT or not os.path.exists("/usr/bin/python3"),
                     reason="needs root to start an unprivileged process, and a system python3 it can run")
-def test_not_root_mode_through_an_unprivileged_process():
+def test_not_root_mode_through_an_unprivileged_process(nonroot_uid):
     """The same API as a plain user: no uid switch; the process group, the subreaper, the
     namespaces a user may create (here: user+net+pid) and PR_SET_PDEATHSIG do the work.
     Runs on the system python (stdlib only), as the venv's interpreter sits below a 0700 /root."""
@@ -642,7 +664,7 @@ def test_not_root_mode_through_an_unprivileged_process():
             os.chmod(d, 0o755 if d.is_dir() else 0o644)
         proc = subprocess.run(
             ["/usr/bin/python3", "-c", NONROOT_SCRIPT, json.dumps(snippets)], capture_output=True,
-            text=True, user=NONROOT_UID, group=NONROOT_UID, extra_groups=[], cwd="/",
+            text=True, user=nonroot_uid, group=nonroot_uid, extra_groups=[], cwd="/",
             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(src), "HOME": "/tmp"}, timeout=120)
     finally:
         shutil.rmtree(src)
@@ -655,4 +677,4 @@ def test_not_root_mode_through_an_unprivileged_process():
     assert out["killall"][0] == "alive\n"      # the runner survived: kill(-1) stayed in the pid ns
     if out["net"][3] == "isolated":
         assert out["net"][1] == 1
-    assert not [p for p in procs.processes() if NONROOT_UID in p.uids]
+    assert not [p for p in procs.processes() if nonroot_uid in p.uids]
