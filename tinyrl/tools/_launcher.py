@@ -13,9 +13,12 @@ What it does, in order:
   3. forks a reaper (init of the pid namespace; root stays root), which forks the code
      process: that sets the rlimits, drops to the call's own uid/gid (as root), asks for
      SIGKILL when its parent dies, and runs the code in this interpreter;
-  4. waits for the reaper until the wall-clock deadline, then SIGKILLs its process group, and
-     every process of the sandbox uid (root) or every descendant (not root) until none is
-     left, reaps them all, and writes the result JSON the trainer reads.
+  4. waits for the reaper's report (the code's pid, then its wait status) until the wall-clock
+     deadline; counts what the code left (the call's processes alive then, less the reaper and
+     the code process; the reaper outlives the code for that, or its exit would kill them
+     first); then SIGKILLs its process group, and every process of the sandbox uid (root) or
+     every descendant (not root) until none is left, reaps them all, and writes the result
+     JSON the trainer reads.
 """
 
 import ctypes
