@@ -183,12 +183,18 @@ def _start_ticks(pid) -> tuple[int, bool] | None:
 
 
 def _pid_ns() -> int:
-    return os.stat("/proc/self/ns/pid").st_ino
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:                  # no namespace files: one namespace, as far as we can tell
+        return 0
 
 
 def _boot_id() -> str:
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        return f.read().strip().replace("-", "")[:8]
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip().replace("-", "")[:8]
+    except OSError:                  # unknown: every directory counts as this boot's
+        return "0" * 8
 
 
 def _dir_prefix() -> str:
