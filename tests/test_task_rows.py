@@ -156,4 +156,8 @@ def test_a_problem_answer_table_as_training_data_names_the_tasks_converter(tmp_p
     assert "lacks column(s) prompt, reward_model; it has: problem, answer" in said["t.parquet"]
     assert "`tinyrl data math --from FILE" in said["t.parquet"] and "countdown" not in said["t.parquet"]
     assert "read_json(f, lines=True).to_parquet(" in said["t.jsonl"]
+    # a problem/answer table converted as told still lacks prompt and reward_model: the same hint
+    # names `tinyrl data math --from`, which it dropped until 2026-11-27 (it ended on "give X;")
+    assert "(a problem and an answer), make a file of the math task's prompts with `tinyrl data math --from" \
+        in said["t.jsonl"], said["t.jsonl"]
     assert not (tmp_path / "run" / "config.json").exists()

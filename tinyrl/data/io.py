@@ -51,7 +51,9 @@ def _read_table(path: Path, max_rows: int | None, make: str) -> pa.Table:
         return pa.Table.from_batches(batches, schema=pf.schema_arrow).slice(0, max_rows)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise TinyRLError(f"cannot read {path} as parquet: {type(e).__name__}: {e}",
-                          hint=not_parquet_hint(path) or f"the file is broken or not parquet; {make}") from e
+                          hint=f"{not_parquet_hint(path)}or, if it is not in the prompt/reward_model layout (a "
+                               f"problem and an answer), {make}" if not_parquet_hint(path)
+                          else f"the file is broken or not parquet; {make}") from e
 
 
 def load_prompts(path: str | Path, max_rows: int | None = None, make: str = _MAKE_HINT) -> pd.DataFrame:
