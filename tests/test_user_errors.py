@@ -267,3 +267,15 @@ def test_eval_of_an_unknown_model_id_says_so(tmp_path, monkeypatch):
                              "--task", "countdown"))
     assert "nobody/no-such-model: no such directory here, and no Hugging Face model" in text
     assert "model.name" not in text.split("what to do")[-1]
+
+
+@pytest.mark.parametrize("command", ["math", "retool", "retool --sft"])
+def test_data_name_is_a_file_name_not_a_way_out_of_out(tmp_path, command):
+    """`data math --from f.csv --name ../../escape --out d` wrote d/../../escape.parquet, exit 0."""
+    source = tmp_path / "src.jsonl"
+    source.write_text(json.dumps({"problem": "What is 2+3?", "answer": "5"}) + "\n")
+    out = tmp_path / "a" / "b" / "out"
+    text = one_screen(tinyrl("data", *command.split(), "--from", str(source), "--name", "../../escape",
+                             "--out", str(out)))
+    assert "--name '../../escape' is not a file name" in text, text
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["src.jsonl"]

@@ -289,8 +289,17 @@ def problem_rows(frame: Any, source: str, problem_key: str | None = None,
     return rows
 
 
+def check_name(name: str | None) -> None:
+    """--name is a file name, not a path: `--name ../../escape` wrote outside --out until
+    2026-11-27. Checked before the source is read (a download may take minutes)."""
+    if name is not None and (Path(name).name != name or name in ("", ".", "..")):
+        raise TinyRLError(f"--name {name!r} is not a file name: the file goes into --out, and --name only names it",
+                          hint="give --name a plain name (e.g. --name aime24) and --out the directory")
+
+
 def output_name(name: str | None, default: str) -> str:
     """--name, or the input's name; "x.parquet" is taken as "x" (it wrote x.parquet.parquet)."""
+    check_name(name)
     return (name or default).removesuffix(".parquet")
 
 
@@ -299,6 +308,7 @@ def convert(source: str, out_dir: Path, template: str, name: str | None = None,
     """A problem/answer table -> out_dir/NAME.parquet in verl's maths schema.
     -> (path, rows written, rows skipped for a missing problem or answer)"""
     prompt_of("", template)
+    check_name(name)
     frame, default_name = read_table(source)
     name = output_name(name, default_name)
     cols = list(frame.columns)

@@ -126,6 +126,7 @@ def convert_rl(source: str, out_dir: Path, name: str | None = None, problem_key:
     """Maths rows -> out_dir/NAME.parquet of ReTool prompts. -> (path, rows, duplicates dropped,
     rows without a problem or an answer skipped). Repeated problems are kept once
     (DAPO-Math-17k holds each of its ~17.9k prompts 100 times)."""
+    maths.check_name(name)
     frame, default_name = maths.read_table(source)
     rows, seen, usable = [], set(), rl_rows(frame, source, problem_key, answer_key)
     for row in usable:
@@ -213,6 +214,7 @@ def convert_sft(source: str, out_dir: Path, name: str | None = None, test_size: 
 
     from tinyrl.data.io import _plain
 
+    maths.check_name(name)
     frame, default_name = maths.read_table(source)
     if messages_key not in frame.columns:
         raise TinyRLError(f"{source}: no {messages_key!r} column (columns: {', '.join(map(str, frame.columns))})",
