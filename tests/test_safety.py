@@ -413,6 +413,26 @@ def test_partial_write_on_a_full_disk_leaves_no_half_line(tmpfs):
     assert path.read_text() == '{"step": 1}\n'
 
 
+def test_could_not_write_metrics_parquet_is_said_once(tmpfs):
+    """README: a disk warning is printed once. A user's full disk printed this one at each of 6
+    checkpoints."""
+    from tinyrl.runlog import RunLog
+
+    where = tmpfs(256 * 1024)
+    warnings: list[str] = []
+    log = RunLog(where, torch.device("cpu"), warn=warnings.append)
+    for step in (1, 2, 3):
+        log.metrics({"step": step, "loss": 0.5})
+    filler = small_disk.fill(where)
+    for _ in range(3):
+        log.write_parquet()  # no exception: metrics.jsonl has the same records
+    assert sum("could not write metrics.parquet" in w for w in warnings) == 1
+    assert not (where / "metrics.parquet").exists()
+    filler.unlink()
+    log.write_parquet()
+    assert len(pd.read_parquet(where / "metrics.parquet")) == 3
+
+
 def test_float_settings_are_all_checked_for_nan():
     cfg = Config()
     cfg.algorithm.kl_coef = math.nan

@@ -61,6 +61,7 @@ class RunLog:
         self._pending: dict[str, list[str]] = {}   # file name -> lines not yet written
         self._dropped: dict[str, int] = {}
         self._warned = False
+        self._parquet_warned = False  # "could not write metrics.parquet": said once, like DISK PROBLEM
         self.on_phase: list[Callable[[str], None]] = []  # observers of phase transitions (tinyrl.interrupts)
         for name in ("metrics.jsonl", "samples.jsonl", "timeline.jsonl"):
             if jsonl.repair_tail(self.dir / name):  # a line cut by a crash: appending after it would bury it
@@ -151,4 +152,9 @@ class RunLog:
             tmp.replace(self.dir / "metrics.parquet")
         except OSError as exc:  # a full disk: metrics.jsonl has the same numbers
             tmp.unlink(missing_ok=True)
-            self.warn(f"could not write metrics.parquet ({exc}); metrics.jsonl holds the same records")
+            if not self._parquet_warned:  # a disk warning is printed once (README)
+                self._parquet_warned = True
+                self.warn(f"could not write metrics.parquet ({exc}); metrics.jsonl holds the same records. "
+                          "It is tried again at each checkpoint (said once).")
+            else:
+                log.info("could not write metrics.parquet (%s)", exc)
