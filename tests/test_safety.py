@@ -413,6 +413,34 @@ def test_partial_write_on_a_full_disk_leaves_no_half_line(tmpfs):
     assert path.read_text() == '{"step": 1}\n'
 
 
+def test_room_a_checkpoint_prunes_goes_to_the_pending_log_lines_first(tmpfs):
+    """Disk full after step 2, a save each step: pruning step 1 freed the room the step-3
+    checkpoint then took, so the pending lines were never written (a user's run lost steps 3-8 of
+    metrics.jsonl, and --resume from step 8 skipped them for good). The lines go first now."""
+    from tinyrl import checkpoint as ckpt
+    from tinyrl.runlog import RunLog
+
+    where = tmpfs(2 * 2**20)
+    warnings: list[str] = []
+    log = RunLog(where, torch.device("cpu"), warn=warnings.append)
+    state = lambda step: {"step": step, "w": torch.full((100_000,), float(step))}  # ~400 KB
+    for step in (1, 2):
+        log.metrics({"step": step})
+        assert ckpt.save_checkpoint(where / "ckpt", step, state(step), keep_last=2, before_write=log.flush).saved
+    filler = small_disk.fill(where)
+    log.metrics({"step": 3, "pad": "x" * 5000})  # needs a page the full disk does not have
+    assert log.unwritten_steps() == [3] and len(warnings) == 1
+    result = ckpt.save_checkpoint(where / "ckpt", 3, state(3), keep_last=2, before_write=log.flush)
+    assert not (where / "ckpt" / "step_0000001").exists()  # pruned to make room
+    assert [r["step"] for r in jsonl.read_records(where / "metrics.jsonl")] == [1, 2, 3]
+    assert log.unwritten() == {}
+    # the weights came second: saved if they still fit, else step 2's is kept; never step 3's
+    # checkpoint without step 3's line
+    on_disk = [ckpt.step_of(p) for p in ckpt.list_checkpoints(where / "ckpt")]
+    assert on_disk == ([2, 3] if result.saved else [2]), result.message
+    filler.unlink()
+
+
 def test_could_not_write_metrics_parquet_is_said_once(tmpfs):
     """README: a disk warning is printed once. A user's full disk printed this one at each of 6
     checkpoints."""

@@ -14,7 +14,10 @@ previous checkpoint when the newest is damaged (a truncated copy, a bad disk).
 Before writing, free disk is compared with what the checkpoint needs (the previous checkpoint's
 real size, else its tensors plus headers). When it does not fit, the older checkpoints that
 keep_last would delete after this save anyway are deleted first if that makes room — never the
-newest complete one; otherwise nothing is deleted and training goes on.
+newest complete one; otherwise nothing is deleted and training goes on. `before_write` (the run
+log's flush) runs after any pruning and before the checkpoint is written: the few KB of log lines
+a full disk kept in memory get the freed room first, so a checkpoint of step N is not on disk
+while the records of the steps before it exist nowhere but in memory (--resume would skip them).
 Pruning renames a directory to a hidden name before deleting it, so a kill while deleting leaves
 nothing that looks like a checkpoint; leftovers are cleaned by `clean_leftovers`.
 """
@@ -31,6 +34,7 @@ import shutil
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -99,7 +103,8 @@ def needed_bytes(ckpt_dir: Path, state: dict) -> tuple[int, str]:
     return need, f"{human_bytes(tensors)} of tensors plus headers"
 
 
-def save_checkpoint(ckpt_dir: Path, step: int, state: dict, keep_last: int, run_id: str | None = None) -> SaveResult:
+def save_checkpoint(ckpt_dir: Path, step: int, state: dict, keep_last: int, run_id: str | None = None,
+                    before_write: Callable[[], object] | None = None) -> SaveResult:
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     clean_leftovers(ckpt_dir)
     need, why = needed_bytes(ckpt_dir, state)
@@ -129,6 +134,8 @@ def save_checkpoint(ckpt_dir: Path, step: int, state: dict, keep_last: int, run_
                 f"{human_bytes(free)} is free in {ckpt_dir}; "
                 + (f"the last checkpoint (step {step_of(done[-1])}) is kept. " if done else "no checkpoint exists yet. ")
                 + f"To save again: {hint}"))
+    if before_write is not None:  # the log lines first: small, and lost for good if a resume skips them
+        before_write()
     final = ckpt_dir / f"{PREFIX}{step:07d}"
     tmp = ckpt_dir / f".tmp-{PREFIX}{step:07d}"
     shutil.rmtree(tmp, ignore_errors=True)

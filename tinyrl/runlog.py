@@ -8,8 +8,10 @@
     RUN_DIR/checkpoints/     see tinyrl.checkpoint
 
 A full disk does not stop training: a line that cannot be written is kept in memory and
-written before the next line of its file once there is room again; the first failure is
-reported loudly (through `warn`), later ones are counted (`unwritten()`).
+written before the next line of its file once there is room again, or by `flush()` (the trainer
+calls it before each checkpoint, after pruning made room: a checkpoint of step N with the records
+of earlier steps only in memory would make --resume skip them for good); the first failure is
+reported loudly (through `warn`), later ones are counted (`unwritten()`, `unwritten_steps()`).
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ class RunLog:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.t0 = time.monotonic()
         self.warn = warn or log.warning
-        self._pending: dict[str, list[str]] = {}   # file name -> lines not yet written
-        self._dropped: dict[str, int] = {}
+        self._pending: dict[str, list[tuple[int | None, str]]] = {}  # file -> (step, line) not yet written
+        self._dropped: dict[str, list[int | None]] = {}  # file -> steps of lines dropped for good
         self._warned = False
         self._parquet_warned = False  # "could not write metrics.parquet": said once, like DISK PROBLEM
         self.on_phase: list[Callable[[str], None]] = []  # observers of phase transitions (tinyrl.interrupts)
@@ -71,27 +73,44 @@ class RunLog:
         jsonl.write_atomic(self.dir / "config.json", json.dumps(config, indent=2))
 
     def _append(self, name: str, record: dict) -> None:
-        pending = self._pending.setdefault(name, [])
-        pending.append(json.dumps(record))
+        self._pending.setdefault(name, []).append((record.get("step"), json.dumps(record)))
+        self._write_pending(name)
+
+    def _write_pending(self, name: str) -> bool:
+        """Write `name`'s pending lines, oldest first; True when none is left."""
+        pending = self._pending.get(name, [])
         try:
             while pending:
-                jsonl.append_line(self.dir / name, pending[0])
+                jsonl.append_line(self.dir / name, pending[0][1])
                 pending.pop(0)
         except OSError as exc:
             if len(pending) > MAX_PENDING_LINES:
-                self._dropped[name] = self._dropped.get(name, 0) + len(pending) - MAX_PENDING_LINES
-                del pending[:len(pending) - MAX_PENDING_LINES]
+                cut = len(pending) - MAX_PENDING_LINES
+                self._dropped.setdefault(name, []).extend(step for step, _ in pending[:cut])
+                del pending[:cut]
             if not self._warned:
                 self._warned = True
                 self.warn(f"DISK PROBLEM: cannot write {self.dir / name} ({exc}). Training goes on; "
                           "log lines are kept in memory and written once there is room again. "
                           "Free disk space now.")
+            return False
+        return True
+
+    def flush(self) -> bool:
+        """Write every file's pending lines (a checkpoint calls this once pruning made room, before
+        it writes itself); True when no line is left in memory."""
+        return all([self._write_pending(name) for name in list(self._pending)])
 
     def unwritten(self) -> dict[str, int]:
         """Lines per file that are not on disk (still pending, or dropped)."""
         names = set(self._pending) | set(self._dropped)
-        out = {n: len(self._pending.get(n, [])) + self._dropped.get(n, 0) for n in names}
+        out = {n: len(self._pending.get(n, [])) + len(self._dropped.get(n, [])) for n in names}
         return {n: k for n, k in out.items() if k}
+
+    def unwritten_steps(self, name: str = "metrics.jsonl") -> list[int]:
+        """The steps whose lines of `name` are not on disk (pending or dropped), sorted."""
+        steps = [s for s, _ in self._pending.get(name, [])] + self._dropped.get(name, [])
+        return sorted({s for s in steps if s is not None})
 
     def metrics(self, record: dict) -> None:
         self._append("metrics.jsonl", record)

@@ -48,6 +48,7 @@ from tinyrl.rollout.base import SamplingSettings, response_texts
 from tinyrl.trajectory import Trajectory, engine_logprobs, trajectory_of
 from tinyrl.runlog import RunLog, memory_reading
 from tinyrl.setup import RunInputs, check_one_batch, prepare_inputs
+from tinyrl.words import step_ranges
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +236,7 @@ class Trainer:
             if stops.requested and self.saves.last_saved != self.step:
                 self.save()  # an abandoned step: the state before it
             self.stopped_by = stops.signum
+        self.run.flush()  # lines a full disk kept out, should there be room now
         # The last step always saves (which rewrites metrics.parquet), so nothing is left to write.
         for sink in self.sinks:
             sink.close()
@@ -581,8 +583,13 @@ class Trainer:
 
     def save(self) -> ckpt.SaveResult:
         self._phase(Phase.CHECKPOINT)
+        # the run log's pending lines are written first, into any room pruning made (tinyrl.checkpoint)
         result = ckpt.save_checkpoint(self.ckpt_dir, self.step, self.state(), self.cfg.trainer.keep_last,
-                                      run_id=self.run_id)
+                                      run_id=self.run_id, before_write=self.run.flush)
+        unwritten = self.run.unwritten_steps("metrics.jsonl")
+        if result.saved and unwritten:  # the weights matter more; say which records are at risk
+            result.message += (f"; metrics.jsonl's lines of steps {step_ranges(unwritten)} are not on disk "
+                                "yet (kept in memory: lost if the run ends before there is room)")
         self.run.write_parquet()
         self.saves.record(self.step, result)  # says it; a failure loudly, once
         return result
