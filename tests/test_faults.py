@@ -251,3 +251,47 @@ def test_damaged_newest_checkpoint_falls_back_and_leftovers_go(tmp_path, data, r
     assert "removed step_0000000" in text
     assert "changed since the run began: data.max_test_prompts: 64 -> 8" in text
     assert_same_as(reference, out)
+
+
+@pytest.mark.slow
+def test_disk_full_after_a_checkpoint_loses_no_metrics_line(tmp_path, data):
+    """A user's run (issue: disk full after step 2, trainer.save_every=1): each save pruned an old
+    checkpoint and filled the freed room with the new one, so the few KB of log lines kept in
+    memory were never written; the run ended, they were gone, and `--resume` from the newest
+    checkpoint skipped them for good (metrics.jsonl: steps 1, 2, 9). Now the pending lines take
+    the freed room first; with room again, --resume gives a metrics.jsonl with every step, the
+    disk warning and the parquet warning are printed once each, and a gap that is there anyway
+    (an older tinyrl's run) is named at resume, at the end and by `report`."""
+    if not small_disk.mount_tmpfs(tmp_path / "disk", 128 * 2**20):  # preflight wants ~72 MB
+        pytest.skip("mounting a tmpfs is not allowed here (needs root with CAP_SYS_ADMIN, as CI has)")
+    out = tmp_path / "disk" / "run"
+    try:
+        proc = start(data, out, "--max-steps", "5")  # the last --max-steps wins over command()'s
+        filler = None
+        if wait_until(proc, lambda: (out / "checkpoints" / "step_0000002").is_dir()):
+            filler = small_disk.fill(tmp_path / "disk")
+        stdout, stderr = proc.communicate(timeout=600)
+        text = " ".join(stderr.split())
+        assert filler is not None, "the run ended before its step-2 checkpoint"
+        assert proc.returncode in (0, 1) and "Traceback" not in stderr, stderr[-3000:]
+        assert "step 5/5" in stdout  # training went on
+        assert text.count("DISK PROBLEM") == 1, stderr[-3000:]  # loud, once
+        assert text.count("could not write metrics.parquet") <= 1, stderr[-3000:]
+        filler.unlink()
+        done = run(data, out, "--resume", "--max-steps", "6")
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "has no records" not in done.stderr, done.stderr[-3000:]
+        assert [m["step"] for m in jsonl.read_records(out / "metrics.jsonl")] == list(range(1, 7))
+        # a gap left anyway (by a tinyrl before this fix): said at resume, at the end, by report
+        kept = [m for m in jsonl.read_records(out / "metrics.jsonl") if m["step"] not in (3, 4)]
+        jsonl.write_atomic(out / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in kept))
+        done = run(data, out, "--resume", "--max-steps", "7")
+        said = " ".join((done.stdout + done.stderr).split())
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "--resume: metrics.jsonl has no records of steps 3-4" in said
+        assert said.count("metrics.jsonl has no records of steps 3-4") == 2  # at resume and at the end
+        report = subprocess.run([sys.executable, "-m", "tinyrl.cli", "report", str(out)],
+                                capture_output=True, text=True, timeout=600, env=ENV)
+        assert "step 1 to 7 (no record of steps 3-4)" in " ".join(report.stdout.split()), report.stdout[-3000:]
+    finally:
+        small_disk.unmount(tmp_path / "disk")

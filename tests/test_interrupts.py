@@ -106,7 +106,7 @@ def test_a_resumed_run_already_at_its_end_says_nothing_was_trained():
     from types import SimpleNamespace
 
     def ended(step: int, total: int, started_at: int) -> str:
-        trainer = SimpleNamespace(step=step, stopped_by=None, run=SimpleNamespace(unwritten=dict),
+        trainer = SimpleNamespace(step=step, stopped_by=None, run=SimpleNamespace(unwritten=dict, missing_text=str),
                                   saves=SimpleNamespace(unsaved=lambda step: ""))
         message, code = interrupts.end_of_run(trainer, "runs/d", total, "tinyrl train ...", started_at)
         assert code == 0

@@ -433,12 +433,26 @@ def test_room_a_checkpoint_prunes_goes_to_the_pending_log_lines_first(tmpfs):
     result = ckpt.save_checkpoint(where / "ckpt", 3, state(3), keep_last=2, before_write=log.flush)
     assert not (where / "ckpt" / "step_0000001").exists()  # pruned to make room
     assert [r["step"] for r in jsonl.read_records(where / "metrics.jsonl")] == [1, 2, 3]
-    assert log.unwritten() == {}
+    assert log.unwritten() == {} and log.missing_text() == ""
     # the weights came second: saved if they still fit, else step 2's is kept; never step 3's
     # checkpoint without step 3's line
     on_disk = [ckpt.step_of(p) for p in ckpt.list_checkpoints(where / "ckpt")]
     assert on_disk == ([2, 3] if result.saved else [2]), result.message
     filler.unlink()
+
+
+def test_resume_names_the_steps_metrics_jsonl_has_no_record_of(tmp_path):
+    from tinyrl.report import steps_line
+    from tinyrl.runlog import RunLog
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (0, 1, 2, 9, 10)))
+    log = RunLog(tmp_path, torch.device("cpu"))
+    assert log.truncate_after(9) == [3, 4, 5, 6, 7, 8]  # step 10 goes: it will be redone
+    assert "metrics.jsonl has no records of steps 3-8" in log.missing_text()
+    assert "no record of steps 3-8" in steps_line(jsonl.read_records(path))
+    assert RunLog(tmp_path, torch.device("cpu")).truncate_after(2) == []
+    assert "no record" not in steps_line(jsonl.read_records(path))
 
 
 def test_could_not_write_metrics_parquet_is_said_once(tmpfs):

@@ -238,6 +238,8 @@ def end_of_run(trainer, run_dir, total: int, resume_cmd: str, started_at: int = 
     lost = trainer.run.unwritten()
     lost_text = ("; log lines not written (disk full): " + ", ".join(f"{n} in {k}" for k, n in lost.items())
                  if lost else "")
+    missing = trainer.run.missing_text()  # which steps' metrics records are lost, by step
+    lost_text += f"; {missing}" if missing else ""
     unsaved = trainer.saves.unsaved(trainer.step)
     if trainer.stopped_by is not None:
         name = SIGNAL_NAMES.get(trainer.stopped_by, str(trainer.stopped_by))

@@ -25,6 +25,7 @@ from tinyrl.errors import TinyRLError
 from tinyrl.jsonl import read_records
 from tinyrl.memory import versus
 from tinyrl.writable import make_dir, staged
+from tinyrl.words import step_ranges
 
 GIB = 1024**3
 # What val/score is (trainer.validate): the task's "solved" share of greedy completions of the
@@ -398,7 +399,12 @@ def steps_line(recs: list[dict]) -> str:
     before = " (and a validation before training, step 0)" if any(r["step"] == 0 for r in recs) else ""
     if not steps:
         return f"steps: none trained{before}"
-    return f"steps: {len(steps)} recorded, step {steps[0]:g} to {steps[-1]:g}{before}"
+    # steps with no record (a full disk kept their lines out until a run ended): said, not hidden
+    # in "3 recorded, step 1 to 9"
+    have = {int(s) for s in steps if float(s).is_integer()}
+    gap = [s for s in range(int(min(steps)), int(max(steps)) + 1) if s not in have]
+    gap_text = f" (no record of steps {step_ranges(gap)})" if gap else ""
+    return f"steps: {len(steps)} recorded, step {steps[0]:g} to {steps[-1]:g}{gap_text}{before}"
 
 
 def step_time_line(recs: list[dict], run_dir: Path | None) -> str:

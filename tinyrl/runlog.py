@@ -12,6 +12,7 @@ written before the next line of its file once there is room again, or by `flush(
 calls it before each checkpoint, after pruning made room: a checkpoint of step N with the records
 of earlier steps only in memory would make --resume skip them for good); the first failure is
 reported loudly (through `warn`), later ones are counted (`unwritten()`, `unwritten_steps()`).
+Records still missing when a run resumes are named (`truncate_after` returns their steps).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import psutil
 import torch
 
 from tinyrl import jsonl
+from tinyrl.words import step_ranges
 
 log = logging.getLogger(__name__)
 MAX_PENDING_LINES = 100_000  # per file; beyond this the oldest unwritten lines are dropped (counted)
@@ -64,6 +66,7 @@ class RunLog:
         self._dropped: dict[str, list[int | None]] = {}  # file -> steps of lines dropped for good
         self._warned = False
         self._parquet_warned = False  # "could not write metrics.parquet": said once, like DISK PROBLEM
+        self.missing_before: list[int] = []  # metrics.jsonl's steps found missing at resume (truncate_after)
         self.on_phase: list[Callable[[str], None]] = []  # observers of phase transitions (tinyrl.interrupts)
         for name in ("metrics.jsonl", "samples.jsonl", "timeline.jsonl"):
             if jsonl.repair_tail(self.dir / name):  # a line cut by a crash: appending after it would bury it
@@ -147,15 +150,35 @@ class RunLog:
         self._append("timeline.jsonl", record)
         return record
 
-    def truncate_after(self, step: int) -> None:
+    def truncate_after(self, step: int) -> list[int]:
         """On resume: drop records of steps after the checkpoint (they will be redone). Each file
-        is replaced whole (write_atomic), so a full disk here leaves it as it was."""
+        is replaced whole (write_atomic), so a full disk here leaves it as it was.
+        Returns the steps 1..`step` that metrics.jsonl has no record of: the checkpoint is past
+        them, so they will not be redone (lines a full disk kept out until the run ended)."""
+        missing = list(range(1, step + 1))
         for name in ("metrics.jsonl", "samples.jsonl", "timeline.jsonl"):
             path = self.dir / name
             if not path.exists():
                 continue
-            kept = [json.dumps(r) for r in jsonl.read_records(path) if r.get("step", 0) <= step]
-            jsonl.write_atomic(path, "".join(line + "\n" for line in kept))
+            records = [r for r in jsonl.read_records(path) if r.get("step", 0) <= step]
+            if name == "metrics.jsonl":
+                have = {r.get("step") for r in records}
+                missing = [s for s in missing if s not in have]
+            jsonl.write_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
+        self.missing_before = missing
+        return missing
+
+    def missing_text(self) -> str:
+        """What the final message says of metrics.jsonl's lost records ('' when none): those found
+        missing at resume, and this run's lines still not on disk."""
+        parts = []
+        if self.missing_before:
+            parts.append(f"metrics.jsonl has no records of steps {step_ranges(self.missing_before)} "
+                         "(not written before the resume, they cannot be recovered)")
+        now = self.unwritten_steps("metrics.jsonl")
+        if now:
+            parts.append(f"metrics.jsonl lacks steps {step_ranges(now)} (disk full)")
+        return "; ".join(parts)
 
     def write_parquet(self) -> None:
         import pandas as pd

@@ -613,7 +613,11 @@ class Trainer:
                                      if Phase(name) in self.budgets.budgets})  # an old critic-free run saved a critic's
         ckpt.set_rng_state(state["rng"])
         self.step = state["step"]
-        self.run.truncate_after(self.step)
+        missing = self.run.truncate_after(self.step)
+        if missing:  # lines a full disk kept out until that run ended: the checkpoint is past them
+            log.warning(f"--resume: metrics.jsonl has no records of steps {step_ranges(missing)} (they "
+                        f"were not written, e.g. the disk was full); the checkpoint of step {self.step} is "
+                        "past them, so they are not redone and their records cannot be recovered")
         self.saves.last_saved = self.step
         self._restored(state)
         self._notice(f"resumed from step {self.step}")
