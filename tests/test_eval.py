@@ -131,6 +131,24 @@ def test_a_run_pinned_to_the_cpu_is_evaluated_there_in_its_own_dtype(math_run, t
     assert ev.eval_device("auto", "cpu", "hf") == torch.device("cpu")
 
 
+def test_a_run_with_its_own_reward_fn_says_eval_judges_by_the_task(math_run, tmp_path):
+    """README's custom reward (1.0 when the completion holds <answer>) gave val/score 100%, and
+    `tinyrl eval` of the same checkpoint 0%, judged by the task, with nothing said of the two judges."""
+    run, tmp = math_run
+    data = [f"{tmp}/data/test.parquet"]
+    summary, _ = ev.evaluate(str(run), data, n=0, progress=False, engine="hf", out_dir=tmp_path / "task")
+    assert "judged_by" not in summary  # reward.fn = task: one judge
+    own = Path(shutil.copytree(run, tmp_path / "own", ignore=shutil.ignore_patterns("eval")))
+    config = json.loads((own / "config.json").read_text())
+    fn = f"{Path(__file__).parent / 'helpers' / 'fault_reward.py'}:varied"
+    config["reward"]["fn"] = fn
+    (own / "config.json").write_text(json.dumps(config))
+    summary, out = ev.evaluate(str(own), data, n=0, progress=False, engine="hf", out_dir=tmp_path / "own-ev")
+    assert summary["judged_by"] == (f"the math task's reward; the run's val/score was judged by its reward.fn = "
+                                    f"{fn} (solved: a score >= 1), so the two can differ")
+    assert json.loads((out / "eval.json").read_text())["judged_by"] == summary["judged_by"]
+
+
 def test_a_run_without_data_is_evaluated_on_the_files_its_validation_scored(math_run, tmp_path, monkeypatch):
     """`tinyrl eval RUN` alone: data.test_path (as `test`) and data.val_files, found from any
     directory (shipped files, and generated ones where the run was started); a run's file that is

@@ -608,6 +608,8 @@ def eval_cmd(
         print(json.dumps(summary, indent=2))
         return
     out.print(eval_table(summary))
+    if "judged_by" in summary:
+        out.print(f"judged by {summary['judged_by']}", highlight=False, soft_wrap=True)
     out.print(f"wrote {where / 'eval.json'} and {where / 'eval_samples.jsonl'}", highlight=False, soft_wrap=True)
 
 

@@ -418,6 +418,11 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
                          for r, (_, p), (_, _, rows) in zip(results, files, loaded)}}
     if with_tools:
         summary["tools"] = list(task.tools)
+    if cfg is not None and cfg.reward.fn not in ("task", task_cfg.name):
+        # a user's reward.fn judged the run's val/score (solved: its score >= 1); eval judges by the
+        # task: README's `<answer>`-present reward read 100% there and 0% here, with nothing said
+        summary["judged_by"] = (f"the {task_cfg.name} task's reward; the run's val/score was judged by its "
+                                f"reward.fn = {cfg.reward.fn} (solved: a score >= 1), so the two can differ")
     _write(out, summary, results)
     return summary, out
 
