@@ -211,3 +211,26 @@ def test_a_new_run_never_writes_over_a_model_directory_or_the_users_files(tmp_pa
     started.mkdir()
     (started / "config.json").write_text(json.dumps({"preset": "countdown-tiny", "trainer": {}}))
     rundir.check_new_run(started)
+
+
+def test_resume_needs_only_the_run_directory(tmp_path, data, tiny_model_dir):
+    """After a kill -9 nothing printed the resume command, and `train --out RUN --resume` said
+    "Missing option '--preset'": every --set of the start had to be typed again. run.json keeps
+    the command; --resume without --preset reads it (a --set given now replaces the kept one)."""
+    out = tmp_path / "run"
+    done = run(data, out, "--max-steps", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    kept = json.loads((out / rundir.RUN_FILE).read_text())["resume"]
+    assert kept.startswith("tinyrl train --preset countdown-tiny --out ") and f"--set data.train_path={data}" in kept
+    bare = [sys.executable, "-m", "tinyrl.cli", "train", "--out", str(out), "--resume", "--max-steps", "2",
+            "--no-dashboard", "--set", "trainer.log_samples=1"]
+    done = subprocess.run(bare, capture_output=True, text=True, timeout=600, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert json.loads((out / "config.json").read_text())["data"]["train_path"] == str(data)
+    # no --preset: a new run, or a run that keeps no command, is one screen, exit 2
+    for args, said in ((["train", "--out", str(tmp_path / "new")], "--preset is needed"),
+                       (["sft", "--out", str(tmp_path / "none"), "--resume"], "keeps no command to continue it")):
+        refused = subprocess.run([sys.executable, "-m", "tinyrl.cli", *args], capture_output=True, text=True,
+                                 timeout=300, env=ENV)
+        assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr, refused.stderr

@@ -114,6 +114,8 @@ def _working(text: str) -> Iterator:
 
 
 PresetOpt = typer.Option(..., "--preset", "-p", help="Preset name (see `tinyrl presets`) or path to a .toml file.")
+RunPresetOpt = typer.Option(None, "--preset", "-p", help="Preset name (see `tinyrl presets`) or path to a .toml "
+                            "file; with --out RUN_DIR --resume, the run's own (kept in RUN_DIR/run.json).")
 
 
 def _each_key_once(items: Optional[list[str]]) -> Optional[list[str]]:
@@ -242,7 +244,7 @@ def _train_help() -> str:
 
 @app.command(help=_train_help())
 def train(
-    preset: str = PresetOpt,
+    preset: Optional[str] = RunPresetOpt,
     overrides: Optional[list[str]] = SetOpt,
     out_dir: Optional[Path] = RunDirOpt,
     max_steps: Optional[int] = MaxStepsOpt,
@@ -255,7 +257,7 @@ def train(
 
 @app.command()
 def sft(
-    preset: str = PresetOpt,
+    preset: Optional[str] = RunPresetOpt,
     overrides: Optional[list[str]] = SetOpt,
     out_dir: Optional[Path] = RunDirOpt,
     max_steps: Optional[int] = MaxStepsOpt,
@@ -274,13 +276,21 @@ def sft(
     _run_command("sft", preset, overrides, out_dir, max_steps, resume, no_dashboard)
 
 
-def _run_command(command: str, preset: str, overrides: Optional[list[str]], out_dir: Optional[Path],
+def _run_command(command: str, preset: Optional[str], overrides: Optional[list[str]], out_dir: Optional[Path],
                  max_steps: Optional[int], resume: bool, no_dashboard: bool) -> None:
     """`train` and `sft`: the same checks, loop and endings; only the trainer differs."""
     from tinyrl import rundir
+    from tinyrl.config import set_key
 
     config_notes: list[str] = []
     run_dir = resume_cmd = None
+    if preset is None:  # `--out RUN_DIR --resume`: the preset and --set options the run keeps
+        if not (resume and out_dir is not None):
+            raise TinyRLError("--preset is needed", hint=f"e.g. tinyrl {command} --preset countdown-tiny (`tinyrl "
+                              "presets` lists them); to continue a run: --out RUN_DIR --resume")
+        preset, kept = rundir.resumed_args(out_dir)
+        given = {set_key(item) for item in overrides or []}  # a --set given now replaces the kept one
+        overrides = [item for item in kept if set_key(item) not in given] + list(overrides or [])
 
     def said() -> str:  # asked when the signal comes: what was under way, what to do
         if resume_cmd is None:
@@ -359,6 +369,10 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
         with _working(f"preparing {cfg.preset}: model {cfg.model.name}, data, reward, rollout engine ..."):
             trainer = Trainer(cfg, run_dir, resume=resume)
         algorithm, engine = cfg.algorithm.adv_estimator, trainer.engine.name
+    if not resume:
+        from tinyrl import rundir
+
+        rundir.record_resume_command(run_dir, resume_cmd)  # `--out RUN_DIR --resume` alone finds it
     info = {"preset": cfg.preset, "model": cfg.model.name, "algorithm": algorithm,
             "engine": engine, "run_dir": str(run_dir), "device": trainer.device.type,
             "total_steps": trainer.total_steps(max_steps), "steps_per_epoch": trainer.steps_per_epoch}

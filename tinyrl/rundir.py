@@ -163,6 +163,31 @@ def _write_id(run_dir: Path, run_id: str) -> None:
                                                  "cwd": os.getcwd()}))
 
 
+def record_resume_command(run_dir: Path, command: str) -> None:
+    """The command that continues this run, kept in run.json: after a kill -9 or a crash nothing
+    printed it, and `--resume` needed every --set of the start typed again (resumed_args)."""
+    from tinyrl.jsonl import write_atomic
+
+    path = run_dir / RUN_FILE
+    write_atomic(path, json.dumps({**json.loads(path.read_text()), "resume": command}))
+
+
+def resumed_args(run_dir: Path) -> tuple[str, list[str]]:
+    """(--preset, the --set items) of the command run.json keeps (record_resume_command), for a
+    `--resume` given without --preset; exit 2 when the run keeps none."""
+    import shlex
+
+    kept = _read_id(run_dir / RUN_FILE, "resume") if (run_dir / RUN_FILE).is_file() else None
+    if kept is None:
+        raise TinyRLError(f"--preset is needed: {run_dir} keeps no command to continue it (no run.json, or a run "
+                          "started before 2026-11-28)",
+                          hint=f"give the --preset and --set options it was started with ({run_dir}/config.json "
+                               "holds its settings)")
+    words = shlex.split(kept)
+    preset = words[words.index("--preset") + 1]
+    return preset, [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--set"]
+
+
 def start_dir(run_dir: Path) -> Path | None:
     """The directory the run was started in (run.json's cwd); None for a run begun before it was kept."""
     if not (run_dir / RUN_FILE).is_file():
