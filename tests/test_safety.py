@@ -69,7 +69,9 @@ def test_preset_default_path_is_generated_without_overwriting(tmp_path, monkeypa
     path = ensure_train_data(cfg)
     assert path == Path(cfg.data.train_path) and len(pd.read_parquet(target)) == 64
     assert (target.parent / "test.parquet").read_bytes() == b"keep me"
-    assert sorted(p.name for p in target.parent.iterdir()) == ["test.parquet", "train.parquet"]  # no temp dir left
+    # no temp dir left; the record of the settings that made it (not of the test file, which it kept)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["test.parquet", "train.parquet", "train.settings.json"]
+    assert json.loads((target.parent / "train.settings.json").read_text())["test_file"] is None
     mtime = target.stat().st_mtime_ns
     ensure_train_data(cfg)  # present: used as it is
     assert target.stat().st_mtime_ns == mtime

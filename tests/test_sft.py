@@ -379,7 +379,8 @@ def test_the_sft_presets_own_data_is_generated_on_first_use(tmp_path, monkeypatc
     table = pq.read_table(path)
     assert table.num_rows == 32 and "response" in table.column_names
     assert "response" in pq.read_table(path.parent / "test.parquet").column_names
-    assert sorted(p.name for p in path.parent.iterdir()) == ["test.parquet", "train.parquet"]  # no temporary left
+    # no temporary left; the record of the settings that made them
+    assert sorted(p.name for p in path.parent.iterdir()) == ["test.parquet", "train.parquet", "train.settings.json"]
 
 
 def test_val_generate_scores_like_tinyrl_eval_on_the_same_prompts(tmp_path, sft_files):

@@ -139,6 +139,9 @@ def prompts_per_epoch(cfg: Config, given: int | None = None) -> tuple[int, str]:
         if given < 1:
             raise TinyRLError(f"--prompts-per-epoch {given} must be at least 1", hint="e.g. --prompts-per-epoch 327680")
         return given, "--prompts-per-epoch"
+    from tinyrl.setup import settle_train_path
+
+    settle_train_path(cfg)  # a generated file made with other settings is not this run's epoch
     path = resolve_path(cfg.data.train_path)
     if path.is_file():
         import pyarrow.parquet as pq  # local: only needed when the file exists

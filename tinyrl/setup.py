@@ -4,11 +4,17 @@ and test prompts tokenized and length-checked, and the reward function.
 
 Training data is generated on first use only at the preset's own data.train_path (a path
 tinyrl owns) and only when the task can make it (Countdown, generated maths); a path the user
-set must exist.
+set must exist. The settings that made a generated file (what the task's generator receives:
+task options, template, size, seed) are recorded beside it (`train.settings.json`); a run whose
+settings differ from that record, or that finds an older file without one, gets data of its own
+in `settings-<digest>/` beside it. A generated file is never replaced: a run using it (now, or
+on --resume) keeps reading the same rows.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +69,117 @@ def generated_paths() -> set[str]:
     return paths
 
 
+TEST_SIZE = 1024                 # the held-out tasks generated beside the training file
+TEST_NAME = "test.parquet"       # ... under this name
+RECORD_SUFFIX = ".settings.json"  # train.parquet -> train.settings.json: the settings that made it
+KEYED = "settings-"              # runs/data/P/settings-<digest>/train.parquet: other settings' data
+
+
+def owned_base(train_path: str) -> str | None:
+    """The preset path (generated_paths) that data.train_path is, or is the settings-keyed copy
+    of; None for a path of the user's."""
+    owned = generated_paths()
+    if train_path in owned:
+        return train_path
+    p = Path(train_path)
+    if p.parent.name.startswith(KEYED) and (base := (p.parent.parent / p.name).as_posix()) in owned:
+        return base
+    return None
+
+
+def generation_settings(cfg: Config) -> dict:
+    """What the task's generator is given for this config (JSON values, so a record compares)."""
+    from tinyrl.tasks import get_task, template_of
+
+    task = get_task(cfg.task.name)
+    settings = {"task": task.name, "sft": cfg.command == "sft", "train_size": cfg.data.generate_train_size,
+                "test_size": TEST_SIZE, "seed": cfg.data.generate_seed, "template": template_of(cfg.task),
+                "options": task.generate_options(cfg.task)}
+    return json.loads(json.dumps(settings, sort_keys=True))
+
+
+def record_path(train: Path) -> Path:
+    return train.with_name(train.stem + RECORD_SUFFIX)
+
+
+def recorded_settings(train: Path) -> dict | None:
+    """The settings tinyrl recorded when it generated `train`; None without a (readable) record."""
+    try:
+        record = json.loads(record_path(train).read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get("settings") if isinstance(record, dict) and record.get("made_by") == "tinyrl" else None
+
+
+# the settings' keys as the config names them
+SETTING_KEYS = {"task": "task.name", "sft": "command", "train_size": "data.generate_train_size",
+                "test_size": "test size", "seed": "data.generate_seed", "template": "task.template"}
+
+
+def settings_differ(old: dict, new: dict) -> list[str]:
+    flat = lambda d: {**{k: v for k, v in d.items() if k != "options"},  # noqa: E731
+                      **{f"task.{k}": v for k, v in (d.get("options") or {}).items()}}
+    a, b = flat(old), flat(new)
+    return [f"{SETTING_KEYS.get(k, k)} {json.dumps(a.get(k))} -> {json.dumps(b.get(k))}"
+            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def _generates(cfg: Config) -> bool:
+    from tinyrl.tasks import get_task
+
+    task = get_task(cfg.task.name)
+    make = task.generate_sft if cfg.command == "sft" else task.generate
+    return make is not None and cfg.data.generate and cfg.data.generate_train_size >= 1
+
+
+def settle_train_path(cfg: Config, resume_dir: Path | None = None) -> str | None:
+    """Point data.train_path (and a data.test_path that is the test file generated beside it) at
+    generated data made with this config's settings -> a line to say, or None when nothing moved.
+    The preset's own path when it is missing (generated there) or its record matches; else
+    `settings-<digest>/` beside it, generated on first use: the file another run made with other
+    settings (or an older tinyrl, unrecorded) is left as it is. A --resume keeps its run's own
+    file (config.json's data.train_path), which its checkpoint's data order belongs to.
+    A user's own path is never touched."""
+    base = owned_base(cfg.data.train_path)
+    if base is None or not _generates(cfg):
+        return None
+    if resume_dir is not None:
+        try:
+            saved = json.loads((resume_dir / "config.json").read_text())["data"]["train_path"]
+        except (OSError, ValueError, KeyError, TypeError):
+            saved = None
+        if isinstance(saved, str) and owned_base(saved) == base:
+            cfg.data.train_path = saved
+            return None
+    settings = generation_settings(cfg)
+    base_path = resolve_path(base)
+    found = recorded_settings(base_path) if base_path.exists() else settings
+    if found == settings:
+        cfg.data.train_path = base
+        return None
+    before = cfg.data.train_path
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    keyed = Path(base).parent / f"{KEYED}{digest}"
+    old_test = resolve_path(base).parent / TEST_NAME
+    cfg.data.train_path = (keyed / Path(base).name).as_posix()
+    made = resolve_path(cfg.data.train_path)
+    if made.exists() and recorded_settings(made) != settings:
+        from tinyrl.tasks import data_hint
+
+        raise TinyRLError(f"data.train_path: {made} is not a file tinyrl generated with this run's settings "
+                          "(no matching record beside it); it was not read or replaced",
+                          hint=f"move it away, or set data.train_path to a file of your own ({data_hint(cfg)})")
+    if resolve_path(cfg.data.test_path) == old_test:  # the held-out tasks generated beside it: these settings' too
+        cfg.data.test_path = (keyed / TEST_NAME).as_posix()
+    if cfg.data.train_path == before:  # settled already (the CLI said it at the start)
+        return None
+    why = (f"was generated with other settings ({'; '.join(settings_differ(found, settings))})" if found else
+           "has no record of the settings that made it (generated by an older tinyrl)")
+    return (f"data: {base} {why}; this run reads {cfg.data.train_path}"
+            f"{' (generated now, once)' if not resolve_path(cfg.data.train_path).exists() else ''}, "
+            f"made with its own settings; {base} is left as it is for the runs that use it")
+
+
 def check_train_path(cfg: Config) -> Path:
     """data.train_path resolved; a missing file is an error unless tinyrl generates it. The hint
     makes the file the preset's command reads (an SFT preset's: prompts with responses)."""
@@ -72,7 +189,7 @@ def check_train_path(cfg: Config) -> Path:
     if path.is_dir():
         raise TinyRLError(f"data.train_path = {cfg.data.train_path} is a directory, not a parquet file",
                           hint=f"point it at the file, e.g. {path / 'train.parquet'}")
-    if path.exists() or cfg.data.train_path in generated_paths():
+    if path.exists() or owned_base(cfg.data.train_path) is not None:
         return path
     import difflib
 
@@ -148,11 +265,16 @@ def check_one_batch(n_rows: int, rows_are: str, batch: int) -> None:
                           f"(trainer.train_batch_size = {batch})", hint="lower trainer.train_batch_size or use more data")
 
 
-def ensure_train_data(cfg: Config) -> Path:
+def ensure_train_data(cfg: Config, resume_dir: Path | None = None) -> Path:
     """The training file; the preset's own Countdown file is generated on first use, into a
-    fresh temporary directory, then linked into place without replacing any existing file.
-    An SFT preset's (command = "sft"): prompts with reference responses instead."""
+    fresh temporary directory, then linked into place without replacing any existing file,
+    with the record of its settings (settle_train_path picks the path those settings own).
+    An SFT preset's (command = "sft"): prompts with reference responses instead.
+    `resume_dir`: the run --resume continues (its own data file)."""
     sft = cfg.command == "sft"
+    note = settle_train_path(cfg, resume_dir)
+    if note:
+        log.info("%s", note)
     path = check_train_path(cfg)
     if path.exists():
         return path
@@ -172,12 +294,24 @@ def ensure_train_data(cfg: Config) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=".tinyrl-generate-", dir=path.parent))
     try:
-        train, test = make(fresh, cfg.data.generate_train_size, 1024, seed=cfg.data.generate_seed,
+        train, test = make(fresh, cfg.data.generate_train_size, TEST_SIZE, seed=cfg.data.generate_seed,
                            template=template_of(cfg.task), **task.generate_options(cfg.task))
-        place_new(train, path)
-        place_new(test, path.parent / "test.parquet")  # its held-out tasks, if that name is free
+        # its held-out tasks (an SFT file's with their responses), if that name is free
+        test_placed = place_new(test, path.parent / TEST_NAME)
+        record = fresh / record_path(path).name
+        record.write_text(json.dumps({"made_by": "tinyrl", "file": path.name,
+                                      "test_file": TEST_NAME if test_placed else None,
+                                      "settings": generation_settings(cfg)}, indent=1) + "\n")
+        # the record before the file: whoever sees the file sees its record. One without its file
+        # is an interrupted generation's, tinyrl's own: replaced.
+        if record_path(path).is_file() and not path.exists():
+            record_path(path).unlink(missing_ok=True)
+        placed = place_new(record, record_path(path)) and place_new(train, path)
     finally:
         shutil.rmtree(fresh, ignore_errors=True)
+    if not placed:
+        raise TinyRLError(f"{path} (or its record) appeared while this run generated it; it was kept",
+                          hint="run the same command again: it reads that file if its settings are this run's")
     return path
 
 
@@ -272,15 +406,16 @@ def tool_schemas(names: tuple[str, ...]) -> list[dict]:
     return [TOOLS[name].schema for name in names]
 
 
-def prepare_inputs(cfg: Config, run_dir: Path | None = None) -> RunInputs:
-    """`run_dir`: where model.init_from's starting model is written (tinyrl.init_from)."""
+def prepare_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False) -> RunInputs:
+    """`run_dir`: where model.init_from's starting model is written (tinyrl.init_from); with
+    `resume`, the run whose own generated data file is read again."""
     from tinyrl.init_from import model_path_of
     from tinyrl.tasks import get_task
     from tinyrl.tasks.rewards import build_rewards
 
     device = pick_device(cfg.trainer.device)
     reward_fn = build_rewards(cfg)  # user functions get reward.timeout_s (tinyrl.rewards.limits)
-    train_path = ensure_train_data(cfg)
+    train_path = ensure_train_data(cfg, run_dir if resume and run_dir is not None else None)
     model_path = model_path_of(cfg, run_dir)
     tok = load_tokenizer(model_path, cfg.model.custom_chat_template)
     tools = get_task(cfg.task.name).tools

@@ -64,7 +64,7 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = False, dashboard=None):
         self._open_run(cfg, run_dir, resume, dashboard)
         # device, tokenizer, data, reward fn (validated); model.init_from's model written to run_dir
-        self.inputs: RunInputs = prepare_inputs(cfg, run_dir)
+        self.inputs: RunInputs = prepare_inputs(cfg, run_dir, resume=resume)
         self.device = self.inputs.device
         if cfg.model.init_from:
             from tinyrl.init_from import describe

@@ -46,6 +46,9 @@ def write_data(cfg: Config, data_dir: Path, with_row: bool) -> tuple[Path, Path]
 
     data_dir.mkdir(parents=True, exist_ok=True)
     train, test = data_dir / "train.parquet", data_dir / "test.parquet"
+    from tinyrl.setup import settle_train_path
+
+    settle_train_path(cfg)  # a generated file made with other settings is not this config's data
     source = resolve_path(cfg.data.train_path)
     if source.exists():
         shutil.copyfile(source, train)

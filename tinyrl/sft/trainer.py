@@ -50,7 +50,7 @@ class SFTTrainer(Trainer):
 
         self._open_run(cfg, run_dir, resume, dashboard)
         self.device = pick_device(cfg.trainer.device)
-        train_path = ensure_sft_data(cfg)
+        train_path = ensure_sft_data(cfg, run_dir if resume else None)
         self.model_path = model_path_of(cfg, run_dir)  # model.init_from works here too (SFT on SFT)
         if cfg.model.init_from:
             self._notice(describe(self.model_path, resume))
@@ -151,7 +151,7 @@ class SFTTrainer(Trainer):
         return {**out, "val/loss": nll / max(tokens, 1.0)}
 
 
-def ensure_sft_data(cfg: Config) -> Path:
+def ensure_sft_data(cfg: Config, resume_dir: Path | None = None) -> Path:
     """data.train_path; the preset's own file is generated on first use when the task can write
     SFT data (Countdown's reference solutions), as `tinyrl train` generates its prompts."""
     from tinyrl.setup import ensure_train_data
@@ -159,4 +159,4 @@ def ensure_sft_data(cfg: Config) -> Path:
     from tinyrl.config import check_command
 
     check_command(cfg, "sft")  # an RL preset's file holds prompts without responses
-    return ensure_train_data(cfg)
+    return ensure_train_data(cfg, resume_dir)
