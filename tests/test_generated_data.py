@@ -4,6 +4,7 @@ replaces it. Until 2026-11-28 `--set task.operands=[2]` on a preset whose genera
 trained on that file's 3- and 4-number tasks, exit 0, without a word."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -85,6 +86,23 @@ def test_a_file_in_the_keyed_folder_without_its_record_is_refused(here):
     with pytest.raises(TinyRLError, match="not a file tinyrl generated"):
         ensure_train_data(load_config("countdown-tiny", SMALL + EASY))
     assert mine.read_bytes() == b"not tinyrl's"
+
+
+def test_validating_on_the_presets_tasks_with_other_task_settings_is_said(tmp_path, monkeypatch):
+    from tinyrl.setup import held_out_note
+
+    monkeypatch.chdir(tmp_path)  # the shipped test file is still found (the repo's data/)
+    preset = load_config("countdown-tiny", [])
+    cfg = load_config("countdown-tiny", SMALL[:1] + EASY)
+    settle_train_path(cfg)
+    note = held_out_note(cfg, preset)
+    assert note and "task.operands [3, 4] -> [2]" in note
+    assert f"data.test_path={Path(cfg.data.train_path).parent / 'test.parquet'}" in note
+    same = load_config("countdown-tiny", SMALL[:1])  # the size and seed alone: the same tasks
+    assert held_out_note(same, preset) is None
+    shutil.copyfile(config_mod.resolve_path(preset.data.test_path), tmp_path / "mine.parquet")
+    own = load_config("countdown-tiny", SMALL[:1] + EASY + ["data.test_path=mine.parquet"])
+    assert held_out_note(own, preset) is None  # the user's own choice
 
 
 def test_estimate_cost_counts_the_epoch_this_run_will_train_on(here):

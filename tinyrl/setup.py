@@ -180,6 +180,25 @@ def settle_train_path(cfg: Config, resume_dir: Path | None = None) -> str | None
             f"made with its own settings; {base} is left as it is for the runs that use it")
 
 
+def held_out_note(cfg: Config, preset_cfg: Config) -> str | None:
+    """A line when validation reads the preset's own test file (shipped, made with the preset's
+    task settings) while the generated training data is made with other task options or
+    template: the scores are of other tasks than the ones trained on. The held-out file generated
+    beside the training data is named (settle_train_path first)."""
+    if (owned_base(cfg.data.train_path) is None or not _generates(cfg) or not cfg.trainer.test_every
+            or cfg.data.test_path != preset_cfg.data.test_path or cfg.task.name != preset_cfg.task.name):
+        return None
+    task_part = lambda c: {k: v for k, v in generation_settings(c).items()  # noqa: E731
+                           if k in ("template", "options")}
+    differ = settings_differ(task_part(preset_cfg), task_part(cfg))
+    if not differ:
+        return None
+    beside = (Path(cfg.data.train_path).parent / TEST_NAME).as_posix()
+    return (f"validation reads data.test_path = {cfg.data.test_path}, the preset's tasks, while this run's "
+            f"training data is made with {'; '.join(differ)}: to validate on held-out tasks made like them, "
+            f"--set data.test_path={beside}")
+
+
 def check_train_path(cfg: Config) -> Path:
     """data.train_path resolved; a missing file is an error unless tinyrl generates it. The hint
     makes the file the preset's command reads (an SFT preset's: prompts with responses)."""
