@@ -417,3 +417,18 @@ def test_an_epoch_priced_before_a_download_does_not_say_it_is_generated(tmp_path
     assert "generated" not in source
     n, source = prompts_per_epoch(load_config("countdown-tiny", ["data.train_path=gen/train.parquet"], check=False))
     assert source.endswith("not generated yet)")  # a task that generates its data on first use
+
+
+def test_a_short_epoch_is_said_in_minutes_and_the_probe_hint_names_the_card_priced(tmp_path, monkeypatch):
+    """A CPU demo's 2-minute epoch read "hours / epoch 0.0"; `--gpu h100` on a 4090 preset was
+    told to run probe-memory without --gpu, which plans the preset's 4090."""
+    from tinyrl.cost import hours_text
+
+    assert hours_text(256 * 0.51 / 3600) == "0.036 (2.2 min)" and hours_text(118.73) == "118.7"
+    assert hours_text(0.1) == "0.1"
+    monkeypatch.setenv("TINYRL_CACHE", str(tmp_path / "cache"))  # no plan made yet: the roofline guesses
+    cfg = load_config("countdown-4090", [f"data.train_path={tmp_path / 'x.parquet'}"])
+    other = estimate_cost(cfg, gpu_name="h100").assumptions
+    assert any("`tinyrl probe-memory --preset countdown-4090 --gpu h100`" in a for a in other), other
+    own = estimate_cost(cfg, gpu_name="rtx4090").assumptions
+    assert any("`tinyrl probe-memory --preset countdown-4090` plans" in a for a in own), own

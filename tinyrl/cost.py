@@ -245,7 +245,15 @@ def tool_work(cfg: Config) -> dict[str, int]:
     return {"tool_calls": cfg.rollout.max_tool_calls, "tool_workers": cfg.rollout.tool_workers or usable_cpus()}
 
 
-def roofline_assumptions(cfg: Config, a: Assumptions, r: Roofline) -> list[str]:
+def hours_text(hours: float) -> str:
+    """Hours as the table prints them: 1 decimal, and minutes below 0.1 h (a CPU demo's epoch of
+    2 minutes read "hours / epoch 0.0")."""
+    return f"{hours:,.1f}" if hours >= 0.1 else f"{hours:.3f} ({hours * 60:.1f} min)"
+
+
+def roofline_assumptions(cfg: Config, a: Assumptions, r: Roofline, gpu_flag: str = "") -> list[str]:
+    """`gpu_flag`: ` --gpu NAME` when the card priced is not the preset's (the probe-memory the
+    hint names must plan that card: without it, it planned the preset's)."""
     d = r.details
     if cfg.command == "sft":
         return [
@@ -260,7 +268,7 @@ def roofline_assumptions(cfg: Config, a: Assumptions, r: Roofline) -> list[str]:
         ]
     share = cfg.rollout.vllm.gpu_memory_utilization or a.vllm_memory_share
     guessed = "" if cfg.rollout.vllm.gpu_memory_utilization else \
-        f" (a guess: `tinyrl probe-memory --preset {cfg.preset_arg or 'P'}` plans the run's share, then read here)"
+        f" (a guess: `tinyrl probe-memory --preset {cfg.preset_arg or 'P'}{gpu_flag}` plans the run's share, then read here)"
     return [
         f"roofline: utilisation {a.train_mfu:.0%} of peak bf16 for trainer passes, {a.prefill_mfu:.0%} for "
         f"prefill, {a.decode_mfu:.0%} as the decode compute roof; {a.bandwidth_efficiency:.0%} of spec-sheet bandwidth",
@@ -404,7 +412,8 @@ def estimate_cost(
     if roof is not None:
         if source != "roofline":  # how far the model is from reality is worth seeing every time
             notes.append(f"{source} seconds/step are {seconds / r.sec_per_step:.2f}x the roofline's {r.sec_per_step:.2f}")
-        notes += roofline_assumptions(planned, assumptions, r)
+        notes += roofline_assumptions(planned, assumptions, r,
+                                      f" --gpu {gpu.name}" if gpu.name != cfg.cost.gpu else "")
     elif roof_error:
         notes.append(f"no roofline for comparison: {roof_error}")
 
@@ -461,11 +470,11 @@ def render(est: CostEstimate) -> list:
         (f"{est.unit} / epoch", f"{est.prompts_per_epoch:,}  ({est.prompts_source})"),
         ("steps / epoch", f"{est.steps_per_epoch:,}  (batch {est.train_batch_size} {est.unit})"),
         ("seconds / step", f"{est.sec_per_step:.2f}  (source: {est.source} — {est.source_detail})"),
-        ("hours / epoch", f"{est.hours_per_epoch:,.1f}"),
+        ("hours / epoch", hours_text(est.hours_per_epoch)),
         ("price / hour", f"{money(est.price_per_hour)}  ({est.price_source})" if est.price_per_hour
          else f"unknown — the price needs --price ({est.currency})"),
         ("price / epoch", money(est.price_per_epoch) if est.price_per_epoch is not None else "— (needs --price)"),
-        (f"total, {est.epochs} epoch(s)", f"{est.total_hours:,.1f} h"
+        (f"total, {est.epochs} epoch(s)", f"{hours_text(est.total_hours)} h"
          + (f", {money(est.total_price)}" if est.total_price is not None else "")),
     ]
     for name, value in rows:
