@@ -72,6 +72,13 @@ def test_all_problems_are_reported_at_once():
         assert fragment in message
 
 
+def test_a_section_key_given_without_its_section_is_named_with_it():
+    """`--set max_steps=3` listed the sections ("valid keys: preset, ..., trainer, ..."), not which."""
+    message = _problems("countdown-tiny", "max_steps=3", "lr=1e-6")
+    assert "unknown key 'max_steps'; did you mean trainer.max_steps?" in message
+    assert "unknown key 'lr'; did you mean actor.lr or critic.lr?" in message, message
+
+
 def test_one_problem_is_said_as_one():
     assert "preset 'countdown-tiny' has 1 problem:\n  - rollout.n = -1 must be at least 1" in \
         _problems("countdown-tiny", "rollout.n=-1")

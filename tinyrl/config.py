@@ -596,7 +596,11 @@ def _unknown_key(obj: Any, key: str, dotted: str) -> str:
         return f"{dotted} moved to {MOVED[dotted]} (the task section); write it there"
     prefix = dotted[: -len(key)]
     near = difflib.get_close_matches(key, _field_names(obj), n=1, cutoff=0.5)
-    hint = f"did you mean {prefix}{near[0]}?" if near else f"valid keys: {', '.join(prefix + n for n in _field_names(obj))}"
+    # a section's key given without its section (`max_steps=3`): listing the sections did not say which
+    within = [f"{f.name}.{key}" for f in fields(obj) if is_dataclass(getattr(obj, f.name))
+              and key in _field_names(getattr(obj, f.name))]
+    hint = (f"did you mean {prefix}{near[0]}?" if near else f"did you mean {' or '.join(prefix + w for w in within)}?"
+            if within else f"valid keys: {', '.join(prefix + n for n in _field_names(obj))}")
     return f"unknown key {dotted!r}; {hint}"
 
 
