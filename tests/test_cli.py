@@ -70,6 +70,11 @@ def test_presets_list_and_show():
     assert listed.returncode == 0
     for name in ("countdown-tiny", "countdown-4090", "countdown-0.5b-4090", "countdown-grpo-4090"):
         assert name in listed.stdout
+    # each preset with its command: the footer said `tinyrl train --preset NAME` of SFT presets too
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in listed.stdout.splitlines()
+            if line.startswith("│") and line.split("│")[1].strip()}
+    assert rows["countdown-demo-sft"] == "tinyrl sft" and rows["countdown-demo"] == "tinyrl train"
+    assert rows["retool-sft-4090"] == "tinyrl sft"
     shown = tinyrl("presets", "show", "countdown-4090", "--json", "--set", "actor.lr=3e-6")
     cfg = json.loads(shown.stdout)
     assert cfg["model"]["name"] == "Qwen/Qwen2.5-3B" and cfg["actor"]["lr"] == 3e-6

@@ -148,11 +148,14 @@ def presets_list(ctx: typer.Context) -> None:
 
     table = Table(title="tinyrl presets", show_lines=False)
     table.add_column("preset", style="bold cyan")
+    table.add_column("run with")  # an SFT preset's is `tinyrl sft`: the footer said `train` of every one
     table.add_column("description")
     for name in list_presets():
-        table.add_row(name, load_config(name, check=False).description)
+        cfg = load_config(name, check=False)
+        table.add_row(name, f"tinyrl {cfg.command}", cfg.description)
     out.print(table)
-    out.print("Show one: [bold]tinyrl presets show NAME[/]  ·  run one: [bold]tinyrl train --preset NAME[/]")
+    out.print("Show one: [bold]tinyrl presets show NAME[/]  ·  run one: [bold]tinyrl train --preset NAME[/] "
+              "(an SFT preset: [bold]tinyrl sft[/], as its 'run with' says)")
 
 
 @presets_app.command("show")
