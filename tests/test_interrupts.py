@@ -151,3 +151,12 @@ def test_under_nohup_sighup_stays_ignored_and_otherwise_it_stops_a_run_like_sigt
         fresh.uninstall()
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+def test_steps_left_unsaved_are_told_to_free_space_only_when_the_disk_was_the_cause():
+    resume = "tinyrl train --out runs/r --resume"
+    full = interrupts.unsaved_hint("not enough disk for the step-3 checkpoint: it needs 5.0 MiB", resume)
+    enospc = interrupts.unsaved_hint("could not write the step-3 checkpoint ([Errno 28] No space left on device)", resume)
+    eperm = interrupts.unsaved_hint("could not write the step-3 checkpoint ([Errno 1] Operation not permitted)", resume)
+    assert full.startswith("free disk space, then redo") and enospc.startswith("free disk space")
+    assert "free disk space" not in eperm and eperm.startswith("fix what the last error says") and resume in eperm

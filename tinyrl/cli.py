@@ -406,7 +406,7 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
         out.print(message, highlight=False, soft_wrap=True)
         return
     if trainer.stopped_by is None:  # the run went on to its end, but not everything is on disk
-        raise TinyRLError(message, hint=f"free disk space, then redo those steps with: {resume_cmd}", exit_code=code)
+        raise TinyRLError(message, hint=interrupts.unsaved_hint(trainer.saves.last_error, resume_cmd), exit_code=code)
     err.print(message, highlight=False, soft_wrap=True)
     sys.exit(code)
 

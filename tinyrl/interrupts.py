@@ -258,6 +258,14 @@ def end_of_run(trainer, run_dir, total: int, resume_cmd: str, started_at: int = 
             f"{run_dir}{lost_text}  (plots: tinyrl report {run_dir})", 0)
 
 
+def unsaved_hint(last_error: str, resume_cmd: str) -> str:
+    """What to do about steps not checkpointed: free disk space only when the disk was the cause
+    (a refused write, "Operation not permitted", was told to free space as well)."""
+    full = "disk" in last_error or "space" in last_error.lower()
+    fix = "free disk space" if full else "fix what the last error says (the run directory's permissions, a disk gone)"
+    return f"{fix}, then redo those steps with: {resume_cmd}"
+
+
 def _why_nothing_trained(step: int, total: int, started_at: int) -> str:
     """`--resume` of a run already at its end trains nothing, and should say why: the end is
     behind it (`--max-steps 3` at step 6), or it is the end (a finished run resumed as it was,
