@@ -408,3 +408,24 @@ def test_a_value_where_a_list_is_expected_or_a_quoted_number_says_how_to_write_i
     assert """'data.val_files=["aime=a.parquet"]'""" in text
     suggested = text.split("(with --set: '")[1].split("')")[0]  # the --set it suggests is accepted
     assert load_config("countdown-tiny", [suggested]).model.lora_targets == ["q_proj", "v_proj"]
+
+
+def test_a_preset_saved_from_presets_show_starts_without_notes_of_its_defaults(tmp_path):
+    """README: make your own preset with `tinyrl presets show NAME > mine.toml`. It holds every key,
+    and each one at its default that the run does not read was said at the start: 19 notes."""
+    import re
+    import subprocess
+    import sys
+
+    shown = subprocess.run([sys.executable, "-m", "tinyrl.cli", "presets", "show", "countdown-tiny"],
+                           capture_output=True, text=True, timeout=120, check=True)
+    mine = tmp_path / "mine.toml"
+    mine.write_text(shown.stdout)
+    notes: list[str] = []
+    load_config(str(mine), notes=notes)
+    assert not [n for n in notes if "does not read it" in n], notes
+    notes = []  # a key changed in the file is still said
+    head, critic = shown.stdout.split("[critic]\n", 1)
+    mine.write_text(head + "[critic]\n" + re.sub(r"(?m)^lr = .*$", "lr = 3e-05", critic, count=1))
+    load_config(str(mine), ["algorithm.adv_estimator=grpo", "rollout.n=2"], notes=notes)
+    assert any(n.startswith("critic.lr is given but this run does not read it") for n in notes), notes

@@ -302,9 +302,14 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
     if check or problems:  # a parse problem raises below: with every other problem, not the first kind only
         problems += problems_of(cfg, resume_dir, planning)
     if notes is not None:
-        given = {f"{sec}.{k}" for sec, keys in raw.items() if isinstance(keys, dict) for k in keys}
-        given |= {set_key(item) for item in overrides or []}
-        notes += role_rate_notes(cfg, given) + unread_setting_notes(cfg, given)
+        in_file = {f"{sec}.{k}" for sec, keys in raw.items() if isinstance(keys, dict) for k in keys}
+        typed = {set_key(item) for item in overrides or []}
+        # a preset file's key at its default changes nothing, read or not: `presets show P > mine.toml`
+        # (README's way to make a preset) writes every key, and mine.toml started with 19 notes. A
+        # --set is said even at its default: it was typed to change something.
+        default = Config()
+        changed = {d for d in in_file if _setting_or_none(cfg, d) != _setting_or_none(default, d)}
+        notes += role_rate_notes(cfg, in_file | typed) + unread_setting_notes(cfg, changed | typed)
     if problems:
         raise TinyRLError(
             f"preset {cfg.preset!r} has {counted(len(problems), 'problem')}:\n" + "\n".join(f"  - {p}" for p in problems),
@@ -382,6 +387,13 @@ def unread_setting_notes(cfg: Config, given: set[str]) -> list[str]:
         return []
     return [f"{dotted} is given but this run does not read it: {why}"
             for dotted in sorted(given) if (why := _unread_because(cfg, dotted))]
+
+
+def _setting_or_none(cfg: Config, dotted: str) -> Any:
+    try:
+        return get_setting(cfg, dotted)
+    except AttributeError:  # a key this version does not have (reported as unknown elsewhere)
+        return None
 
 
 def _unread_because(cfg: Config, dotted: str) -> str | None:
