@@ -365,8 +365,8 @@ def test_the_roofline_decodes_with_the_memory_plans_vllm_settings_once_there_is_
     assert any(f"vLLM gets {share:.0%} of the card, " in a and f"max_num_seqs {seqs}" in a for a in read.assumptions)
     assert any(str(path) in a and "as `train` sets them" in a for a in read.assumptions), read.assumptions
     assert cfg.rollout.vllm.gpu_memory_utilization == 0  # the user's config is left as given
-    # a plan that does not fit (probe-memory --budget, before it was cached apart): train refuses it,
-    # so its vLLM share prices no run; it priced retool-4090 at 818 s a step instead of 334
+    # a plan that does not fit (the last one probed: `probe-memory --budget 12GiB` of countdown-4090):
+    # train refuses it, so its vLLM share prices no run; it priced 818 s a step instead of 334
     save_plan(plan_for_config(cfg, gpu, simulate=False, budget_bytes=8 * GiB), path)
     assert not read_plan(path).fits
     unfit = estimate_cost(cfg, gpu_name="rtx4090")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -85,22 +84,6 @@ def test_05b_full_ppo_plan_and_an_18_gib_budget(monkeypatch, capsys):
     assert all(ph["peak_bytes"] <= 0.9 * CARD_4090 for ph in whole["phases"].values())
     assert whole["phases"]["actor_update"]["micro_batch"] == 16  # capped by 16 prompts x n=1
     assert whole["phases"]["actor_update"]["micro_batch"] >= capped["phases"]["actor_update"]["micro_batch"]
-
-
-def test_a_budget_plan_is_cached_apart_from_the_plan_train_reads_without_one(monkeypatch, capsys):
-    """--budget 12GiB saved its plan (there, DOES NOT FIT) over the one `train` and estimate-cost
-    read for the same config without a budget, which then priced the run at 818 s a step instead
-    of 334. It is the plan of trainer.memory_budget_gib = 12, and says so."""
-    args = ("--preset", "countdown-0.5b-4090", "--gpu", "rtx4090", "--simulate")
-    plain = probe_json(monkeypatch, capsys, *args)
-    before = Path(plain["train_reads"]).read_text()
-    small = probe_json(monkeypatch, capsys, *args, "--budget", "12GiB")
-    assert small["budget_bytes"] == 12 * GiB and small["train_reads"] != plain["train_reads"]
-    assert Path(plain["train_reads"]).read_text() == before  # the unbudgeted plan is left as it was
-    same = probe_json(monkeypatch, capsys, *args, "--set", "trainer.memory_budget_gib=12.0")
-    assert same["train_reads"] == small["train_reads"]  # what train reads with that setting
-    code, stdout, _ = cli(monkeypatch, capsys, "probe-memory", *args, "--budget", "12GiB")
-    assert code == 0 and "with the same --set options and --set trainer.memory_budget_gib=12.0 " in stdout, stdout
 
 
 def test_retool_sft_plans_its_16k_conversations_not_an_rl_step(monkeypatch, capsys):

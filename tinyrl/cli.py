@@ -470,12 +470,10 @@ def probe_memory(
             out.print(part)
         return
     card = mp.resolve_gpu(gpu, cfg, mode)
-    if budget:  # the plan of the run with that budget, cached under its own key: until 2026-11-27 it
-        # replaced the plan `train` (and estimate-cost) read for the same config without one
-        cfg.trainer.memory_budget_gib = round(mp.parse_size(budget) / 2**30, 3)
+    budget_bytes = mp.parse_size(budget) if budget else None
     started = time.perf_counter()
     with _working(f"planning {cfg.model.name} on {card.name} ({'real passes' if mode == 'cuda' else 'fake tensors'}) ..."):
-        plan = mp.plan_for_config(cfg, card, simulate=True)
+        plan = mp.plan_for_config(cfg, card, simulate=True, budget_bytes=budget_bytes)
         if mode == "cuda":
             plan = mp.cuda_probe(cfg, card, plan)
     seconds = time.perf_counter() - started
@@ -487,7 +485,7 @@ def probe_memory(
         print(json.dumps({**mp.plan_dict(cfg, plan), "plan_file": str(plan_out or path), "train_reads": str(path),
                           "settings": settings, "seconds": round(seconds, 1)}, indent=2))
         return
-    for part in render.render_plan(cfg, plan, path, plan_out, seconds, budget_given=bool(budget)):
+    for part in render.render_plan(cfg, plan, path, plan_out, seconds):
         out.print(part)
 
 

@@ -17,8 +17,7 @@ from tinyrl.memory.plan import MemoryPlan
 _SIM = "SIMULATED (fake-tensor trace on CPU, no GPU used)"
 
 
-def render_plan(cfg: Config, plan: MemoryPlan, path: Path, out_path: Path | None, seconds: float,
-                budget_given: bool = False) -> list:
+def render_plan(cfg: Config, plan: MemoryPlan, path: Path, out_path: Path | None, seconds: float) -> list:
     """Rich renderables for probe-memory's report; the CLI prints them."""
     from rich.table import Table
     from rich.text import Text
@@ -60,16 +59,14 @@ def render_plan(cfg: Config, plan: MemoryPlan, path: Path, out_path: Path | None
     else:
         parts.append(Text("DOES NOT FIT\n", style="bold red").append("\n".join(f"- {a}" for a in advice(cfg, plan))))
     where = f"plan written to {path}" + (f" and {out_path}" if out_path else "")
-    same = "with the same --set options" + (f" and --set trainer.memory_budget_gib={cfg.trainer.memory_budget_gib}"
-                                           if budget_given else "")  # --budget is that setting, as train reads it
     if plan.fits:
         filled = apply_plan(copy.deepcopy(cfg), plan)
         if filled:
             parts.append(Text(f"{command} sets:\n" + "\n".join(f"- {line}" for line in filled)))
-        parts.append(Text(f"{where}\n`tinyrl {command} --preset {cfg.preset_arg}` {same} reads it.",
+        parts.append(Text(f"{where}\n`tinyrl {command} --preset {cfg.preset_arg}` with the same --set options reads it.",
                           style="dim"))
     else:  # train refuses this plan (preflight.check_memory): do not list settings it will never use
-        parts.append(Text(f"{where}\n`tinyrl {command} --preset {cfg.preset_arg}` {same} stops "
+        parts.append(Text(f"{where}\n`tinyrl {command} --preset {cfg.preset_arg}` with the same --set options stops "
                           "on this plan: make a change above and probe again.", style="dim"))
     parts.append(Text("\n".join(f"- {n}" for n in plan.notes), style="dim"))
     return parts
