@@ -8,7 +8,6 @@ non-root mode through an unprivileged process. Bounds on seconds are loose on pu
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -29,7 +28,7 @@ from tinyrl.errors import TinyRLError
 from tinyrl.tools import TOOLS, ToolResult, render
 from tinyrl.tools import procs
 from tinyrl.tools.python import (UID_BASE, UID_SLOTS, _dir_prefix, _read_output, run_code, run_many,
-                                 sweep_stale_dirs, uid_lock_path)
+                                 sweep_stale_dirs)
 
 ROOT = os.geteuid() == 0
 REPO = Path(__file__).resolve().parent.parent
@@ -617,11 +616,8 @@ NONROOT_UIDS = range(UID_BASE + UID_SLOTS + 900, UID_BASE + UID_SLOTS + 1900)
 @pytest.fixture
 def nonroot_uid():
     for uid in NONROOT_UIDS:
-        fd = os.open(uid_lock_path(uid), os.O_CREAT | os.O_RDWR, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        fd = sandbox.lock_uid(uid)
+        if fd is None:
             continue
         try:
             yield uid

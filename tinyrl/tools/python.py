@@ -95,6 +95,18 @@ def uid_lock_path(uid: int) -> Path:
     return lock_dir / f"{uid}.lock"
 
 
+def lock_uid(uid: int) -> int | None:
+    """The fd of `uid`'s lock file, held exclusively (flock, released when the fd closes); None
+    when another process holds it."""
+    fd = os.open(uid_lock_path(uid), os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 class _UidSlot:
     """An unprivileged uid/gid held exclusively (flock) for one call; root only."""
 
@@ -104,11 +116,8 @@ class _UidSlot:
                 uid = UID_BASE + slot
                 if _exists(pwd.getpwuid, uid) or _exists(grp.getgrgid, uid):
                     continue          # a real account: never run code as it
-                fd = os.open(uid_lock_path(uid), os.O_CREAT | os.O_RDWR, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
+                fd = lock_uid(uid)
+                if fd is None:
                     continue
                 self.uid = self.gid = uid
                 self._fd = fd
