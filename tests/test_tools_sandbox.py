@@ -27,7 +27,7 @@ import tinyrl.tools.python as sandbox
 from tinyrl.errors import TinyRLError
 from tinyrl.tools import TOOLS, ToolResult, render
 from tinyrl.tools import procs
-from tinyrl.tools.python import (UID_BASE, UID_SLOTS, _dir_prefix, _read_output, run_code, run_many,
+from tinyrl.tools.python import (MIN_MEMORY_MB, UID_BASE, UID_SLOTS, _dir_prefix, _read_output, run_code, run_many,
                                  sweep_stale_dirs)
 
 ROOT = os.geteuid() == 0
@@ -147,6 +147,13 @@ def test_third_party_packages_importable():
     # a submodule of a package the interpreter imported at startup (encodings)
     r = run_code("print('bücher.de'.encode('idna'))")
     assert r.stdout == "b'xn--bcher-kva.de'\n", r.stderr
+
+
+def test_numpy_imports_at_the_smallest_memory_limit_allowed():
+    """At the old floor (64 MiB) `import numpy` hung in its extension's load until the timeout, so
+    a user's rollout.tool_memory_mb passed validation and then showed as the model's tool timeouts."""
+    r = run_code("import numpy as np; print(int(np.arange(5).sum()))", timeout_s=20, memory_mb=MIN_MEMORY_MB)
+    assert (r.status, r.stdout) == ("ok", "10\n"), (r.status, r.stderr[-500:])
 
 
 def test_the_code_is_its_own_main_module():

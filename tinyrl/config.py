@@ -822,7 +822,7 @@ def _count_problems(cfg: Config) -> list[str]:
 
     if cfg.rollout.tool_memory_mb < MIN_MEMORY_MB:
         out.append(f"rollout.tool_memory_mb = {cfg.rollout.tool_memory_mb} must be at least {MIN_MEMORY_MB} "
-                   "(MiB of address space per tool call; the interpreter alone needs ~30)")
+                   "(MiB of address space per tool call; below it `import numpy` can hang until the call times out)")
     out += _tool_worker_problems(cfg)
     seed = cfg.trainer.seed  # (data.generate_seed seeds by its text: any integer does)
     if not -SEED_LIMIT < seed < SEED_LIMIT:

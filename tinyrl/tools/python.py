@@ -70,7 +70,10 @@ class ToolResult:
         return "timeout" if self.timed_out else "ok" if self.exit_code == 0 else "error"
 
 
-MIN_MEMORY_MB = 64  # rollout.tool_memory_mb's floor too (tinyrl.config)
+# rollout.tool_memory_mb's floor too (tinyrl.config). Not the interpreter's ~30 MB: below ~110 MB
+# `import numpy` (numpy 2.3, OpenBLAS) hangs in its extension's load until the call times out, so a
+# floor of 64 let a user's limit pass as a tool timeout blamed on the model's code.
+MIN_MEMORY_MB = 128
 
 
 def _check(timeout_s: float, memory_mb: int, max_output_bytes: int, max_processes: int) -> None:
@@ -78,7 +81,7 @@ def _check(timeout_s: float, memory_mb: int, max_output_bytes: int, max_processe
     if not timeout_s > 0:
         problems.append(f"timeout_s must be > 0, got {timeout_s}")
     if memory_mb < MIN_MEMORY_MB:
-        problems.append(f"memory_mb must be >= {MIN_MEMORY_MB} (the interpreter needs ~30 MB), got {memory_mb}")
+        problems.append(f"memory_mb must be >= {MIN_MEMORY_MB} (below it `import numpy` can hang to the timeout), got {memory_mb}")
     if max_output_bytes < 64:
         problems.append(f"max_output_bytes must be >= 64, got {max_output_bytes}")
     if max_processes < 1:
