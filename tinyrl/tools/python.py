@@ -81,7 +81,8 @@ def _check(timeout_s: float, memory_mb: int, max_output_bytes: int, max_processe
     if not timeout_s > 0:
         problems.append(f"timeout_s must be > 0, got {timeout_s}")
     if memory_mb < MIN_MEMORY_MB:
-        problems.append(f"memory_mb must be >= {MIN_MEMORY_MB} (below it `import numpy` can hang to the timeout), got {memory_mb}")
+        problems.append(f"memory_mb must be >= {MIN_MEMORY_MB} (below it `import numpy` can hang to the "
+                        f"timeout), got {memory_mb}")
     if max_output_bytes < 64:
         problems.append(f"max_output_bytes must be >= 64, got {max_output_bytes}")
     if max_processes < 1:
