@@ -27,8 +27,8 @@ import tinyrl.tools.python as sandbox
 from tinyrl.errors import TinyRLError
 from tinyrl.tools import TOOLS, ToolResult, render
 from tinyrl.tools import procs
-from tinyrl.tools.python import (MIN_MEMORY_MB, UID_BASE, UID_SLOTS, _dir_prefix, _read_output, run_code, run_many,
-                                 sweep_stale_dirs)
+from tinyrl.tools.python import (MIN_MEMORY_MB, UID_BASE, UID_SLOTS, _dir_prefix, _read_output, lock_uid, run_code,
+                                 run_many, sweep_stale_dirs)
 
 ROOT = os.geteuid() == 0
 REPO = Path(__file__).resolve().parent.parent
@@ -370,6 +370,35 @@ def test_network_is_cut_where_enforced():
             assert r.network.startswith("not enforced")
     if ROOT:                          # this machine allows it (root with CAP_SYS_ADMIN): hold it to that
         assert r.network == "isolated"
+
+
+def test_uid_locks_are_seen_by_a_trainer_with_another_temp_dir(tmp_path):
+    """The locks lived under the temp dir: two root trainers with different TMPDIRs took the same
+    uid, and each call's start killed the other's processes under it."""
+    uid = UID_BASE + UID_SLOTS + 7    # no call's slot: only this test takes it
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from tinyrl.tools.python import lock_uid\n"
+         "print(lock_uid(int(sys.argv[1])) is not None, flush=True); time.sleep(60)", str(uid)],
+        env={**os.environ, "TMPDIR": str(tmp_path)}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "True\n"
+        assert lock_uid(uid) is None
+    finally:
+        holder.kill()
+        holder.wait()
+    fd = lock_uid(uid)
+    assert fd is not None
+    os.close(fd)
+
+
+def test_a_uid_lock_directory_others_can_write_is_refused(tmp_path, monkeypatch):
+    lock_dir = tmp_path / "uids"
+    lock_dir.mkdir()
+    lock_dir.chmod(0o777)             # as a user who made it first in /tmp could leave it
+    monkeypatch.setattr(sandbox, "UID_LOCK_DIR", lock_dir)
+    with pytest.raises(TinyRLError, match="only this user") as caught:
+        lock_uid(UID_BASE)
+    assert f"rm -rf {lock_dir}" in caught.value.hint
 
 
 @pytest.mark.skipif(not ROOT, reason="the per-call uid exists only when the trainer is root")

@@ -21,6 +21,7 @@ import pwd
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,9 @@ from tinyrl.tools import procs
 
 UID_BASE = 60000          # sandbox uids UID_BASE .. UID_BASE + UID_SLOTS - 1 (need not exist)
 UID_SLOTS = 64
+# Fixed, not under tempfile.gettempdir(): two root trainers with different TMPDIRs must see each
+# other's locks, or both take one uid and each kills the other's processes as its call starts.
+UID_LOCK_DIR = Path("/tmp/tinyrl-sandbox-uids")
 _LAUNCHER = Path(__file__).with_name("_launcher.py")
 _BACKSTOP_S = 30.0        # the launcher's own cleanup is given this long past the deadline
 _SIGNAL_WHY = {
@@ -94,15 +98,21 @@ def _check(timeout_s: float, memory_mb: int, max_output_bytes: int, max_processe
 
 def uid_lock_path(uid: int) -> Path:
     """The file a call holds (flock) while it runs under `uid`: a free lock means no call."""
-    lock_dir = Path(tempfile.gettempdir()) / "tinyrl-sandbox-uids"
-    lock_dir.mkdir(mode=0o700, exist_ok=True)
-    return lock_dir / f"{uid}.lock"
+    UID_LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+    st = os.lstat(UID_LOCK_DIR)
+    # /tmp is everyone's: a directory another user made there could hold every uid's lock (no
+    # call would ever start) or point a lock file at a file of root's
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise TinyRLError(f"{UID_LOCK_DIR} (the sandbox's uid locks) is not a directory that only this user "
+                          f"(uid {os.geteuid()}) can write, so the sandbox cannot trust its locks",
+                          hint=f"stop any tinyrl run on this machine, then remove it: rm -rf {UID_LOCK_DIR}")
+    return UID_LOCK_DIR / f"{uid}.lock"
 
 
 def lock_uid(uid: int) -> int | None:
     """The fd of `uid`'s lock file, held exclusively (flock, released when the fd closes); None
     when another process holds it."""
-    fd = os.open(uid_lock_path(uid), os.O_CREAT | os.O_RDWR, 0o600)
+    fd = os.open(uid_lock_path(uid), os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
