@@ -372,6 +372,16 @@ def test_network_is_cut_where_enforced():
         assert r.network == "isolated"
 
 
+def test_setuid_binaries_run_without_their_privileges():
+    """NoNewPrivs was 0: a setuid-root binary the code ran (passwd, mount, chsh are on this
+    machine) ran as root. With no_new_privs the kernel ignores setuid bits and file capabilities."""
+    r = run_code("import subprocess\n"
+                 "print(open('/proc/self/status').read().split('NoNewPrivs:')[1].split()[0])\n"
+                 "print(subprocess.run(['cat', '/proc/self/status'], capture_output=True, text=True)"
+                 ".stdout.split('NoNewPrivs:')[1].split()[0])")
+    assert r.stdout.split() == ["1", "1"], r.stderr      # the code and what it starts
+
+
 def test_uid_locks_are_seen_by_a_trainer_with_another_temp_dir(tmp_path):
     """The locks lived under the temp dir: two root trainers with different TMPDIRs took the same
     uid, and each call's start killed the other's processes under it."""

@@ -39,7 +39,7 @@ import procs  # noqa: E402  (the sibling module, by path: this runs as a script)
 
 del sys.path[0]                      # the code's `import x` must not find the sandbox's modules
 
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
 CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWUSER = 0x20000, 0x40000000, 0x20000000, 0x10000000
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
 # the world-writable places of a usual Linux: the code gets private, size-capped copies
@@ -155,7 +155,7 @@ def _run_reaper(spec: dict, status_w: int) -> None:
 
 def _confine(spec: dict) -> None:
     """In the code process, before the code: rlimits (inherited by all it starts), then the
-    privilege drop when root, then death with the reaper."""
+    privilege drop when root, then death with the reaper and no_new_privs."""
     if spec["uid"] is not None or spec["isolate"]:
         # before the private /tmp below: a venv under /tmp (a CI clone) would vanish behind it
         sys.path[:] = _fd_paths(sys.path, others_must_read=spec["uid"] is not None)
@@ -179,6 +179,10 @@ def _confine(spec: dict) -> None:
         os.setuid(spec["uid"])       # real, effective and saved: no way back to root
         _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)   # so /proc/self/fd stays ours after setuid
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # a setuid binary (passwd, mount, chsh) or file capability then runs without its privileges:
+    # the code cannot climb back to root through one; inherited by all it starts, cannot be unset
+    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(ctypes.get_errno())}")
 
 
 def _run_code(code: str, setup: str = "") -> None:
