@@ -3,8 +3,9 @@
 pass@k: the unbiased estimator of Chen et al. 2021 (Codex), 1 - C(n-c, k) / C(n, k) per problem
 (the chance that k of the n samples, drawn without replacement, hold a correct one), averaged
 over problems. maj@k: the most frequent extracted answer of the first k samples (ties: the one
-seen first) is the problem's answer; correct when a sample giving it is correct. mean@n: the
-mean correctness of all samples.
+seen first) is the problem's answer; correct when a sample giving it is correct. So maj@1 is the
+first sample's correctness, where pass@1 (= mean@n) averages all n. mean@n: the mean
+correctness of all samples.
 """
 
 from __future__ import annotations
