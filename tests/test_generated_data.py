@@ -12,7 +12,7 @@ import pytest
 
 import tinyrl.config as config_mod
 from tinyrl.config import load_config
-from tinyrl.setup import ensure_train_data, record_path, settle_train_path
+from tinyrl.setup import ensure_train_data, kept_as_it_is_note, record_path, settle_train_path
 
 SMALL = ["data.generate_train_size=64", "trainer.test_every=0"]
 EASY = ["task.operands=[2]", "task.max_number=20"]
@@ -49,6 +49,16 @@ def test_changed_generation_settings_get_data_made_with_them(here):
     mtime = path.stat().st_mtime_ns
     assert ensure_train_data(again) == path and path.stat().st_mtime_ns == mtime  # made once
     assert ensure_train_data(load_config("countdown-tiny", SMALL)) == first  # the preset's settings: its file
+
+
+def test_generate_false_reads_the_file_as_it_is_and_says_whose_settings_made_it(here):
+    first = ensure_train_data(load_config("countdown-tiny", SMALL))
+    cfg = load_config("countdown-tiny", SMALL + EASY + ["data.generate=false"])
+    assert settle_train_path(cfg) is None and cfg.data.train_path == first.as_posix()  # kept: the user said so
+    note = kept_as_it_is_note(cfg)
+    assert note and "task.operands [3, 4] -> [2]" in note and "data.generate = false" in note
+    same = load_config("countdown-tiny", SMALL + ["data.generate=false"])
+    assert kept_as_it_is_note(same) is None                   # its own settings: nothing to say
 
 
 def test_generated_test_file_beside_it_follows_the_settings(here):

@@ -318,7 +318,8 @@ def _checked_run(command: str, preset: str, overrides: Optional[list[str]], out_
     """The config and the data checked, nothing written -> (cfg, run_dir, resume_cmd)."""
     from tinyrl import rundir
     from tinyrl.config import check_command, load_config
-    from tinyrl.setup import check_data_rows, check_train_path, held_out_note, settle_train_path
+    from tinyrl.setup import (check_data_rows, check_train_path, held_out_note, kept_as_it_is_note,
+                              settle_train_path)
 
     if resume and out_dir is not None:  # its relative paths start where it started: before they are read
         rundir.check_resume_here(out_dir, _resume_command(preset, overrides, out_dir, max_steps, command))
@@ -328,7 +329,7 @@ def _checked_run(command: str, preset: str, overrides: Optional[list[str]], out_
     if max_steps is not None and max_steps < 1:
         raise TinyRLError(f"--max-steps {max_steps} must be at least 1", hint="e.g. --max-steps 3")
     # generated data made with other settings than this run's: its own path, said at the start
-    if note := settle_train_path(cfg, run_dir if resume else None):
+    if note := settle_train_path(cfg, run_dir if resume else None) or kept_as_it_is_note(cfg):
         config_notes.append(note)
     try:
         preset_cfg = load_config(preset, [])  # the preset's own settings: its test file's tasks

@@ -139,7 +139,7 @@ def settle_train_path(cfg: Config, resume_dir: Path | None = None) -> str | None
     `settings-<digest>/` beside it, generated on first use: the file another run made with other
     settings (or an older tinyrl, unrecorded) is left as it is. A --resume keeps its run's own
     file (config.json's data.train_path), which its checkpoint's data order belongs to.
-    A user's own path is never touched."""
+    A user's own path is never touched; with data.generate=false neither (kept_as_it_is_note)."""
     base = owned_base(cfg.data.train_path)
     if base is None or not _generates(cfg):
         return None
@@ -178,6 +178,21 @@ def settle_train_path(cfg: Config, resume_dir: Path | None = None) -> str | None
     return (f"data: {base} {why}; this run reads {cfg.data.train_path}"
             f"{' (generated now, once)' if not resolve_path(cfg.data.train_path).exists() else ''}, "
             f"made with its own settings; {base} is left as it is for the runs that use it")
+
+
+def kept_as_it_is_note(cfg: Config) -> str | None:
+    """data.generate=false on generated data recorded with other settings: a line saying the run
+    trains on it anyway (until 2026-11-28 it did without a word, like the old --set operands)."""
+    path = resolve_path(cfg.data.train_path)
+    if (cfg.data.generate or owned_base(cfg.data.train_path) is None or not path.exists()
+            or (found := recorded_settings(path)) is None):
+        return None
+    differ = settings_differ(found, generation_settings(cfg))
+    if not differ:
+        return None
+    return (f"data: {cfg.data.train_path} was generated with other settings ({'; '.join(differ)}); "
+            "data.generate = false, so this run trains on it as it is (set data.generate=true for data "
+            "made with this run's settings)")
 
 
 def held_out_note(cfg: Config, preset_cfg: Config) -> str | None:
