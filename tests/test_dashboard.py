@@ -18,7 +18,7 @@ INFO = dict(preset="countdown-tiny", model="tinyrl/tiny-qwen2", algorithm="ppo",
 
 
 def metrics(step: int, **extra) -> dict:
-    m = {"step": step, "epoch": 0, "reward/mean": 0.083, "reward/max": 1.0, "reward/min": 0.0,
+    m = {"step": step, "epoch": 1, "reward/mean": 0.083, "reward/max": 1.0, "reward/min": 0.0,
          "kl/mean": 0.0012, "kl/coef": 0.001, "actor/pg_loss": -0.0123, "actor/pg_clipfrac": 0.031,
          "actor/ppo_kl": 0.00031, "actor/entropy": 1.234, "actor/grad_norm": 3.21,
          "critic/vf_loss": 0.456, "critic/vf_clipfrac": 0.1, "critic/explained_var": 0.12,
@@ -66,7 +66,7 @@ def test_plain_mode_prints_one_stable_line_per_step_even_past_80_columns():
         d.update(metrics(3))
     lines = buf.getvalue().splitlines()
     assert len(lines) == 3 and all(len(line) > 80 for line in lines)
-    assert lines[0].startswith("step 1/40 | epoch 0 | reward 0.083 [0.000, 1.000] | kl 0.0012 (coef 0.0010)")
+    assert lines[0].startswith("step 1/40 | epoch 1 | reward 0.083 [0.000, 1.000] | kl 0.0012 (coef 0.0010)")
     assert "| len 31.2 (max 64) |" in lines[0] and "| pg_clip 0.031 |" in lines[0]
     assert "| vf_loss 0.4560 |" in lines[0] and "| 1.90s |" in lines[0] and "| 512 tok/s |" in lines[0]
     # the PPO demo's bar is the critic's explained variance: piped, it was in metrics.jsonl only
@@ -250,7 +250,7 @@ def test_answer_is_coloured_by_reward_and_think_tags_are_styled(reward, colour):
 
 
 def test_formats_and_sparkline():
-    assert fmt(None) == "–" and fmt(float("inf")) == "inf" and fmt(0.00031) == "3.10e-04"
+    assert fmt(None) == "–" and fmt(float("inf")) == "inf" and fmt(0.00031) == "3.10e-04" and fmt(0.0) == "0"
     assert fmt(12345.6) == "12,346" and fmt(3) == "3" and fmt(0.5, ".3f") == "0.500"
     assert sparkline([0.0, 0.5, 1.0], 10) == "▁▅█"
     assert sparkline([0.2, 0.2], 10) == "▄▄"
@@ -425,7 +425,7 @@ def test_an_sft_frame_has_no_rollout_fields():
     d = Dashboard({**INFO, "algorithm": "sft", "preset": "countdown-demo-sft"}, mode="off")
     first = frame(d)  # before step 1: it showed reward, KL · policy and rollout panels until then
     assert "sft loss" in first and "reward" not in first and "KL" not in first and "latest sample" not in first
-    d.update({"step": 58, "epoch": 0, "sft/loss": 0.7551, "sft/lr": 3e-3, "sft/grad_norm": 0.43,
+    d.update({"step": 58, "epoch": 1, "sft/loss": 0.7551, "sft/lr": 3e-3, "sft/grad_norm": 0.43,
               "memory/kind": "ram", "memory/used_bytes": int(0.85 * GIB), "memory/total_bytes": int(23.6 * GIB)})
     text = frame(d)
     assert "sft loss" in text and re.search(r"RAM used\s+0\.85 GiB", text)
@@ -436,7 +436,7 @@ def test_an_sft_frame_has_no_rollout_fields():
 def test_an_sft_frame_holds_its_val_score_like_its_val_loss():
     """With trainer.test_every=5 the SFT panel read `val loss 1.1658 @5` but `val score –` at step 9."""
     d = Dashboard({**INFO, "algorithm": "sft"}, mode="off")
-    base = {"epoch": 0, "sft/loss": 1.0, "memory/kind": "ram"}
+    base = {"epoch": 1, "sft/loss": 1.0, "memory/kind": "ram"}
     d.update({**base, "step": 5, "val/loss": 1.1658, "val/score": 0.125})
     d.update({**base, "step": 9})
     text = frame(d)

@@ -36,7 +36,7 @@ FEED = textwrap.dedent('''
             for phase in ("rollout", "reward", "actor_update"):
                 dash.set_phase(phase)
             dash.update({
-                "step": step, "epoch": 0, "reward/mean": 0.0417 * step, "reward/min": 0.0,
+                "step": step, "epoch": 1, "reward/mean": 0.0417 * step, "reward/min": 0.0,
                 "reward/max": 1.0, "kl/mean": 0.0012, "kl/coef": 0.001, "actor/pg_loss": -0.0123,
                 "actor/pg_clipfrac": 0.031, "actor/entropy": 1.234, "critic/vf_loss": 0.456,
                 "response_length/mean": 31.2, "response_length/max": 64,
@@ -132,7 +132,7 @@ def test_fed_dashboard_in_a_real_pty_shows_the_panels_with_real_values(tmp_path,
     for title in ("tinyrl countdown-tiny", "reward", "KL · policy", "memory (process RAM)", "timings",
                   "critic", "latest sample · step 3 · reward 1.00"):
         assert title in text, title
-    assert "step 3/40 · epoch 0 (20 steps/epoch)" in text
+    assert "step 3/40 · epoch 1 (20 steps/epoch)" in text
     assert re.search(r"mean\s+0\.125", text) and re.search(r"val score\s+0\.050 @2", text)
     assert re.search(r"RAM used\s+1\.20 GiB", text) and re.search(r"kl\s+0\.0012", text)
     assert re.search(r"vf_loss\s+0\.4560", text) and re.search(r"rollout\s+1\.25s", text)

@@ -60,6 +60,7 @@ def test_a_step_writes_metrics(tmp_path):
     run = tmp_path / "run"
     history = Trainer(cfg, run).train()
     assert [m["step"] for m in history] == [1, 2]
+    assert [m["epoch"] for m in history] == [1, 1]  # 1-based, as steps are (step 1 read "epoch 0")
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     for key in ("step", "reward/mean", "kl/mean", "response_length/mean", "timing/rollout",
                 "timing/actor_update", "timing/critic_update", "memory/peak_bytes", "critic/vf_loss",

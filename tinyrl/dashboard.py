@@ -61,8 +61,10 @@ def fmt(value: Any, spec: str = "") -> str:
         return str(value)  # "nan" / "inf": a diverging loss must stay visible, not become "–"
     if spec:
         return format(value, spec)
-    if isinstance(value, int) or value == 0:
+    if isinstance(value, int):
         return str(value)
+    if value == 0:
+        return "0"             # a KL of exactly 0 at step 1 read "kl 0.0 (coef 0.0010)"
     mag = abs(value)
     if mag < 1e-3:
         return f"{value:.2e}"   # KL and ppo_kl live down here; fixed point would print 0.0000

@@ -257,6 +257,12 @@ class Trainer:
             self.dash.validated(metrics)
         return metrics
 
+    def _epoch_number(self) -> int:
+        """The logged epoch of the step just taken, 1-based as steps are: steps 1 ..
+        steps_per_epoch are epoch 1 (the dashboard said "step 1/40 | epoch 0"). The data order's
+        own epoch index (_prompt_rows' seed) stays 0-based: resumed runs keep their rows."""
+        return (self.step - 1) // self.steps_per_epoch + 1
+
     def _prompt_rows(self, step: int) -> list[int]:
         """Row indices of a global step: a seeded permutation per epoch, so resume replays it."""
         b = self.cfg.trainer.train_batch_size
@@ -510,7 +516,7 @@ class Trainer:
         scores, mask = traj.scores, traj.mask
         lengths = traj.batch.response_mask.sum(-1)  # every episode token, inserted ones too (verl: the attention mask)
         n_tokens = sum(len(e.prompt_ids) + len(e.response_ids) for e in episodes)
-        m = {"step": self.step, "epoch": (self.step - 1) // self.steps_per_epoch,
+        m = {"step": self.step, "epoch": self._epoch_number(),
              "reward/mean": float(scores.mean()), "reward/max": float(scores.max()), "reward/min": float(scores.min()),
              "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
              "response_length/clip_ratio": float(sum(e.stop_reason == "length" for e in episodes) / len(episodes)),
