@@ -145,8 +145,45 @@ def test_a_run_with_its_own_reward_fn_says_eval_judges_by_the_task(math_run, tmp
     (own / "config.json").write_text(json.dumps(config))
     summary, out = ev.evaluate(str(own), data, n=0, progress=False, engine="hf", out_dir=tmp_path / "own-ev")
     assert summary["judged_by"] == (f"the math task's reward; the run's val/score was judged by its reward.fn = "
-                                    f"{fn} (solved: a score >= 1), so the two can differ")
+                                    f"{fn} (solved: a score >= 1), so the two can differ (--reward run judges as it did)")
     assert json.loads((out / "eval.json").read_text())["judged_by"] == summary["judged_by"]
+
+
+def test_reward_run_judges_by_the_runs_own_function_on_rows_the_task_cannot_read(math_run, tmp_path):
+    """A run trained on the user's own rows with reward.fn = their function could not be evaluated:
+    the task's row check refused the rows and its hint pointed at the task's data, with no way to
+    judge as the run's val/score was judged. --reward run (or a spec) now judges by that function."""
+    from helpers.own_rows_reward import parity
+
+    run, tmp = math_run
+    own = Path(shutil.copytree(run, tmp_path / "own", ignore=shutil.ignore_patterns("eval")))
+    config = json.loads((own / "config.json").read_text())
+    fn = f"{Path(__file__).parent / 'helpers' / 'own_rows_reward.py'}:parity"
+    config["reward"]["fn"] = fn
+    (own / "config.json").write_text(json.dumps(config))
+    rows = pd.read_parquet(f"{tmp}/data/test.parquet").head(4)
+    rows["reward_model"] = [{"ground_truth": {"mine": i}} for i in range(len(rows))]
+    mine = tmp_path / "mine.parquet"
+    rows.to_parquet(mine)
+    with pytest.raises(TinyRLError, match="cannot be scored by the math task") as caught:
+        ev.evaluate(str(own), [str(mine)], n=0, progress=False, engine="hf", out_dir=tmp_path / "refused")
+    assert "--reward run" in caught.value.hint and fn in caught.value.hint
+    summary, out = ev.evaluate(str(own), [str(mine)], n=2, ks=[1, 2], progress=False, engine="hf",
+                               out_dir=tmp_path / "judged", reward="run")
+    assert summary["judged_by"].startswith(f"{fn} (--reward run; solved: a score >= 1")
+    samples = [json.loads(x) for x in (out / "eval_samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 * 3
+    for s in samples:  # every sample judged by the user's function on its own row
+        assert s["reward"] == parity(s["completion"], {"reward_model": {"ground_truth": {"mine": s["problem"]}}})
+        assert s["correct"] == (s["reward"] >= 1) and s["answer"] is None
+    m = summary["files"]["mine"]
+    assert m["greedy_acc"] == sum(s["correct"] for s in samples if s["kind"] == "greedy") / 4
+    assert "pass@2" in m and not any(k.startswith("maj@") for k in m)  # no answers to vote on
+    for bad, said in [("math", "is a task"), ("nofile.py:f", "file nofile.py not found")]:
+        with pytest.raises(TinyRLError, match=said):
+            ev.evaluate(str(own), [str(mine)], n=0, progress=False, out_dir=tmp_path / "bad", reward=bad)
+    with pytest.raises(TinyRLError, match="is a task's reward"):
+        ev.evaluate(str(run), [str(mine)], n=0, progress=False, out_dir=tmp_path / "bad", reward="run")
 
 
 def test_a_run_without_data_is_evaluated_on_the_files_its_validation_scored(math_run, tmp_path, monkeypatch):

@@ -610,6 +610,7 @@ def eval_cmd(
     tools: Optional[bool] = typer.Option(None, "--tools/--no-tools", help="Episodes with the task's tools (default: on when the task declares tools; limits: the run's rollout.max_turns ...)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where eval.json and eval_samples.jsonl go (default: RUN_DIR/eval or eval/MODEL)."),
     seed: int = typer.Option(0, "--seed", help="Sampling seed."),
+    reward: Optional[str] = typer.Option(None, "--reward", help="Judge by a reward function instead of the task's reward: 'run' (the run's reward.fn, as its val/score was judged) or path/to/file.py:func (solved: a score >= 1; no maj@k)."),
     as_json: bool = typer.Option(False, "--json", help="Print eval.json instead of the table."),
 ) -> None:
     """Greedy accuracy, mean@n, pass@k (unbiased), maj@k, response length and tokens/s on a task's data."""
@@ -628,7 +629,7 @@ def eval_cmd(
         summary, where = evaluate(target, data, task_name=task, n=n, ks=ks, temperature=temperature, top_p=top_p,
                                   greedy=greedy, engine=engine, max_new_tokens=max_tokens, out_dir=out_dir,
                                   chat_template=chat_template, seed=seed, progress=not as_json, tools=tools,
-                                  device=device)
+                                  device=device, reward=reward)
     if as_json:
         print(json.dumps(summary, indent=2))
         return

@@ -37,12 +37,14 @@ class FileResult:
 def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], task, task_cfg, *, n: int,
                   ks: list[int], temperature: float, top_p: float, greedy: bool, max_new_tokens: int,
                   seed: int = 0, name: str = "data", tick: Callable[[int], None] = lambda k: None,
-                  tool_rollout=None) -> FileResult:
+                  tool_rollout=None, judge=None) -> FileResult:
     """Greedy (optional) and n sampled episodes per prompt, judged by the task. -> FileResult
     `tool_rollout` (tinyrl.rollout.turns.ToolRollout): episodes with tools; each sample then
-    keeps its turns (role + text) and tool calls, and the metrics add the tool counts."""
-    reward = task.make_reward(task_cfg)
-    solved_at = task.solved_at(task_cfg)
+    keeps its turns (role + text) and tool calls, and the metrics add the tool counts.
+    `judge` (a tinyrl.tasks.rewards.RewardSet of one user function): judges instead of the task
+    (solved: its solved_at); it extracts no answer, so there is no maj@k to vote."""
+    reward = judge if judge is not None else task.make_reward(task_cfg)
+    solved_at = judge.solved_at if judge is not None else task.solved_at(task_cfg)
     result = FileResult(name)
     kinds = ([("greedy", SamplingSettings(n=1, greedy=True, max_new_tokens=max_new_tokens))] if greedy else []) + \
         ([("sample", SamplingSettings(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
@@ -64,7 +66,8 @@ def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], 
                 i = start + e.prompt_index
                 score = float(reward(text, rows[i]))
                 groups[i].append({"data": name, "problem": i, "kind": kind, "sample": len(groups[i]),
-                                  "completion": text, "answer": task.extract_answer(text, task_cfg),
+                                  "completion": text,
+                                  "answer": None if judge is not None else task.extract_answer(text, task_cfg),
                                   "correct": score >= solved_at, "reward": score,
                                   "response_tokens": len(e.response_ids)})
                 if tool_rollout is not None:
@@ -79,6 +82,8 @@ def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], 
     if "sample" in per_kind:
         result.metrics.update(summarize([([s["answer"] for s in g], [s["correct"] for s in g])
                                          for g in per_kind["sample"]], ks))
+        if judge is not None:  # no answers to vote on: maj@k would read 0 whatever the samples
+            result.metrics = {k: v for k, v in result.metrics.items() if not k.startswith("maj@")}
     result.metrics["response_length"] = sum(lengths) / max(len(lengths), 1)
     result.metrics["tokens_per_s"] = tokens / max(seconds, 1e-9)
     if tool_rollout is not None:
@@ -284,7 +289,7 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
              ks: list[int] | None = None, temperature: float = 0.6, top_p: float = 1.0, greedy: bool = True,
              engine: str = "auto", max_new_tokens: int | None = None, out_dir: Path | None = None,
              chat_template: bool | None = None, seed: int = 0, progress: bool = True,
-             tools: bool | None = None, device: str = "auto") -> tuple[dict, Path]:
+             tools: bool | None = None, device: str = "auto", reward: str | None = None) -> tuple[dict, Path]:
     """Evaluate; write OUT/eval.json and OUT/eval_samples.jsonl. -> (eval.json's dict, OUT)
     `data`: `name=path` or `path` items (None: a run directory's own held-back files, run_data).
     `device`: auto (a run's trainer.device when that is the CPU; else CUDA when torch sees a GPU,
@@ -292,7 +297,10 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     on the CPU; a model directory: auto): a run's val/score is this greedy accuracy on the device
     and dtype it validated with (EVAL_DEVICES: why a GPU can differ).
     `tools` (default: on when the task declares tools): episodes with the task's tools, with the
-    run's rollout limits (rollout.max_turns ...; the defaults for a model directory)."""
+    run's rollout limits (rollout.max_turns ...; the defaults for a model directory).
+    `reward`: judge by a user's function instead of the task's reward: "run" (the run's
+    reward.fn, which judged its val/score) or path/to/file.py:func / module:func (solved: a
+    score >= 1, as in train); the rows are then not checked against the task's reward."""
     from tinyrl.config import TaskConfig
     from tinyrl.data.io import chat_text, load_prompts, prompt_text
     from tinyrl.models import dtype_name, pick_dtype
@@ -350,18 +358,24 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
             f"{target}, which is no directory here and is taken as a Hugging Face model id"
         raise TinyRLError(f"--task is needed for {what}", hint="e.g. --task math (`tinyrl tasks`)")
     task = get_task(task_cfg.name)
+    judge_spec = _judge_spec(reward, cfg)
+    own_fn = cfg is not None and cfg.reward.fn not in ("task", task_cfg.name) and judge_spec is None
     rows_of = {}
     for name, file in files:  # another task's file: said before a run is merged and a model loads
         try:
             rows_of[name] = load_prompts(file, make=f"give --data a file of the {task.name} task's prompts; make one "
                                                      f"with {task.data_hint}").to_dict("records")
-            check_rows(task, rows_of[name], file)
+            if judge_spec is None:  # a user's function reads its rows its own way
+                check_rows(task, rows_of[name], file)
         except TinyRLError as exc:
+            # a run trained on its own data with its own reward.fn: the task cannot read those rows
+            or_run = f"; or judge by the run's reward.fn = {cfg.reward.fn}, as its val/score was: --reward run" \
+                if own_fn else ""
             if data:
-                raise
+                raise TinyRLError(exc.message, hint=exc.hint + or_run) from exc
             raise TinyRLError(f"--data {name}{whose(name)}: {exc.message}; nothing was evaluated",
                               hint=f"give the {task.name} task's prompts: --data FILE (an SFT run's test file "
-                                   "holds conversations, scored by their loss, not by the task)") from exc
+                                   f"holds conversations, scored by their loss, not by the task){or_run}") from exc
     max_new = max_new_tokens if max_new_tokens is not None else (cfg.rollout.max_response_length if cfg is not None else 1024)
     with_tools = bool(task.tools) if tools is None else tools
     if with_tools and not task.tools:
@@ -374,6 +388,11 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     device = eval_device(device, cfg.trainer.device if cfg is not None else None, engine)
     dtype = pick_dtype(cfg.model.dtype if cfg is not None else "auto", device)
     engine = engine if engine != "auto" else ("vllm" if device.type == "cuda" else "hf")
+    judge = None
+    if judge_spec is not None:  # its worker starts (and an import error is said) before a model loads
+        from tinyrl.tasks.rewards import reward_set
+
+        judge = reward_set([judge_spec], [], task_cfg, cfg.reward.timeout_s if cfg is not None else 60.0)
     with tempfile.TemporaryDirectory(prefix="tinyrl-eval-") as tmp:
         if cfg is not None:
             model_path, label = _merged_run(path, Path(tmp))
@@ -408,7 +427,7 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
 
                 tool_rollout = ToolRollout(task.tools, tokenizer, eng, cfg.rollout if cfg is not None else RolloutConfig())
             results = _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, greedy, max_new,
-                           seed, progress, tool_rollout)
+                           seed, progress, tool_rollout, judge)
         finally:
             eng.close()
     summary = {"model": label, "task": task_cfg.name, "engine": engine, "device": device.type,
@@ -418,11 +437,15 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
                          for r, (_, p), (_, _, rows) in zip(results, files, loaded)}}
     if with_tools:
         summary["tools"] = list(task.tools)
-    if cfg is not None and cfg.reward.fn not in ("task", task_cfg.name):
+    if judge_spec is not None:
+        summary["judged_by"] = (f"{judge_spec} (--reward{' run' if reward == 'run' else ''}; solved: a score >= 1; "
+                                "no maj@k: a reward function extracts no answer to vote on)")
+    elif own_fn:
         # a user's reward.fn judged the run's val/score (solved: its score >= 1); eval judges by the
         # task: README's `<answer>`-present reward read 100% there and 0% here, with nothing said
         summary["judged_by"] = (f"the {task_cfg.name} task's reward; the run's val/score was judged by its "
-                                f"reward.fn = {cfg.reward.fn} (solved: a score >= 1), so the two can differ")
+                                f"reward.fn = {cfg.reward.fn} (solved: a score >= 1), so the two can differ "
+                                "(--reward run judges as it did)")
     _write(out, summary, results)
     return summary, out
 
@@ -481,8 +504,33 @@ def _ticker(bar, total: int, console, unit: str = "prompts") -> Callable[[int], 
     return plain_progress(total, lambda line: console.print(line, highlight=False, soft_wrap=True), unit=unit)
 
 
+def _judge_spec(reward: str | None, cfg) -> str | None:
+    """--reward's function spec (None: the task judges), checked as train checks reward.fn."""
+    from tinyrl.tasks import all_tasks
+    from tinyrl.tasks.rewards import spec_problem
+
+    if reward is None or reward == "task":
+        return None
+    if reward == "run":
+        if cfg is None:
+            raise TinyRLError("--reward run needs a run directory (it names the run's reward.fn)",
+                              hint="give the function itself: --reward path/to/file.py:func")
+        if cfg.reward.fn == "task" or cfg.reward.fn in all_tasks():
+            raise TinyRLError(f"--reward run: the run's reward.fn = {cfg.reward.fn} is a task's reward, which eval "
+                              "judges by already", hint="leave --reward out (or give --task NAME)")
+        return cfg.reward.fn
+    if reward in all_tasks():
+        raise TinyRLError(f"--reward {reward} is a task: its reward judges when it is eval's task",
+                          hint=f"--task {reward}")
+    problem = spec_problem(reward, "--reward")
+    if problem:
+        raise TinyRLError(f"{problem}; nothing was evaluated",
+                          hint="--reward run (the run's reward.fn), or path/to/file.py:func / module:func")
+    return reward
+
+
 def _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, greedy, max_new, seed, progress,
-         tool_rollout=None):
+         tool_rollout=None, judge=None):
     from contextlib import nullcontext
 
     from rich.console import Console
@@ -499,5 +547,5 @@ def _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, gree
         tick = _ticker(bar, total, console, progress_unit(greedy, n)) if progress else (lambda k: None)
         return [score_prompts(eng, tokenizer, prompts, rows, task, task_cfg, n=n, ks=ks, temperature=temperature,
                               top_p=top_p, greedy=greedy, max_new_tokens=max_new, seed=seed, name=name, tick=tick,
-                              tool_rollout=tool_rollout)
+                              tool_rollout=tool_rollout, judge=judge)
                 for name, prompts, rows in loaded]
