@@ -108,6 +108,10 @@ def test_another_tasks_file_is_said_before_the_memory_plan_and_any_model(tmp_pat
     said = " ".join(capsys.readouterr().err.replace("│", " ").split())
     assert exited.value.code == 2 and f"{other}: " in said and "cannot be scored by the" in said, said
     assert not (tmp_path / "run" / "config.json").exists()
+    if key != "data.train_path":  # a held-out file: its ways out (a user's own task kept the preset's test file)
+        assert "--set reward.fn=file.py:func" in said, said
+        assert ("sft.val_generate=false" if command == "sft" else
+                f"--set {key}=...), or train without validation: --set trainer.test_every=0") in said, said
 
 
 @pytest.mark.parametrize("command, preset", [("train", "math-tiny"), ("sft", "countdown-tiny-sft")])

@@ -270,15 +270,19 @@ def check_data_rows(cfg: Config) -> None:
             try:
                 check(name, cfg.data.max_test_prompts)
             except TinyRLError as exc:
-                if rl:
-                    raise
+                own = "; or judge by a function of yours, which reads rows its own way: --set reward.fn=file.py:func"
+                if rl:  # the preset's shipped test file under another task (--set task.name=mine): its fix is the path
+                    setting = "data.test_path" if name == cfg.data.test_path else "data.val_files"
+                    raise TinyRLError(exc.message, hint=f"this is a file validation scores ({setting}): give held-out "
+                                      f"prompts of the {cfg.task.name} task there (--set {setting}=...), or train "
+                                      f"without validation: --set trainer.test_every=0; {exc.hint}{own}") from exc
                 # an SFT user's own conversations: the way out is the switch, not another file format
                 raise TinyRLError(
                     f"sft.val_generate = true samples data.test_path's prompts and scores them with "
                     f"the {cfg.task.name} task, but {exc.message}",
                     hint="--set sft.val_generate=false to validate on the loss alone (val/loss), or set "
                          f"data.test_path to a file of the {cfg.task.name} task's prompts with their "
-                         "responses") from exc
+                         f"responses{own}") from exc
 
 
 def _parquet_rows(path: Path) -> int | None:
