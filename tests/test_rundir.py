@@ -228,6 +228,10 @@ def test_resume_needs_only_the_run_directory(tmp_path, data, tiny_model_dir):
     assert done.returncode == 0, done.stderr[-3000:]
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert json.loads((out / "config.json").read_text())["data"]["train_path"] == str(data)
+    # the resume's own command is kept now: it kept the start's `--max-steps 1`, which after a
+    # kill -9 of this resume "ended at once (nothing was trained)"
+    kept = json.loads((out / rundir.RUN_FILE).read_text())["resume"]
+    assert "--max-steps 2" in kept and "--set trainer.log_samples=1" in kept and f"--set data.train_path={data}" in kept
     # no --preset: a new run, or a run that keeps no command, is one screen, exit 2
     for args, said in ((["train", "--out", str(tmp_path / "new")], "--preset is needed"),
                        (["sft", "--out", str(tmp_path / "none"), "--resume"], "keeps no command to continue it")):

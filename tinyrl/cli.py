@@ -382,10 +382,11 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
         with _working(f"preparing {cfg.preset}: model {cfg.model.name}, data, reward, rollout engine ..."):
             trainer = Trainer(cfg, run_dir, resume=resume)
         algorithm, engine = cfg.algorithm.adv_estimator, trainer.engine.name
-    if not resume:
-        from tinyrl import rundir
+    from tinyrl import rundir
 
-        rundir.record_resume_command(run_dir, resume_cmd)  # `--out RUN_DIR --resume` alone finds it
+    # `--out RUN_DIR --resume` alone finds it; a resume keeps its own (its --max-steps, its --set):
+    # the start's, kept after a resume to step 9, ended at once when the start had said 3
+    rundir.record_resume_command(run_dir, resume_cmd)
     info = {"preset": cfg.preset, "model": cfg.model.name, "algorithm": algorithm,
             "engine": engine, "run_dir": str(run_dir), "device": trainer.device.type,
             "total_steps": trainer.total_steps(max_steps), "steps_per_epoch": trainer.steps_per_epoch}
