@@ -253,6 +253,18 @@ def test_from_run_takes_the_median_of_steady_steps_and_the_run_config(monkeypatc
     assert any("warm-up left out: step(s) 1 " in a for a in est["assumptions"])
 
 
+def test_a_resume_past_the_runs_end_is_told_by_its_process_step(tmp_path):
+    """README's `--resume --max-steps 60` after a finished 40-step run: no step number goes back,
+    so its first step (a fresh process's warm-up) was counted as steady. The trainer's
+    run/process_step says where each process started."""
+    run = write_run(tmp_path / "run", [100, 10, 10, 100, 20, 20])
+    lines = [dict(json.loads(x), **{"run/process_step": p})
+             for x, p in zip((run / "metrics.jsonl").read_text().splitlines(), [1, 2, 3, 1, 2, 3])]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    timing = read_run(run)
+    assert timing.warmup_steps == [1, 4] and timing.sec_per_step == 15     # median of 10 10 20 20
+
+
 def test_a_resume_makes_its_first_step_warm_up_again(tmp_path):
     # steps 1 2 3 | resumed at 3: 3 4 5; warm-up = the first 1 and the second 3.
     run = write_run(tmp_path / "run", [100, 10, 10, 100, 20, 20], steps=[1, 2, 3, 3, 4, 5])

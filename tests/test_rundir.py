@@ -226,7 +226,8 @@ def test_resume_needs_only_the_run_directory(tmp_path, data, tiny_model_dir):
             "--no-dashboard", "--set", "trainer.log_samples=1"]
     done = subprocess.run(bare, capture_output=True, text=True, timeout=600, env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["step"], m["run/process_step"]) for m in lines] == [(1, 1), (2, 1)]  # each process's first step
     assert json.loads((out / "config.json").read_text())["data"]["train_path"] == str(data)
     # the resume's own command is kept now: it kept the start's `--max-steps 1`, which after a
     # kill -9 of this resume "ended at once (nothing was trained)"

@@ -345,6 +345,7 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, sft_files):
     b = jsonl.read_records(tmp_path / "halves" / "metrics.jsonl")
     assert [m["step"] for m in b] == [1, 2, 3, 4]
     assert [m["epoch"] for m in b] == [1, 1, 1, 1]  # 64 rows, 8 a step: steps 1-8 are epoch 1, counted from 1
+    assert [m["run/process_step"] for m in b] == [1, 2, 1, 2]  # the resumed process's warm-up step is 3
     assert [m["data/rows_sha1"] for m in a] == [m["data/rows_sha1"] for m in b]
     assert [m.get("val/loss") for m in a] == pytest.approx([m.get("val/loss") for m in b], abs=1e-5)
     # It learns: the held-out loss falls, 3.479 -> 3.241 (-0.238) at steps 2 -> 4, the same to

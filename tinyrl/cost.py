@@ -56,18 +56,21 @@ class RunTiming:
 def steady_steps(rows: list[dict]) -> tuple[list[dict], list[int]]:
     """metrics.jsonl's step records (each with a step number) split into the steady ones and the
     step numbers of the warm-up left out: the first WARMUP_STEPS of the run and of each resume
-    (compilation, allocator growth, first-use caches). `report`'s median step time uses it too."""
+    (compilation, allocator growth, first-use caches). `report`'s median step time uses it too.
+    A record's run/process_step (Trainer._step_ids) says where its process started; a run
+    written before it had one falls back to a step number that does not grow."""
     steady, warm, previous, left = [], [], None, 0
     for row in rows:
-        # A step number that does not grow marks a resume: its first steps are warm-up again.
-        if previous is None or row["step"] <= previous:
-            left = WARMUP_STEPS
-        previous = row["step"]
-        if left > 0:
-            warm.append(row["step"])
-            left -= 1
+        here = row.get("run/process_step")
+        if isinstance(here, int):
+            is_warm = here <= WARMUP_STEPS
         else:
-            steady.append(row)
+            # A step number that does not grow marks a resume: its first steps are warm-up again.
+            if previous is None or row["step"] <= previous:
+                left = WARMUP_STEPS
+            is_warm, left = left > 0, left - 1
+        previous = row["step"]
+        (warm.append(row["step"]) if is_warm else steady.append(row))
     return steady, warm
 
 

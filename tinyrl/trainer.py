@@ -135,6 +135,7 @@ class Trainer:
         else:
             self.run.write_config(self.cfg.to_dict())
             self.run_id = rundir.start_run(run_dir)  # every checkpoint carries it
+        self._process_start = self.step  # the step this process starts from (0, or the resumed one)
         self.n_rows = n_rows
         self.steps_per_epoch = n_rows // self.cfg.trainer.train_batch_size
 
@@ -257,11 +258,15 @@ class Trainer:
             self.dash.validated(metrics)
         return metrics
 
-    def _epoch_number(self) -> int:
-        """The logged epoch of the step just taken, 1-based as steps are: steps 1 ..
-        steps_per_epoch are epoch 1 (the dashboard said "step 1/40 | epoch 0"). The data order's
-        own epoch index (_prompt_rows' seed) stays 0-based: resumed runs keep their rows."""
-        return (self.step - 1) // self.steps_per_epoch + 1
+    def _step_ids(self) -> dict:
+        """Where the step just taken stands, for its metrics line: its number; its epoch, 1-based
+        as steps are (steps 1 .. steps_per_epoch are epoch 1; the dashboard said "step 1/40 |
+        epoch 0"; the data order's own index, _prompt_rows' seed, stays 0-based: resumed runs keep
+        their rows); and run/process_step, its number in this process (1 = the first after a start
+        or a --resume): the warm-up that cost.steady_steps leaves out. A resume that goes on past
+        the end of the run (--max-steps 60 after 40) has no step number going back to tell it."""
+        return {"step": self.step, "epoch": (self.step - 1) // self.steps_per_epoch + 1,
+                "run/process_step": self.step - self._process_start}
 
     def _prompt_rows(self, step: int) -> list[int]:
         """Row indices of a global step: a seeded permutation per epoch, so resume replays it."""
@@ -516,7 +521,7 @@ class Trainer:
         scores, mask = traj.scores, traj.mask
         lengths = traj.batch.response_mask.sum(-1)  # every episode token, inserted ones too (verl: the attention mask)
         n_tokens = sum(len(e.prompt_ids) + len(e.response_ids) for e in episodes)
-        m = {"step": self.step, "epoch": self._epoch_number(),
+        m = {**self._step_ids(),
              "reward/mean": float(scores.mean()), "reward/max": float(scores.max()), "reward/min": float(scores.min()),
              "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
              "response_length/clip_ratio": float(sum(e.stop_reason == "length" for e in episodes) / len(episodes)),

@@ -117,7 +117,7 @@ class SFTTrainer(Trainer):
         self.step += 1
         timings["step"] = time.perf_counter() - t_step
         n_tokens = int(part.batch.attention_mask.sum())
-        metrics = {"step": self.step, "epoch": self._epoch_number(),
+        metrics = {**self._step_ids(),
                    **{k.replace("actor/", "sft/", 1): v for k, v in stats.items()},
                    "sft/loss_tokens": float(part.loss_mask.sum()),
                    **{f"timing/{k}": v for k, v in timings.items()},
