@@ -103,12 +103,15 @@ def test_wrong_set_key_is_one_screen_and_exit_2():
 
 def test_a_key_set_twice_is_refused_naming_both_values():
     """`--set rollout.n=-1 --set rollout.n=abc` reported a problem for each value, as if both
-    were set; which one the user meant is not ours to guess."""
-    done = tinyrl("presets", "show", "countdown-tiny", "--set", "rollout.n=-1", "--set", "rollout.n=abc")
+    were set; which one the user meant is not ours to guess. Then it was refused alone, hiding
+    every other problem of the command line: now said with them."""
+    done = tinyrl("presets", "show", "countdown-tiny", "--set", "rollout.n=-1", "--set", "rollout.n=abc",
+                  "--set", "trainer.max_steps=-1", "--set", "actor.lrr=1")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     text = " ".join(done.stderr.replace("│", " ").split())
     assert "rollout.n is given 2 times: --set rollout.n=-1, --set rollout.n=abc" in text, text
-    assert "must be int" not in text  # neither value is judged: the duplicate is the problem
+    assert "must be int" not in text and "rollout.n = -1" not in text  # neither value is judged
+    assert "3 problems" in text and "trainer.max_steps = -1" in text and "actor.lr" in text, text
     assert "a key given twice is refused" in " ".join(tinyrl("train", "--help").stdout.replace("│", " ").split())
 
 

@@ -118,18 +118,8 @@ RunPresetOpt = typer.Option(None, "--preset", "-p", help="Preset name (see `tiny
                             "file; with --out RUN_DIR --resume, the run's own (kept in RUN_DIR/run.json).")
 
 
-def _each_key_once(items: Optional[list[str]]) -> Optional[list[str]]:
-    """--set's check: a key given twice is ambiguous input, refused (exit 2) naming every value."""
-    from tinyrl.config import repeated_sets
-
-    repeated = repeated_sets(items or [])
-    if repeated:
-        raise TinyRLError("--set gives a key more than once:\n" + "\n".join(f"  - {line}" for line in repeated),
-                          hint="give each key once, with the value you mean")
-    return items
-
-
-SetOpt = typer.Option(None, "--set", "-s", callback=_each_key_once,
+# a key given twice is refused by load_config (config.repeated_sets), with the config's other problems
+SetOpt = typer.Option(None, "--set", "-s",
                       help="Override a setting, e.g. --set actor.lr=1e-6 (repeatable, one value per key: "
                       "a key given twice is refused).")
 # train and sft

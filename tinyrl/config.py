@@ -297,8 +297,13 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
     cfg.given_preset = preset
     problems = _named_preset_problems(raw, overrides or [])
     problems += _apply_dict(cfg, {k: v for k, v in raw.items() if k != "preset"}, prefix="")
+    # a key given twice: which value was meant is not ours to guess, so neither is applied or
+    # judged; said with the other problems (it was refused alone, hiding them, until 2026-11-28)
+    problems += [f"{line}: give it once, with the value you mean" for line in repeated_sets(overrides or [])]
+    twice = {set_key(item) for item in overrides or []
+             if [set_key(other) for other in overrides].count(set_key(item)) > 1}
     for item in overrides or []:
-        problems += _apply_override(cfg, item) if set_key(item) != "preset" else []
+        problems += _apply_override(cfg, item) if set_key(item) not in twice | {"preset"} else []
     if check or problems:  # a parse problem raises below: with every other problem, not the first kind only
         problems += problems_of(cfg, resume_dir, planning)
     if notes is not None:
