@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tinyrl.config import list_presets, load_config, problems_of
@@ -253,6 +255,49 @@ def test_a_mistyped_reward_function_is_said_with_the_other_problems(tmp_path):
     assert (f"reward.fn = {path}:rewrad: {path} defines no function 'rewrad' (did you mean 'reward'?); "
             "its functions: reward, shaped") in message, message
     assert "trainer.memory_budget_gib = -1.0 must be >= 0" in message and "2 problems" in message, message
+
+
+def test_a_reward_file_that_is_no_python_or_a_name_that_is_no_function_is_a_config_problem(tmp_path, monkeypatch):
+    """`notes.txt:score` and `file.py:not_callable` (= 3) passed the config check and failed in
+    prepare_inputs, after the run directory was made: now problems with the others."""
+    monkeypatch.chdir(tmp_path)
+    Path("notes.txt").write_text("def score(c, e):\n    return 1.0\n")
+    Path("mine.py").write_text("import math\nnot_callable = 3\nlabels = ['a']\nmade = math.floor\n"
+                               "later = 0\ndef set_later():\n    global later\n    later = print\n"
+                               "def score(c, e):\n    return 1.0\n")
+    message = _problems("countdown-tiny", "reward.fn=notes.txt:score", 'reward.extra_fns=["mine.py:not_callable", '
+                        '"mine.py:labels", "mine.py:made", "mine.py:later", "mine.py:score", "./notes.txt:score"]',
+                        "reward.weights=[1, 1, 1, 1, 1, 1, 1]", "trainer.memory_budget_gib=-1")
+    assert ("reward.fn = notes.txt:score: notes.txt is not a .py file; a reward is read from a Python file: put it "
+            "in one (e.g. notes.py) and give notes.py:score") in message, message
+    assert "reward.extra_fns[5] = ./notes.txt:score: ./notes.txt is not a .py file" in message, message
+    assert ("reward.extra_fns[0] = mine.py:not_callable: mine.py's not_callable is 3 (int), not a function") in message
+    assert "reward.extra_fns[1] = mine.py:labels: mine.py's labels is ['a'] (list), not a function" in message
+    assert "extra_fns[2]" not in message and "extra_fns[3]" not in message and "extra_fns[4]" not in message
+    assert "trainer.memory_budget_gib = -1.0 must be >= 0" in message and "5 problems" in message, message
+
+
+def test_a_module_reward_that_cannot_be_imported_is_a_config_problem_naming_the_file_here(tmp_path, monkeypatch):
+    """`reward.fn=my_reward:score` beside my_reward.py: the console script does not put the working
+    directory on the path, and the worker said `No module named 'my_reward'` after the run
+    directory was made. module:func keeps importing by name (a run --resumed or exported
+    elsewhere imports the same module); the problem names the file form."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    Path("my_reward.py").write_text("def score(c, e):\n    return 1.0\n")
+    message = _problems("countdown-tiny", "reward.fn=my_reward:score", 'reward.extra_fns=["nosuch_mod_xyz.sub:f"]',
+                        "reward.weights=[1, 1]")
+    assert ("reward.fn = my_reward:score: no module 'my_reward' can be imported (module:func imports by name, from "
+            "the installed packages and PYTHONPATH, not the working directory); my_reward.py is a file here: give "
+            "my_reward.py:score") in message, message
+    assert ("reward.extra_fns[0] = nosuch_mod_xyz.sub:f: no module 'nosuch_mod_xyz' can be imported") in message
+    assert "2 problems" in message, message
+    # an importable module is left to its import (in the reward worker), as before
+    assert load_config("countdown-tiny", ["reward.fn=json:loads"]).reward.fn == "json:loads"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_config("countdown-tiny", ["reward.fn=my_reward:score"]).reward.fn == "my_reward:score"
 
 
 def test_another_tasks_option_is_said_to_be_unread():

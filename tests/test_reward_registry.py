@@ -57,6 +57,18 @@ def test_dotted_module(tmp_path, monkeypatch):
         load_reward_fn("tinyrl_no_such_module_xyz:one")
 
 
+def test_a_module_that_is_a_file_here_is_named_in_the_import_error(tmp_path, monkeypatch):
+    """module:func imports by name; the working directory is not on the console script's path."""
+    import sys
+
+    write(tmp_path, "def score(completion, example):\n    return 1\n", name="tinyrl_here_mod.py")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    with pytest.raises(TinyRLError, match="cannot import reward module 'tinyrl_here_mod'") as info:
+        load_reward_fn("tinyrl_here_mod:score")
+    assert info.value.hint.startswith("tinyrl_here_mod.py is a file here: give reward.fn=tinyrl_here_mod.py:score")
+
+
 def test_user_exception_is_named_and_chained(tmp_path):
     path = write(tmp_path, """
         def reward(completion, example):

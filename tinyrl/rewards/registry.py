@@ -62,12 +62,12 @@ def _load_file(path_str: str) -> Any:
     return module
 
 
-def _load_module(name: str) -> Any:
+def _load_module(name: str, func_name: str = "func") -> Any:
     try:
         return importlib.import_module(name)
     except ImportError as e:
         raise TinyRLError(f"cannot import reward module {name!r}: {e}",
-                          hint=f"install it or put it on PYTHONPATH; {_SPEC_HINT}") from e
+                          hint=f"{file_here_hint(name, func_name)}install it or put it on PYTHONPATH; {_SPEC_HINT}") from e
     except (Exception, SystemExit) as e:  # its body failed: the user's to fix, as in _load_file
         raise TinyRLError(f"importing reward module {name!r} failed: {type(e).__name__}: {e}",
                           hint=f"fix the module; run `python -c 'import {name}'` to see the full error") from e
@@ -210,6 +210,68 @@ def missing_function(path: Path, func_name: str) -> str | None:
             f"its functions: {', '.join(functions) or 'none'}")
 
 
+def module_file(target: str) -> Path:
+    """The file a `module:func` spec's module would be, relative to here: a.b -> a/b.py."""
+    return Path(*target.split(".")).with_suffix(".py")
+
+
+def file_here_hint(target: str, func_name: str) -> str:
+    """'a file here? ...' when `module:func` names a module that is a .py file in the working
+    directory (module:func imports by name, and the working directory is not on the path)."""
+    path = module_file(target)
+    return f"{path} is a file here: give reward.fn={path}:{func_name}; " if path.is_file() else ""
+
+
+def module_problem(target: str, func_name: str) -> str | None:
+    """What is wrong with a `module:func` spec's module, found without importing it (its top-level
+    package is looked up, not run): None when it can be imported (its import may still fail: the
+    reward worker says how)."""
+    top = target.partition(".")[0]
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    if found:
+        return None
+    here = module_file(target)
+    if here.is_file():
+        return (f"no module {top!r} can be imported (module:func imports by name, from the installed packages and "
+                f"PYTHONPATH, not the working directory); {here} is a file here: give {here}:{func_name}")
+    return (f"no module {top!r} can be imported (module:func imports by name, from the installed packages and "
+            "PYTHONPATH); for a file of yours give path/to/file.py:func")
+
+
+def not_a_function(path: Path, func_name: str) -> str | None:
+    """`func_name` bound in `path` only to literals (`score = 3`, a string, a list): what it is,
+    read from the file's text; None when it may be a function (a def, an import, anything else)."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, OSError, ValueError):
+        return None  # missing_function says it
+    literal_targets, values = set(), []
+    for node in _outside_functions(tree.body):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if all(isinstance(t, ast.Name) for t in targets) and any(t.id == func_name for t in targets):
+                try:
+                    values.append(ast.literal_eval(node.value))
+                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                    return None  # a call, a name, a lambda: perhaps callable
+                literal_targets.update(id(t) for t in targets)
+    if not values:
+        return None
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id == func_name
+                and id(node) not in literal_targets) or _name_of(node) == func_name and not isinstance(node, ast.Name) \
+                or isinstance(node, ast.Global) and func_name in node.names \
+                or isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                    (a.asname or a.name).partition(".")[0] == func_name for a in node.names):
+            return None
+    value = values[-1]
+    return (f"{path}'s {func_name} is {value!r:.40} ({type(value).__name__}), not a function; the reward is "
+            f"`def {func_name}(completion, example) -> float`")
+
+
 def _module_names(tree: ast.Module) -> tuple[set[str] | None, list[str]]:
     """(every name the module binds at its top level, or None when it may bind more at run time;
     its public top-level functions, in file order)."""
@@ -253,7 +315,7 @@ def _outside_functions(nodes: list[ast.AST]):
 def resolve_user_fn(spec: str) -> Callable:
     """The user's function itself (in the reward worker: tinyrl.rewards.worker)."""
     target, func_name, is_file = _split(spec)
-    module = _load_file(target) if is_file else _load_module(target)
+    module = _load_file(target) if is_file else _load_module(target, func_name)
     fn = getattr(module, func_name, None)
     if fn is None:
         public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))

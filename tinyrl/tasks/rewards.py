@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tinyrl.rewards.registry import missing_function, parse_spec, reads_episode  # a user's WorkerReward takes episode, passes it on when wanted
+from tinyrl.rewards.registry import missing_function, module_problem, not_a_function, parse_spec, reads_episode  # a user's WorkerReward takes episode, passes it on when wanted
 from tinyrl.tasks import all_tasks, check_rows, get_task
 from tinyrl.tasks.base import RewardFn
 
@@ -78,8 +78,9 @@ def _task_of(spec: str, task_cfg: Any):
 
 def spec_problem(spec: str, setting: str) -> str | None:
     """What is wrong with one reward spec, said at config validation (the function itself is
-    imported later, in its worker): its shape, and a `file.py:func`'s file and function, read
-    from the file's text (a `module:func` is left to its import)."""
+    imported later, in its worker): its shape, a `file.py:func`'s file and function, read from
+    the file's text (a name bound to a literal is no function), a file that is not .py, and a
+    `module:func` whose module cannot be found (its import is left to the worker)."""
     if spec == "task" or spec in all_tasks():
         return None
     parsed = parse_spec(spec)
@@ -87,12 +88,16 @@ def spec_problem(spec: str, setting: str) -> str | None:
         return (f"{setting} = {spec!r} is not a reward: give task (the task's own), a task name "
                 f"({', '.join(all_tasks())}), path/to/file.py:func or module:func")
     target, func_name, is_file = parsed
-    if not is_file:
-        return None
     path = Path(target).expanduser()
+    if not target.endswith(".py") and path.is_file():  # notes.txt:score failed after the run directory was made
+        return (f"{setting} = {spec}: {target} is not a .py file; a reward is read from a Python file: "
+                f"put it in one (e.g. {path.with_suffix('.py')}) and give {path.with_suffix('.py')}:{func_name}")
+    if not is_file:
+        problem = module_problem(target, func_name)
+        return f"{setting} = {spec}: {problem}" if problem else None
     if not path.is_file():
         return f"{setting} = {spec}: file {target} not found; give path/to/file.py:func"
-    problem = missing_function(path, func_name)
+    problem = missing_function(path, func_name) or not_a_function(path, func_name)
     return f"{setting} = {spec}: {problem}" if problem else None
 
 
