@@ -69,6 +69,35 @@ def test_a_module_that_is_a_file_here_is_named_in_the_import_error(tmp_path, mon
     assert info.value.hint.startswith("tinyrl_here_mod.py is a file here: give reward.fn=tinyrl_here_mod.py:score")
 
 
+def test_a_reward_functions_prints_go_to_the_runs_file_not_the_trainers_stdout(tmp_path, capfd):
+    """A reward's print went to the trainer's stdout, where the live dashboard draws (100 kB a call
+    in a user's log). Now RUN_DIR/reward_prints.log (appended), or stderr without a run directory."""
+    path = write(tmp_path, "import os\ndef score(completion, example):\n    print('looking at', completion)\n"
+                           "    os.write(1, b'from C\\n')\n    return 1.0\n")
+    log = tmp_path / "run" / "reward_prints.log"
+    log.parent.mkdir()
+    assert load_reward_fn(f"{path}:score", prints_to=log)("abc", {}) == 1.0
+    assert load_reward_fn(f"{path}:score", prints_to=log)("xyz", {}) == 1.0  # a resumed run: appended
+    assert log.read_text() == "looking at abc\nfrom C\nlooking at xyz\nfrom C\n"
+    assert load_reward_fn(f"{path}:score")("plain", {}) == 1.0
+    seen = capfd.readouterr()
+    assert "looking at" not in seen.out and "from C" not in seen.out
+    assert "looking at plain" in seen.err and "from C" in seen.err
+
+
+def test_reward_prints_are_bounded():
+    import io
+
+    from tinyrl.rewards.worker import _Bounded
+
+    kept = io.StringIO()
+    stream = _Bounded(kept, 10)
+    for _ in range(3):
+        print("x" * 6, file=stream)
+    assert kept.getvalue().startswith("xxxxxx\nxxx\n[tinyrl: the reward function printed more than 10 characters")
+    assert kept.getvalue().count("[tinyrl") == 1
+
+
 def test_user_exception_is_named_and_chained(tmp_path):
     path = write(tmp_path, """
         def reward(completion, example):

@@ -396,11 +396,21 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
         inputs = getattr(trainer, "inputs", None)  # the RL trainer's prompts; an SFT run has its own data
         _print_accuracy_change(run_dir, len(inputs.test_prompts) if inputs is not None else None)
         out.print(message, highlight=False, soft_wrap=True)
+        _say_reward_prints(run_dir)
         return
     if trainer.stopped_by is None:  # the run went on to its end, but not everything is on disk
         raise TinyRLError(message, hint=interrupts.unsaved_hint(trainer.saves.last_error, resume_cmd), exit_code=code)
     err.print(message, highlight=False, soft_wrap=True)
     sys.exit(code)
+
+
+def _say_reward_prints(run_dir: Path) -> None:
+    """Where a user's reward function's prints went (tinyrl.rewards.worker: not the dashboard's stdout)."""
+    from tinyrl.tasks.rewards import PRINTS_FILE
+
+    prints = run_dir / PRINTS_FILE
+    if prints.is_file() and (size := prints.stat().st_size):
+        out.print(f"your reward function's prints ({size:,} bytes): {prints}", highlight=False, soft_wrap=True)
 
 
 def _show_earlier_validations(dash, run_dir: Path) -> None:

@@ -452,7 +452,7 @@ def prepare_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = Fals
     from tinyrl.tasks.rewards import build_rewards
 
     device = pick_device(cfg.trainer.device)
-    reward_fn = build_rewards(cfg)  # user functions get reward.timeout_s (tinyrl.rewards.limits)
+    reward_fn = build_rewards(cfg, run_dir)  # prints: RUN_DIR/reward_prints.log; user functions get reward.timeout_s (tinyrl.rewards.limits)
     train_path = ensure_train_data(cfg, run_dir if resume and run_dir is not None else None)
     model_path = model_path_of(cfg, run_dir)
     tok = load_tokenizer(model_path, cfg.model.custom_chat_template)

@@ -158,15 +158,17 @@ def check_call_shape(fn: Callable, spec: str) -> None:
                                "`episode=None` keyword if it reads the sample's turns and tool calls") from None
 
 
-def load_reward_fn(spec: str, format_score: float = 0.1, strict: bool = False, timeout_s: float = 60.0) -> RewardFn:
+def load_reward_fn(spec: str, format_score: float = 0.1, strict: bool = False, timeout_s: float = 60.0,
+                   prints_to: Path | None = None) -> RewardFn:
     """Resolve `spec`; `format_score` and `strict` apply to builtin rewards only. A user's
-    function is loaded (and its import errors reported) in its worker process."""
+    function is loaded (and its import errors reported) in its worker process; what it prints
+    goes to `prints_to` (None: stderr; tinyrl.rewards.worker)."""
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec](format_score, strict)
     _split(spec)
     from tinyrl.rewards.worker import WorkerReward
 
-    return WorkerReward(spec, timeout_s)
+    return WorkerReward(spec, timeout_s, prints_to)
 
 
 def parse_spec(spec: str) -> tuple[str, str, bool] | None:

@@ -16,11 +16,20 @@ its pipe closes, which the OS does when the trainer dies.
 A failure in this worker's own code (not the user's: those arrive as TinyRLErrors from _wrap and
 resolve_user_fn) becomes an error reply with its traceback, and the worker lives on.
 
+What the function prints (its stdout) never reaches the trainer's stdout, where the live
+dashboard draws (a 100 kB print per call filled the user's log and would tear the screen): it
+goes to RUN_DIR/reward_prints.log (`prints_to`; appended, so a resumed run adds to it), at most
+MAX_PRINTS characters of Python output per worker, then one line saying the rest was dropped;
+without a run directory (a test, a direct call) to stderr. Its stderr (warnings, tracebacks,
+faulthandler's stack of a call stuck in C code) stays the trainer's stderr.
+
 Cost: a process start and the module's import once, then ~0.1 ms of pipe and pickling per call.
 """
 
 from __future__ import annotations
 
+import io
+import os
 import pickle
 import signal
 import subprocess
@@ -30,12 +39,14 @@ import time
 import traceback
 import weakref
 from multiprocessing.connection import Connection, Pipe
+from pathlib import Path
 from typing import Any
 
 from tinyrl.errors import TinyRLError
 from tinyrl.rewards import limits
 
 BACKSTOP_S = 30.0  # past the worker's own limit (timeout + faulthandler's grace): it is hung
+MAX_PRINTS = 10_000_000  # characters of a worker's Python prints kept in reward_prints.log
 
 
 class WorkerReward:
@@ -43,8 +54,8 @@ class WorkerReward:
     spec. The episode crosses the pipe only when the user's function takes one (`wants_episode`,
     from the worker's load reply): it is pickled per call (the Episode's token lists)."""
 
-    def __init__(self, spec: str, timeout_s: float):
-        self.spec, self.timeout_s = spec, timeout_s
+    def __init__(self, spec: str, timeout_s: float, prints_to: Path | None = None):
+        self.spec, self.timeout_s, self.prints_to = spec, timeout_s, prints_to
         self.wants_episode = False
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
@@ -56,7 +67,7 @@ class WorkerReward:
         # -c with this process's sys.path: the function imports as it would in-process
         # (a module:func found through a path the caller added, this checkout of tinyrl).
         code = (f"import sys; sys.path[:] = {sys.path!r}; from tinyrl.rewards.worker import serve; "
-                f"serve({theirs.fileno()})")
+                f"serve({theirs.fileno()}, {str(self.prints_to) if self.prints_to else None!r})")
         self._proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),))
         theirs.close()
         self._conn = ours
@@ -108,7 +119,8 @@ class WorkerReward:
             f"reward function {self.spec} ended its worker process without returning a reward ({how}){on}. "
             "A reward function must return a number: os._exit(), a crash in C code or a kill ends the "
             "process it runs in",
-            hint=f"fix {self.spec} (call it on that row to reproduce; its output, if any, is above); the "
+            hint=f"fix {self.spec} (call it on that row to reproduce; its errors, if any, are above"
+                 f"{f', its prints in {self.prints_to}' if self.prints_to else ''}); the "
                  "checkpoints on disk are kept: --resume continues once it is fixed")
 
 
@@ -146,10 +158,52 @@ def _unpickled(blob: bytes | None) -> BaseException | None:
         return None
 
 
-def serve(fd: int) -> None:
+class _Bounded(io.TextIOBase):
+    """A text stream that keeps the first `limit` characters written to it, then one line saying
+    the rest was dropped (a print per call of 100 kB would fill the disk in a long run)."""
+
+    def __init__(self, stream, limit: int):
+        self.stream, self.left, self.limit = stream, limit, limit
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if self.left > 0:
+            kept = text[:self.left]
+            self.left -= len(kept)
+            self.stream.write(kept)
+            if self.left == 0:
+                self.stream.write(f"\n[tinyrl: the reward function printed more than {self.limit:,} characters; "
+                                  "the rest is dropped]\n")
+            self.stream.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def _send_prints(prints_to: str | None) -> None:
+    """The worker's stdout (fd 1: print, and C code or programs it starts) to `prints_to`, or to
+    stderr when there is none (or it cannot be opened: said there)."""
+    target = 2
+    if prints_to is not None:
+        try:
+            target = os.open(prints_to, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:
+            print(f"tinyrl: cannot write the reward function's prints to {prints_to} ({exc.strerror}); "
+                  "they go to stderr", file=sys.stderr)
+    os.dup2(target, 1)
+    if target != 2:
+        os.close(target)
+    sys.stdout = _Bounded(open(1, "w", buffering=1, closefd=False), MAX_PRINTS)
+
+
+def serve(fd: int, prints_to: str | None = None) -> None:
     """The worker's loop: ("load", spec, timeout_s), then ("call", completion, example, episode) ..."""
     from tinyrl.rewards.registry import _wrap, check_call_shape, reads_episode, resolve_user_fn
 
+    _send_prints(prints_to)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     conn = Connection(fd)

@@ -66,7 +66,7 @@ class SFTTrainer(Trainer):
         torch.manual_seed(cfg.trainer.seed)
         random.seed(cfg.trainer.seed)
         self.models = PolicyModels(cfg.model, self.model_path, self.device, actor_only=True)
-        self.engine = self._validation_engine() if cfg.trainer.test_every and cfg.sft.val_generate else None
+        self.engine = self._validation_engine(run_dir) if cfg.trainer.test_every and cfg.sft.val_generate else None
         tokens = cfg.actor.micro_batch_tokens or DEFAULT_MICRO_TOKENS
         self.budgets = BudgetKeeper({Phase.ACTOR_UPDATE: tokens,
                                      Phase.FORWARD: cfg.actor.forward_micro_batch_tokens or 2 * tokens},
@@ -76,7 +76,7 @@ class SFTTrainer(Trainer):
                                           self._notice)}
         self._start_run(run_dir, resume, len(self.train_rows), "rows")
 
-    def _validation_engine(self):
+    def _validation_engine(self, run_dir: Path):
         """sft.val_generate: what Trainer.validate needs, the test prompts rendered as `train`
         renders them, the task's reward, and the hf engine sampling from the actor itself."""
         from tinyrl.rollout.factory import make_engine
@@ -89,7 +89,7 @@ class SFTTrainer(Trainer):
                                       max_rows=cfg.data.max_test_prompts, chat=cfg.data.chat_template,
                                       room=prompt_room(cfg))
         self.inputs = RunInputs(self.device, self.model_path, self.tokenizer, self.pad_id, [], [], prompts, rows,
-                                build_rewards(cfg))
+                                build_rewards(cfg, run_dir))
         return make_engine("hf", model=self.models.actor, tokenizer=self.tokenizer, device=self.device)
 
     # ------------------------------------------------------------------ the Trainer's hooks

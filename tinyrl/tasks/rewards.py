@@ -110,24 +110,31 @@ def check_reward_rows(cfg, rows: list, path) -> None:
             check_rows(task, rows, path)
 
 
-def _one(spec: str, task_cfg: Any, timeout_s: float) -> tuple[str, RewardFn, float]:
+def _one(spec: str, task_cfg: Any, timeout_s: float, prints_to: Path | None = None) -> tuple[str, RewardFn, float]:
     """(metric name, function, solved_at) of one reward spec."""
     task = _task_of(spec, task_cfg)
     if task is not None:
         return task.name, task.make_reward(task_cfg), task.solved_at(task_cfg)
     from tinyrl.rewards.registry import load_reward_fn
 
-    return spec.rpartition(":")[2] or spec, load_reward_fn(spec, timeout_s=timeout_s), 1.0
+    return spec.rpartition(":")[2] or spec, load_reward_fn(spec, timeout_s=timeout_s, prints_to=prints_to), 1.0
 
 
-def reward_set(specs: list[str], weights: list[float], task_cfg: Any, timeout_s: float = 60.0) -> RewardSet:
+def reward_set(specs: list[str], weights: list[float], task_cfg: Any, timeout_s: float = 60.0,
+               prints_to: Path | None = None) -> RewardSet:
     """Reward specs (the first decides "solved"), their weights (empty = 1.0 each), the task
-    options, and a user function's time per call (reward.timeout_s, tinyrl.rewards.limits)."""
-    built = [_one(spec, task_cfg, timeout_s) for spec in specs]
+    options, a user function's time per call (reward.timeout_s, tinyrl.rewards.limits) and the
+    file its prints go to (tinyrl.rewards.worker; None: stderr)."""
+    built = [_one(spec, task_cfg, timeout_s, prints_to) for spec in specs]
     names = [b[0] if [x[0] for x in built].count(b[0]) == 1 else f"{b[0]}{i}" for i, b in enumerate(built)]
     return RewardSet([(n, b[1]) for n, b in zip(names, built)], list(weights), built[0][2])
 
 
-def build_rewards(cfg) -> RewardSet:
-    """The RewardSet of a config (reward.fn, reward.extra_fns, reward.weights, [task])."""
-    return reward_set([cfg.reward.fn, *cfg.reward.extra_fns], cfg.reward.weights, cfg.task, cfg.reward.timeout_s)
+PRINTS_FILE = "reward_prints.log"  # RUN_DIR/: what a user's reward function prints
+
+
+def build_rewards(cfg, run_dir: Path | None = None) -> RewardSet:
+    """The RewardSet of a config (reward.fn, reward.extra_fns, reward.weights, [task]); a user
+    function's prints go to RUN_DIR/reward_prints.log (without a run directory: stderr)."""
+    return reward_set([cfg.reward.fn, *cfg.reward.extra_fns], cfg.reward.weights, cfg.task, cfg.reward.timeout_s,
+                      run_dir / PRINTS_FILE if run_dir is not None else None)
