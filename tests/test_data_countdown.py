@@ -258,3 +258,18 @@ def test_a_ctrl_c_mid_write_of_tinyrl_data_says_so_and_leaves_no_file(tmp_path):
     assert done.returncode == 130, done.stderr[-3000:]
     assert done.stderr.strip() == "stopped by SIGINT (Ctrl-C) while writing the countdown data; no data file was written"
     assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_data_countdown_names_its_own_flags(tmp_path):
+    """`tinyrl data countdown --template nosuch --operands 1` said `set task.template ...` and
+    `task.operands = [1]`: the config's words, not this command line's. All at once, nothing written."""
+    from tinyrl.tasks.countdown import data_command
+
+    with pytest.raises(TinyRLError) as info:
+        data_command(out_dir=tmp_path / "d", train_size=2, test_size=2, seed=0, template="nosuch",
+                     operands="1,7", max_number=1, sft=False)
+    message = info.value.message
+    assert message == ("--template 'nosuch' is not a template: choose one of base, qwen-instruct; --operands 1,7 must "
+                       "list numbers-per-task counts from 2 to 6, e.g. 3,4; --max-number 1 must be an integer from 2 "
+                       "to 100; nothing was written"), message
+    assert "task." not in message + info.value.hint and not (tmp_path / "d").exists()

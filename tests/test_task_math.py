@@ -426,3 +426,18 @@ def test_verl_dapo_parquet_reads_as_is(tmp_path):
 
     score = mt.reward(TaskConfig(name="math"))
     assert score("6 * 7 = 42\nAnswer: 42", row) == 1.0 and score("Answer: 41", row) == -1.0
+
+
+def test_a_broken_json_lines_file_is_named_by_its_line(tmp_path):
+    """`data math --from bad.jsonl` said pandas' `Expected object or value at position 64`."""
+    from tinyrl.tasks.math import read_table
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"problem": "1+1?", "answer": "2"}\n\n{"problem": "2+3?", "answer": \n{"problem": "x"}\n')
+    with pytest.raises(TinyRLError, match=r"bad.jsonl: line 3 is not JSON \(Expecting value\): "
+                                          r"'\{\"problem\": \"2\+3\?\", \"answer\": '"):
+        read_table(str(bad))
+    whole = tmp_path / "bad.json"
+    whole.write_text('[{"problem": "1+1?",\n  "answer": }]\n')
+    with pytest.raises(TinyRLError, match=r"bad.json: line 2 is not JSON"):
+        read_table(str(whole))

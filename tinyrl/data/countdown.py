@@ -102,13 +102,17 @@ def _table(tasks: list[tuple], split: str, template: str) -> pa.Table:
                      "extra_info": extra})
 
 
-def option_problems(operands, max_number) -> list[str]:
-    """The easier-setting options (task.operands, task.max_number), every problem at once."""
+def option_problems(operands, max_number, flags: bool = False) -> list[str]:
+    """The easier-setting options (task.operands, task.max_number), every problem at once; `flags`:
+    named as `tinyrl data countdown` takes them (--operands 3,4, --max-number)."""
     out = []
     if not operands or any(isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= 6 for n in operands):
-        out.append(f"task.operands = {list(operands)} must list numbers-per-task counts from 2 to 6, e.g. [3, 4]")
+        given, example = ((f"--operands {','.join(map(str, operands))}", "3,4") if flags
+                          else (f"task.operands = {list(operands)}", "[3, 4]"))
+        out.append(f"{given} must list numbers-per-task counts from 2 to 6, e.g. {example}")
     if isinstance(max_number, bool) or not isinstance(max_number, int) or not 2 <= max_number <= MAX_NUMBER:
-        out.append(f"task.max_number = {max_number!r} must be an integer from 2 to {MAX_NUMBER}")
+        out.append(f"{'--max-number ' if flags else 'task.max_number = '}{max_number!r} must be an integer from 2 "
+                   f"to {MAX_NUMBER}")
     return out
 
 

@@ -116,8 +116,19 @@ def data_command(
         raise TinyRLError(f"--train-size and --test-size must be between 1 and {MAX_ROWS:,} "
                           f"(got {train_size:,} and {test_size:,})",
                           hint="TinyZero uses --train-size 327680 --test-size 1024")
+    from tinyrl.data.countdown import option_problems
+    from tinyrl.data.templates import TEMPLATES
+
+    counts = _operand_counts(operands)
+    # said with this command's flags, all at once (the generator's own words are the config's, task.operands)
+    problems = ([f"--template {template!r} is not a template: choose one of {', '.join(TEMPLATES)}"]
+                if template not in TEMPLATES else [])
+    problems += option_problems(counts, max_number, flags=True)
+    if problems:
+        raise TinyRLError("; ".join(problems) + "; nothing was written",
+                          hint="e.g. --template base --operands 2,3 --max-number 20")
     train, test = generate(out_dir, train_size, test_size, seed=seed, template=template, sft=sft,
-                           operands=_operand_counts(operands), max_number=max_number)
+                           operands=counts, max_number=max_number)
     Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
     if sft:
         Console().print(f"wrote {train.with_name('sft_train.parquet')} and {test.with_name('sft_test.parquet')} "

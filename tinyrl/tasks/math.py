@@ -263,7 +263,29 @@ def read_table(source: str) -> tuple[Any, str]:
     try:
         return readers[path.suffix](path), path.stem
     except (ValueError, OSError) as e:
-        raise TinyRLError(f"cannot read {path}: {e}", hint="check the file") from e
+        where = _bad_json_line(path) if path.suffix in (".jsonl", ".json") else None
+        raise TinyRLError(f"cannot read {path}: {where or e}", hint="check the file") from e
+
+
+def _bad_json_line(path: Path) -> str | None:
+    """Where a JSON-lines (or JSON) file stops being JSON, by line: pandas names a byte position."""
+    import json
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    try:
+        if path.suffix == ".json":
+            json.loads(text)
+            return None
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                json.loads(line)
+    except json.JSONDecodeError as exc:
+        at = number if path.suffix == ".jsonl" else exc.lineno
+        return f"line {at} is not JSON ({exc.msg}): {(line if path.suffix == '.jsonl' else text.splitlines()[exc.lineno - 1])[:80]!r}"
+    return None
 
 
 def problem_rows(frame: Any, source: str, problem_key: str | None = None,
