@@ -102,6 +102,60 @@ def test_one_empty_prompt_is_named_by_its_row(tmp_path, tiny_model_dir):
     assert len(tokenize_rows(tmp_path / "fine.parquet", tok, 256, chat=True)[0]) == 8
 
 
+def _system_and_user(rows: pd.DataFrame) -> pd.DataFrame:
+    rows = rows.copy()
+    rows["prompt"] = [[{"role": "system", "content": "You solve Countdown."}, {"role": "user", "content": p[0]["content"]}]
+                      for p in rows["prompt"]]
+    return rows
+
+
+def test_a_prompt_of_several_messages_is_refused_by_train_and_sft_before_the_model_loads(tmp_path):
+    """data.chat_template = false feeds a prompt as text: a system + user prompt trained on the
+    system message alone, exit 0 (a user's walk). Refused with the row and its roles, nothing written."""
+    _system_and_user(pd.read_parquet(TEST_DATA).head(64)).to_parquet(tmp_path / "sysuser.parquet")
+    text = one_screen(train(tmp_path / "run", f"data.train_path={tmp_path / 'sysuser.parquet'}"))
+    assert "64 of 64 prompts in" in text and "hold more than one message (first at row 0" in text
+    assert "roles system, user" in text and "data.chat_template=true" in text
+    assert not (tmp_path / "run").exists()
+    # the test file too (validation): the training file is fine, the held-out one is not
+    text = one_screen(train(tmp_path / "run", f"data.test_path={tmp_path / 'sysuser.parquet'}"))
+    assert "hold more than one message" in text and not (tmp_path / "run").exists()
+    # SFT's single-turn prompts (prompt + response columns), the test file switched off
+    sft = _system_and_user(pd.read_parquet(TEST_DATA.with_name("sft_test.parquet")).head(64))
+    sft.to_parquet(tmp_path / "sft.parquet")
+    text = one_screen(tinyrl("sft", "--preset", "countdown-tiny-sft", "--out", str(tmp_path / "sft-run"),
+                             "--no-dashboard", "--max-steps", "1", "--set", f"data.train_path={tmp_path / 'sft.parquet'}",
+                             "--set", "trainer.test_every=0"))
+    assert "64 of 64 prompts in" in text and "roles system, user" in text
+    assert not (tmp_path / "sft-run").exists()
+
+
+def test_several_messages_reach_the_model_through_the_chat_template_only(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from tinyrl.data.io import prompt_text
+    from tinyrl.eval import evaluate
+    from tinyrl.setup import tokenize_rows
+
+    rows = _system_and_user(pd.read_parquet(TEST_DATA).head(4))
+    rows.at[2, "prompt"] = [{"role": "user", "content": "one message"}]
+    rows.to_parquet(tmp_path / "sysuser.parquet")
+    assert prompt_text(rows.iloc[2]) == "one message" and prompt_text({"prompt": "text"}) == "text"
+    with pytest.raises(TinyRLError, match="prompt holds 2 messages \\(roles system, user\\)"):
+        prompt_text(rows.iloc[0])
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    with pytest.raises(TinyRLError, match="row 0 .*prompt holds 2 messages"):
+        tokenize_rows(tmp_path / "sysuser.parquet", tok, 256)
+    tok.chat_template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|assistant|>"
+    ids, _ = tokenize_rows(tmp_path / "sysuser.parquet", tok, 256, chat=True)
+    assert tok.decode(ids[0]).startswith("<|system|>You solve Countdown.<|user|>A conversation")
+    # eval: refused before its model loads, naming its own switch
+    with pytest.raises(TinyRLError, match="3 of 4 prompts .*first at row 0.*without --chat-template") as caught:
+        evaluate(str(tiny_model_dir), [str(tmp_path / "sysuser.parquet")], task_name="countdown", n=0,
+                 out_dir=tmp_path / "ev", progress=False)
+    assert "--chat-template" in caught.value.hint
+
+
 # ------------------------------------------------------------------ --out
 
 def test_out_an_existing_file_is_exit_2_and_the_file_is_kept(tmp_path):

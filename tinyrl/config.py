@@ -59,7 +59,8 @@ class DataConfig:
     generate_seed: int = 0
     max_prompt_length: int = 256          # tokens; longer prompts are an error, not silently cut
     # Render `prompt` messages with the tokenizer's chat template (verl does; DAPO-Math-17k as
-    # published needs it with an instruct model). false: the prompt text is fed as it is.
+    # published needs it with an instruct model). false: the prompt text is fed as it is, so a
+    # prompt must be text or one message (several are refused: tinyrl.data.io.check_one_message).
     chat_template: bool = False
     max_test_prompts: int = 1024          # validation uses the first N test prompts
 

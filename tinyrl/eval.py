@@ -302,7 +302,7 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     reward.fn, which judged its val/score) or path/to/file.py:func / module:func (solved: a
     score >= 1, as in train); the rows are then not checked against the task's reward."""
     from tinyrl.config import TaskConfig
-    from tinyrl.data.io import chat_text, load_prompts, prompt_text
+    from tinyrl.data.io import chat_text, check_one_message, load_prompts, prompt_text
     from tinyrl.models import dtype_name, pick_dtype
     from tinyrl.rundir import start_dir
     from tinyrl.setup import load_tokenizer
@@ -385,6 +385,13 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     if with_tools and not chat:
         raise TinyRLError("--tools needs prompts rendered by the chat template (it lists the tools)",
                           hint="drop --no-chat-template, or evaluate without tools: --no-tools")
+    if not chat:  # a system + user prompt was scored on its first message alone
+        for name, file in files:
+            check_one_message(rows_of[name], file, hint="give --chat-template so the tokenizer's chat template "
+                              "renders every message, or make each prompt one message",
+                              fed_as_text="without --chat-template (the run's data.chat_template = false, or "
+                              "--no-chat-template)" if cfg is not None or chat_template is False else
+                              "without --chat-template")
     device = eval_device(device, cfg.trainer.device if cfg is not None else None, engine)
     dtype = pick_dtype(cfg.model.dtype if cfg is not None else "auto", device)
     engine = engine if engine != "auto" else ("vllm" if device.type == "cuda" else "hf")

@@ -242,8 +242,10 @@ def check_data_rows(cfg: Config) -> None:
     """Every row the run scores, in the files there now (training, test, data.val_files; an SFT
     run's test file when it samples), as the task's reward reads its ground truth
     (tinyrl.tasks.check_rows). Called before the memory plan, model.init_from's merge and the
-    model load: another task's file was found after them. A file tinyrl generates is the task's own."""
-    from tinyrl.data.io import load_prompts
+    model load: another task's file was found after them. A file tinyrl generates is the task's own.
+    With data.chat_template = false every prompt is text or one message (check_one_message; an SFT
+    file's single-turn prompts too: _check_sft_prompts)."""
+    from tinyrl.data.io import check_one_message, load_prompts
     from tinyrl.eval import parse_data_args
     from tinyrl.tasks import data_hint
     from tinyrl.tasks.rewards import check_reward_rows
@@ -255,6 +257,8 @@ def check_data_rows(cfg: Config) -> None:
         if not path.is_file():
             return None
         rows = load_prompts(path, max_rows=max_rows, make=make).to_dict("records")
+        if not cfg.data.chat_template:
+            check_one_message(rows, path)
         check_reward_rows(cfg, rows, path)
         return rows
 
@@ -264,6 +268,9 @@ def check_data_rows(cfg: Config) -> None:
         check_one_batch(len(train), "prompts", cfg.trainer.train_batch_size)
     if not rl and (n_rows := _parquet_rows(resolve_path(cfg.data.train_path))) is not None:
         check_one_batch(n_rows, "rows", cfg.trainer.train_batch_size)  # SFT: one row, one sample
+    if not rl and not cfg.data.chat_template:
+        for name in [cfg.data.train_path] + ([cfg.data.test_path] if cfg.trainer.test_every else []):
+            _check_sft_prompts(resolve_path(name), cfg)
     if cfg.trainer.test_every and (rl or cfg.sft.val_generate):
         held_out = [cfg.data.test_path] + ([str(p) for _, p in parse_data_args(cfg.data.val_files)] if rl else [])
         for name in held_out:
@@ -283,6 +290,25 @@ def check_data_rows(cfg: Config) -> None:
                     hint="--set sft.val_generate=false to validate on the loss alone (val/loss), or set "
                          f"data.test_path to a file of the {cfg.task.name} task's prompts with their "
                          f"responses{own}") from exc
+
+
+def _check_sft_prompts(path: Path, cfg: Config) -> None:
+    """An SFT file's single-turn prompts (sft.prompt_key), as check_one_message. A file that is
+    absent, unreadable or of another layout is left to the SFT loader, which says why."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tinyrl.data.io import check_one_message
+    from tinyrl.sft.data import detect_format
+
+    try:
+        names = pq.ParquetFile(path).schema_arrow.names if path.is_file() else None
+        if names is None or detect_format(names, cfg.sft) != "single":
+            return
+        prompts = pq.read_table(path, columns=[cfg.sft.prompt_key]).column(0).to_pylist()
+    except (pa.ArrowException, OSError, ValueError, TinyRLError):
+        return
+    check_one_message([{"prompt": p} for p in prompts], path)
 
 
 def _parquet_rows(path: Path) -> int | None:

@@ -80,7 +80,21 @@ def load_prompts(path: str | Path, max_rows: int | None = None, make: str = _MAK
 
 
 def prompt_text(row: Any) -> str:
-    """The prompt of one row: `prompt[0]["content"]`, or the prompt itself when it is text."""
+    """The prompt fed as it is (data.chat_template = false): the text, or its one message's content.
+    A prompt of several messages is refused (check_one_message says it for a whole file first):
+    until 2026-11-29 the first message alone was fed and the others dropped without a word."""
+    prompt = row["prompt"]
+    if isinstance(prompt, str):
+        return prompt
+    if (roles := _several_roles(prompt)) is not None:
+        raise TinyRLError(f"prompt holds {len(roles)} messages (roles {', '.join(roles)}); with data.chat_template "
+                          "= false a prompt is fed as text, which one message is", hint=ONE_MESSAGE_HINT)
+    return first_message_text(row)
+
+
+def first_message_text(row: Any) -> str:
+    """`prompt[0]["content"]`, or the prompt itself when it is text (TinyZero's strict Countdown
+    score reads it whatever the rendering)."""
     prompt = row["prompt"]
     if isinstance(prompt, str):
         return prompt
@@ -93,6 +107,37 @@ def prompt_text(row: Any) -> str:
         raise TinyRLError(f"prompt content is {type(content).__name__}, not text",
                           hint="use prompt = [{'role': 'user', 'content': '...'}]")
     return content
+
+
+ONE_MESSAGE_HINT = ("set data.chat_template=true so the tokenizer's chat template renders every message "
+                    "(or model.custom_chat_template for a model without one), or make each prompt one "
+                    "message: [{'role': 'user', 'content': ...}] holding all of its text")
+
+
+def _several_roles(prompt: Any) -> list[str] | None:
+    """The roles of a prompt of more than one message; None for text or one message."""
+    if isinstance(prompt, str):
+        return None
+    try:
+        if len(prompt) < 2:
+            return None
+        return [str(m["role"]) if hasattr(m, "get") and "role" in m else "?" for m in prompt]
+    except TypeError:  # not a list: prompt_text says what it is
+        return None
+
+
+def check_one_message(rows: list, path: Any, hint: str = ONE_MESSAGE_HINT,
+                      fed_as_text: str = "with data.chat_template = false") -> None:
+    """Prompts fed as text (data.chat_template = false): every row's prompt is text or one
+    message, said for the whole file before any model loads (a system + user prompt trained on
+    the system message alone, exit 0)."""
+    several = [(i, roles) for i, row in enumerate(rows) if (roles := _several_roles(row["prompt"])) is not None]
+    if several:
+        i, roles = several[0]
+        raise TinyRLError(
+            f"{len(several)} of {len(rows)} prompts in {path} hold more than one message (first at row {i}, "
+            f"counting from 0: roles {', '.join(roles)}); {fed_as_text} a prompt is fed as text, so all "
+            "but the first message would be lost", hint=hint)
 
 
 def prompt_messages(row: Any) -> list[dict]:

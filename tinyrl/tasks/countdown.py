@@ -30,12 +30,12 @@ def reward(format_score: float = 0.1, strict: bool = False) -> RewardFn:
                 completion, example["reward_model"]["ground_truth"], format_score=format_score)
         return score
 
-    from tinyrl.data.io import prompt_text  # imported here: it pulls in pandas and pyarrow
+    from tinyrl.data.io import first_message_text  # imported here: it pulls in pandas and pyarrow
 
     # TinyZero scores the decoded prompt + response, cutting at the first "Assistant:".
     def strict_score(completion: str, example: Any) -> float:
         return countdown.compute_score(
-            prompt_text(example) + completion, example["reward_model"]["ground_truth"],
+            first_message_text(example) + completion, example["reward_model"]["ground_truth"],
             strict=True, format_score=format_score)
     return strict_score
 
