@@ -82,7 +82,7 @@ def load_prompts(path: str | Path, max_rows: int | None = None, make: str = _MAK
 def prompt_text(row: Any) -> str:
     """The prompt fed as it is (data.chat_template = false): the text, or its one message's content.
     A prompt of several messages is refused (check_one_message says it for a whole file first):
-    until 2026-11-29 the first message alone was fed and the others dropped without a word."""
+    until 2026-11-28 the first message alone was fed and the others dropped without a word."""
     prompt = row["prompt"]
     if isinstance(prompt, str):
         return prompt
