@@ -295,19 +295,17 @@ def test_an_abandoned_rollout_starts_none_of_its_queued_calls(chat, monkeypatch)
     of them, so the run went on starting calls (up to tool_timeout_s each) after saying it stopped."""
     import threading
     import time
+    from dataclasses import replace
 
     from tinyrl import interrupts
     from tinyrl.rollout import turns
 
     started = []
 
-    class SlowTool:
-        schema = TOOLS["code_interpreter"].schema
-
-        def run(self, arguments, create, **limits):
-            started.append(arguments["code"])
-            time.sleep(0.3)
-            return TOOLS["code_interpreter"].run({"code": "print(1)"}, {}, **limits)
+    def slow(arguments, create, **limits):
+        started.append(arguments["code"])
+        time.sleep(0.3)
+        return TOOLS["code_interpreter"].run({"code": "print(1)"}, {}, **limits)
 
     def abandon(pending):  # the signal handler raises in the main thread while it waits
         while not started:
@@ -320,7 +318,7 @@ def test_an_abandoned_rollout_starts_none_of_its_queued_calls(chat, monkeypatch)
     prompts = [chat.render(m, generation_prompt=True) for m in msgs]
     with pytest.raises(interrupts.StepAbandoned):
         run_episodes(engine, prompts, SamplingSettings(n=1, max_new_tokens=400, seed=1), chat=chat,
-                     tools={"code_interpreter": SlowTool()}, limits=EpisodeLimits(tool_workers=1), messages=msgs)
+                     tools={"code_interpreter": replace(TOOLS["code_interpreter"], run=slow)}, limits=EpisodeLimits(tool_workers=1), messages=msgs)
     time.sleep(0.5)  # a queued call would have started by now
     assert len(started) == 1, f"{len(started)} of 8 calls ran after the step was abandoned"
     assert not [t for t in threading.enumerate() if t.name.startswith("tinyrl-tool")]

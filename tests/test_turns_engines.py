@@ -6,6 +6,7 @@ into the context, and the engine writes the next turn from it."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,12 +16,13 @@ from helpers.hermes_template import HERMES_TEMPLATE
 from tinyrl.rollout.base import SamplingSettings
 from tinyrl.rollout.chat import ToolChat
 from tinyrl.rollout.turns import EpisodeLimits, run_episodes
-from tinyrl.tools import TOOLS, Tool
+from tinyrl.tools import TOOLS
 
-# The real tool, with a short schema: the session's vLLM engine holds 512 tokens per sequence.
-CODE = Tool("code_interpreter", {"type": "function", "function": {
+# The real tool (its run and grace), with a short schema: the session's vLLM engine holds 512
+# tokens per sequence.
+CODE = replace(TOOLS["code_interpreter"], schema={"type": "function", "function": {
     "name": "code_interpreter", "parameters": {"type": "object", "properties": {"code": {"type": "string"}},
-                                               "required": ["code"]}}}, TOOLS["code_interpreter"].run)
+                                               "required": ["code"]}}})
 QUESTIONS = [(6, 7), (8, 9)]
 
 
@@ -147,7 +149,7 @@ def _delayed(delays):
         time.sleep(pause)
         return real(arguments, create_kwargs, **limits)
 
-    return Tool(CODE.name, CODE.schema, run)
+    return replace(CODE, run=run)
 
 
 def test_hf_turns_are_synchronous_and_a_seeded_rollout_repeats_whatever_the_tool_timings(taught):

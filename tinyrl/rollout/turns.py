@@ -10,8 +10,10 @@ contexts).
                 once in a bounded thread pool (rollout.tool_workers), each in the sandbox with
                 rollout.tool_timeout_s / tool_memory_mb and the episode's create_kwargs for
                 that tool (its prompt row's extra_info.tools_kwargs, verl's field: e.g. the
-                Python tool's setup code; tinyrl.tools). Render each result
-                (tinyrl.tools.render, cut to rollout.max_tool_response_tokens tokens), append
+                Python tool's setup code; tinyrl.tools), through tinyrl.tools.call_tool: a call
+                that does not return within tool_timeout_s + the tool's grace is given up
+                (status timeout). Render each result (tinyrl.tools.render, cut to
+                rollout.max_tool_response_tokens tokens), append
                 the tool turn the chat template writes (policy_mask 0, log-prob 0.0) and
                 generate the next turn (n = 1). An engine whose session `steps` (vLLM: requests
                 join a running batch) gets an episode's next turn as soon as ITS calls are back,
@@ -25,9 +27,10 @@ contexts).
                 "max_turns": rollout.max_turns assistant turns made and the last one still
                 calls a tool (its calls are not run)
 
-A bad call (not JSON, an unknown tool, bad arguments, past rollout.max_tool_calls) becomes a
-tool turn that says so, never an exception. Per-row budgets differ after turn 1: they go to the
-engine as `max_new_tokens_per_prompt` (vLLM stops each request at its own), and every
+A bad call (not JSON, an unknown tool, bad arguments, past rollout.max_tool_calls), a tool that
+raises or returns something other than a ToolResult becomes a tool turn that says so, never an
+exception (KeyboardInterrupt / SystemExit from a tool stop the run). Per-row budgets differ
+after turn 1: they go to the engine as `max_new_tokens_per_prompt` (vLLM stops each request at its own), and every
 continuation is cut to its own budget here too (the HF engine decodes the batch to the largest;
 the sampled prefix of a row is the same whatever the limit, the surplus is wasted decoding).
 Seeds: turn 1 is one call with sampling.seed; a later turn of an episode samples with its own
@@ -247,7 +250,11 @@ def _next_calls(active: list[_Live], schemas: dict, limits: EpisodeLimits,
 def _submit_calls(pool: ThreadPoolExecutor, live: _Live, calls: list[ParsedCall], tools: dict,
                   limits: EpisodeLimits, tools_kwargs: dict) -> list[tuple[str, object]]:
     """Start an episode's calls in `pool` -> per call (tool name, a Future or an _Outcome).
-    `tools_kwargs`: the episode's {tool name: {"create_kwargs": ...}}."""
+    `tools_kwargs`: the episode's {tool name: {"create_kwargs": ...}}. Each runs through
+    call_tool: a tool that raises, returns something else or hangs gives an error / timeout
+    result, and a hung one frees its pool worker after tool_timeout_s + its grace."""
+    from tinyrl.tools import call_tool
+
     used = len(live.tool_calls)
     row: list[tuple[str, object]] = []
     for call in calls:
@@ -259,7 +266,7 @@ def _submit_calls(pool: ThreadPoolExecutor, live: _Live, calls: list[ParsedCall]
         else:
             used += 1
             create = (tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
-            row.append((call.name, pool.submit(tools[call.name].run, call.arguments, create,
+            row.append((call.name, pool.submit(call_tool, tools[call.name], call.arguments, create,
                                                timeout_s=limits.tool_timeout_s, memory_mb=limits.tool_memory_mb)))
     return row
 

@@ -2,8 +2,11 @@
 result reads as the text of a tool turn.
 
 `TOOLS` is the one registry: name -> `Tool`. A task lists the names it offers; the turn loop
-(another layer) parses a call, looks the tool up here, runs `tool.run(arguments, create_kwargs)`
-and puts `render(result)` into the conversation. Knows nothing of tasks, chat templates or tokens.
+(another layer) parses a call, looks the tool up here, runs it with `call_tool(tool, arguments,
+create_kwargs, ...)` and puts `render(result)` into the conversation. `call_tool` holds a tool to
+its contract (`Tool`): an exception, a result of another type or a call that does not return in
+time becomes a ToolResult that says so, so a user's own tool cannot crash or stall a rollout.
+Knows nothing of tasks, chat templates or tokens.
 
 `create_kwargs` is an episode's own state for a tool, verl's name and place for it: a dataset
 row's `extra_info.tools_kwargs[tool]["create_kwargs"]` (verl 0.9.1: utils/dataset/rl_dataset.py
@@ -14,21 +17,37 @@ before every call's code, in the same fresh interpreter (a task's data, loaded f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from tinyrl.tools.python import ToolResult, run_code, run_many
+from tinyrl.tools.python import _BACKSTOP_S, ToolResult, run_code, run_many
 
-__all__ = ["TOOLS", "Tool", "ToolResult", "render", "run_code", "run_many"]
+__all__ = ["TOOLS", "Tool", "ToolResult", "call_tool", "render", "run_code", "run_many"]
+
+# A tool's default grace (Tool.grace_s): a tool that keeps to timeout_s returns within a moment of it
+GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
 class Tool:
+    """A tool the model may call (README, "Episodes with tools": the custom tool contract).
+
+    `run(arguments, create_kwargs, *, timeout_s, memory_mb) -> ToolResult`: the call's parsed JSON
+    arguments (checked against `schema`), the episode's create_kwargs for this tool ({} when none)
+    and the rollout's limits, which the tool should keep to. What it returns is rendered into the
+    tool turn (`render`); its status is ToolResult.status. `call_tool` turns an exception (not
+    KeyboardInterrupt / SystemExit), a return of another type, or no return within timeout_s +
+    `grace_s` into an error / timeout result instead; a call given up on runs on in its thread
+    (Python cannot stop a thread) until it returns by itself."""
+
     name: str
     schema: dict[str, Any]                        # {"type": "function", "function": {...}}
-    # (the call's parsed JSON arguments, the episode's create_kwargs, timeout_s=..., memory_mb=...)
-    # -> result; never raises
     run: Callable[..., ToolResult]
+    # seconds past timeout_s the caller waits for `run` to return before it gives the call up as
+    # timed out: a tool that enforces timeout_s itself and cleans up after it needs a moment more
+    grace_s: float = GRACE_S
 
 
 # The name and parameter verl's ReTool recipe uses (recipe/retool/sandbox_fusion_tool_config.yaml)
@@ -52,8 +71,55 @@ def _run_code_tool(arguments: dict[str, Any], create_kwargs: dict[str, Any] | No
 
 
 TOOLS: dict[str, Tool] = {
-    "code_interpreter": Tool("code_interpreter", CODE_INTERPRETER_SCHEMA, _run_code_tool),
+    # the sandbox times out by itself and says how (killed processes, output so far); on a busy
+    # machine its kill and cleanup take seconds (fork bombs), so its grace is its own backstop's
+    # (run_code kills its launcher _BACKSTOP_S past the deadline) and more: the caller's clock
+    # is only for a sandbox stuck past that
+    "code_interpreter": Tool("code_interpreter", CODE_INTERPRETER_SCHEMA, _run_code_tool, grace_s=2 * _BACKSTOP_S),
 }
+
+
+def call_tool(tool: Tool, arguments: dict[str, Any], create_kwargs: dict[str, Any], *, timeout_s: float,
+              memory_mb: int) -> ToolResult:
+    """Run one call of `tool` -> a ToolResult whatever the tool does (Tool's contract), its
+    `seconds` the wall clock measured here. The call runs on a thread of its own, so a call
+    that never returns is given up after timeout_s + tool.grace_s and holds none of the
+    caller's threads (a pool's worker stays free for the next call). KeyboardInterrupt and
+    SystemExit from the tool are raised here: they stop the run, not the call."""
+    start = time.monotonic()
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = tool.run(arguments, create_kwargs, timeout_s=timeout_s, memory_mb=memory_mb)
+        except Exception as e:  # the tool's failure: the model reads it in the tool turn
+            box["error"] = e
+        except BaseException as e:  # a stop of the run: raised again in the caller's thread
+            box["stop"] = e
+
+    worker = threading.Thread(target=target, name=f"tinyrl-tool-call-{tool.name}", daemon=True)
+    worker.start()
+    worker.join(timeout_s + tool.grace_s)
+    seconds = time.monotonic() - start
+    if worker.is_alive():
+        return _failed(f"timed out: the tool did not return within {timeout_s:g} s (wall clock); its call "
+                       "was given up", seconds, timed_out=True)
+    if "stop" in box:
+        raise box["stop"]
+    if "error" in box:
+        e = box["error"]
+        return _failed(f"error: tool {tool.name!r} raised {type(e).__name__}: {e}", seconds)
+    result = box["result"]
+    if not isinstance(result, ToolResult):
+        return _failed(f"error: tool {tool.name!r} returned a {type(result).__name__}, not a "
+                       "tinyrl.tools.ToolResult (its run must return one)", seconds)
+    return replace(result, seconds=seconds)
+
+
+def _failed(message: str, seconds: float, timed_out: bool = False) -> ToolResult:
+    """The result of a call that gave none of its own: `message` is its tool turn (render)."""
+    return ToolResult(stdout="", stderr="", exit_code=-1, timed_out=timed_out, killed_by=None, truncated=False,
+                      seconds=seconds, message=message, network="unknown", pid_namespace=False)
 
 
 def render(result: ToolResult) -> str:

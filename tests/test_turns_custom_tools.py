@@ -1,0 +1,143 @@
+"""A user's own tools in the turn loop (README, "Episodes with tools": the custom tool contract):
+whatever a tool does -- raise, return something other than a ToolResult, never return -- the
+episode goes on with a tool turn that says so, and the rollout neither crashes nor waits for it.
+
+The tools here carry code_interpreter's schema (the chat template's tool list) with their own
+`run`; the policy is scripted, the turn loop and chat template are the real ones."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from transformers import AutoTokenizer
+
+from helpers.hermes_template import HERMES_TEMPLATE
+from helpers.scripted_engine import ScriptedEngine
+from tinyrl.rollout.base import SamplingSettings
+from tinyrl.rollout.chat import ToolChat
+from tinyrl.rollout.turns import EpisodeLimits, episode_metrics, run_episodes
+from tinyrl.tools import TOOLS, Tool, ToolResult, call_tool
+
+SCHEMA = TOOLS["code_interpreter"].schema
+
+
+@pytest.fixture(scope="module")
+def chat(tiny_model_dir):
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = HERMES_TEMPLATE
+    return ToolChat(tok, [SCHEMA], [tok.eos_token_id])
+
+
+def _ok(text: str, seconds: float = 0.0) -> ToolResult:
+    return ToolResult(stdout=text, stderr="", exit_code=0, timed_out=False, killed_by=None, truncated=False,
+                      seconds=seconds, message="exit code 0", network="", pid_namespace=False)
+
+
+def _episodes(chat, run, *, k=1, limits=EpisodeLimits(tool_timeout_s=5.0), grace_s=2.0):
+    """k prompts, one episode each: turn 1 calls the tool with code "<prompt index>", then an
+    answer. -> the episodes"""
+    def script(context, j):
+        if "<tool_response>" in context:
+            return "<answer> done </answer>"
+        task = context.split("task ")[-1].split(":")[0]
+        return "<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {"code": task}}) + "\n</tool_call>"
+
+    msgs = [[{"role": "user", "content": f"task {i}: go"}] for i in range(k)]
+    tool = Tool("code_interpreter", SCHEMA, run, grace_s=grace_s)
+    res = run_episodes(ScriptedEngine(chat.tokenizer, script), [chat.render(m, generation_prompt=True) for m in msgs],
+                       SamplingSettings(n=1, max_new_tokens=400, seed=1), chat=chat,
+                       tools={"code_interpreter": tool}, limits=limits, messages=msgs)
+    return res.episodes
+
+
+def _tool_text(chat, e) -> str:
+    tool = next(t for t in e.turns if t.role == "tool")
+    return chat.tokenizer.decode(e.response_ids[tool.start:tool.end])
+
+
+def _goes_on(e) -> None:
+    """The episode after a failed call: its tool turn, then the model's answer, as any call's."""
+    assert [t.role for t in e.turns] == ["assistant", "tool", "assistant"] and e.stop_reason == "stop"
+    assert e.rerender == "same"
+
+
+def test_a_tool_that_raises_becomes_an_error_turn(chat):
+    def run(arguments, create_kwargs, **limits):
+        raise RuntimeError("my tool's backend is down")
+
+    (e,) = _episodes(chat, run)
+    _goes_on(e)
+    assert [c.status for c in e.tool_calls] == ["error"]
+    assert "[error: tool 'code_interpreter' raised RuntimeError: my tool's backend is down]" in _tool_text(chat, e)
+    assert episode_metrics([e])["tools/errors"] == 1.0
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_a_stop_of_the_run_raised_in_a_tool_stops_the_rollout(chat, stop):
+    def run(arguments, create_kwargs, **limits):
+        raise stop()
+
+    with pytest.raises(stop):
+        _episodes(chat, run)
+
+
+@pytest.mark.parametrize("returned", ["plain string", None, {"stdout": "7"}, ("7", "", 0)])
+def test_a_tool_returning_another_type_becomes_an_error_turn(chat, returned):
+    (e,) = _episodes(chat, lambda arguments, create_kwargs, **limits: returned)
+    _goes_on(e)
+    assert [c.status for c in e.tool_calls] == ["error"]
+    text = _tool_text(chat, e)
+    assert f"returned a {type(returned).__name__}, not a tinyrl.tools.ToolResult" in text
+
+
+def test_a_hung_tool_times_out_and_leaves_the_pool_to_the_next_call(chat):
+    """One worker, two episodes: the first call never returns by itself (until the test lets it),
+    the second is quick. The first is given up after tool_timeout_s + the tool's grace (status
+    timeout, its real seconds), and the second still runs on the one worker; the rollout returns
+    while the hung call's thread still runs. Seconds are the wall clock measured by the loop,
+    not what the tool claims (0.0 here)."""
+    release = threading.Event()
+    hung: list[threading.Thread] = []
+
+    def run(arguments, create_kwargs, **limits):
+        if arguments["code"] == "0":
+            hung.append(threading.current_thread())
+            release.wait(60)      # old loops waited for this, then read it as "ok"
+        else:
+            time.sleep(0.05)
+        return _ok("fine\n")
+
+    limits = EpisodeLimits(tool_timeout_s=0.3, tool_workers=1)
+    try:
+        first, second = _episodes(chat, run, k=2, limits=limits, grace_s=0.2)
+        assert hung[0].is_alive()  # returned without waiting for it
+    finally:
+        release.set()
+        for t in hung:
+            t.join()
+    _goes_on(first)
+    _goes_on(second)
+    assert [c.status for c in first.tool_calls] == ["timeout"] and [c.status for c in second.tool_calls] == ["ok"]
+    assert "[timed out: the tool did not return within 0.3 s (wall clock)" in _tool_text(chat, first)
+    assert "fine" in _tool_text(chat, second)
+    assert first.tool_calls[0].seconds >= 0.3 + 0.2 and second.tool_calls[0].seconds >= 0.05
+    assert episode_metrics([first, second])["tools/timeouts"] == 1.0
+
+
+def test_call_tool_keeps_a_tools_own_result_and_gives_its_limits():
+    """A tool that keeps the contract: its result as it gave it (seconds measured here), the
+    limits and create_kwargs passed as the contract says."""
+    seen = {}
+
+    def run(arguments, create_kwargs, *, timeout_s, memory_mb):
+        seen.update(arguments=arguments, create_kwargs=create_kwargs, timeout_s=timeout_s, memory_mb=memory_mb)
+        return ToolResult("out\n", "err\n", 3, False, None, False, 0.0, "exit code 3", "", False)
+
+    result = call_tool(Tool("t", SCHEMA, run), {"code": "1"}, {"setup": "a=1"}, timeout_s=4.0, memory_mb=256)
+    assert seen == {"arguments": {"code": "1"}, "create_kwargs": {"setup": "a=1"}, "timeout_s": 4.0, "memory_mb": 256}
+    assert (result.stdout, result.stderr, result.exit_code, result.message, result.status) == (
+        "out\n", "err\n", 3, "exit code 3", "error")
+    assert result.seconds > 0.0
