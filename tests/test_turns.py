@@ -224,6 +224,28 @@ def test_tool_output_is_cut_to_its_token_limit(tok, chat):
     assert len(tok(content, add_special_tokens=False)["input_ids"]) <= 40 + 1  # a decode/encode seam may merge
 
 
+def test_cutting_a_long_output_says_nothing_of_the_models_length(tiny_model_dir):
+    """A 200 kB print is cut, never fed to the model whole, yet tokenizing it printed transformers'
+    'Token indices sequence length is longer than the specified maximum sequence length ...
+    (200000 > 2048)'. A fresh tokenizer: transformers says it once per tokenizer."""
+    import logging
+
+    from tinyrl.rollout.turns import cut_to_tokens
+
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    fresh = AutoTokenizer.from_pretrained(tiny_model_dir)
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        for text in ("y" * 200_000, "7 " * 20_000):
+            assert len(fresh(text[:10_000], add_special_tokens=False, verbose=False)["input_ids"]) > fresh.model_max_length
+            assert len(fresh(cut_to_tokens(text, fresh, 256), add_special_tokens=False)["input_ids"]) <= 256 + 1
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert not [m for m in said if "sequence length" in m], said
+
+
 def test_each_turn_gets_its_own_seed_from_the_rollouts(chat):
     _, first, _ = _run(chat, _two_turn_script, seed=5)
     _, again, _ = _run(chat, _two_turn_script, seed=5)

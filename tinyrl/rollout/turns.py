@@ -324,14 +324,20 @@ def _result(result, name: str, tokenizer, max_tokens: int) -> _Outcome:
 
 def cut_to_tokens(text: str, tokenizer, max_tokens: int) -> str:
     """`text` within `max_tokens` tokens: cut, ending with a note that says so (the note counted)."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = _token_ids(tokenizer, text)
     if len(ids) <= max_tokens:
         return text
     note = f"\n[output cut to {max_tokens} tokens]"
-    keep = max_tokens - len(tokenizer(note, add_special_tokens=False)["input_ids"])
+    keep = max_tokens - len(_token_ids(tokenizer, note))
     if keep <= 0:
         return tokenizer.decode(ids[:max_tokens])
     return tokenizer.decode(ids[:keep]) + note
+
+
+def _token_ids(tokenizer, text: str) -> list[int]:
+    """`text`'s tokens, without transformers' warning that they exceed the model's length: a tool's
+    output is cut here, never fed to the model whole (a 200 kB print read "200000 > 2048")."""
+    return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
 
 
 def episode_seed(seed: int, key: int, turn: int) -> int:
