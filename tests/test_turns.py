@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from helpers.hermes_template import HERMES_TEMPLATE
@@ -212,16 +214,48 @@ def test_turn_limit_stops_calling(chat):
     assert len(e.tool_calls) == 2 and len(engine.calls) == 3  # the last turn's call was not run
 
 
-def test_tool_output_is_cut_to_its_token_limit(tok, chat):
+def test_tool_output_is_cut_to_its_head_and_tail(tok, chat):
+    """A print flood past the sandbox's 16 kB: the tool turn keeps its head and its tail, so the
+    model still reads render's closing "[exit code 0; output truncated]" (the cut ended with the
+    note alone before); the episode is still its conversation's re-render, tool tokens masked."""
     def script(context, j):
-        return call("print('7 ' * 2000)") if "<tool_response>" not in context else "end"
+        return call("print('7 ' * 20000)") if "<tool_response>" not in context else "end"
 
-    res, _, _ = _run(chat, script, k=1, n=1, limits=EpisodeLimits(max_tool_response_tokens=40))
+    # the tiny tokenizer (768 tokens) spends 31 on the note and 26 on that line
+    res, _, _ = _run(chat, script, k=1, n=1, limits=EpisodeLimits(max_tool_response_tokens=120))
     e = res.episodes[0]
-    text = tok.decode(e.response_ids[e.turns[1].start:e.turns[1].end], skip_special_tokens=False)
+    tool = e.turns[1]
+    text = tok.decode(e.response_ids[tool.start:tool.end], skip_special_tokens=False)
     content = text.split("<tool_response>\n")[1].split("\n</tool_response>")[0]
-    assert content.endswith("[output cut to 40 tokens]")
-    assert len(tok(content, add_special_tokens=False)["input_ids"]) <= 40 + 1  # a decode/encode seam may merge
+    head, tail = content.split("\n[... output cut to 120 tokens ...]\n")
+    assert head.startswith("7 7 7") and tail.endswith("7 \n[exit code 0; output truncated]")
+    assert len(tok(content, add_special_tokens=False)["input_ids"]) <= 120
+    assert e.rerender == "same" and set(e.policy_mask[tool.start:tool.end]) == {0}
+
+
+@settings(max_examples=150, deadline=None)
+@given(body=st.text(alphabet=list("ab7 \n\u20ac\u00e9\U0001f600(x"), max_size=400),
+       repeat=st.integers(1, 40), max_tokens=st.integers(1, 120))
+def test_a_cut_keeps_within_its_tokens_the_head_and_the_tail(tok, body, repeat, max_tokens):
+    """Any output (multi-byte characters cut between their bytes included): an output within the
+    limit is kept as it is; a longer one becomes a head of it, the note, a tail of it, within
+    `max_tokens` tokens re-tokenized (a seam that tokenizes longer shortens the cut); a limit
+    with no room for the note (31 tokens here) keeps a head alone."""
+    from tinyrl.rollout.turns import cut_to_tokens
+
+    text = body * repeat
+    cut = cut_to_tokens(text, tok, max_tokens)
+    if len(tok(text, add_special_tokens=False)["input_ids"]) <= max_tokens:
+        assert cut == text
+        return
+    assert len(tok(cut, add_special_tokens=False)["input_ids"]) <= max_tokens
+    note = f"\n[... output cut to {max_tokens} tokens ...]\n"
+    if len(tok(note, add_special_tokens=False)["input_ids"]) >= max_tokens:
+        assert text.startswith(cut.rstrip("\ufffd"))
+        return
+    head, tail = cut.split(note)
+    # a character cut between its bytes decodes to U+FFFD at the seam
+    assert text.startswith(head.rstrip("\ufffd")) and text.endswith(tail.lstrip("\ufffd"))
 
 
 def test_cutting_a_long_output_says_nothing_of_the_models_length(tiny_model_dir):

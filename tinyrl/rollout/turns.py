@@ -12,8 +12,8 @@ contexts).
                 that tool (its prompt row's extra_info.tools_kwargs, verl's field: e.g. the
                 Python tool's setup code; tinyrl.tools), through tinyrl.tools.call_tool: a call
                 that does not return within tool_timeout_s + the tool's grace is given up
-                (status timeout). Render each result (tinyrl.tools.render, cut to
-                rollout.max_tool_response_tokens tokens), append
+                (status timeout). Render each result (tinyrl.tools.render; its head and tail
+                within rollout.max_tool_response_tokens tokens), append
                 the tool turn the chat template writes (policy_mask 0, log-prob 0.0) and
                 generate the next turn (n = 1). An engine whose session `steps` (vLLM: requests
                 join a running batch) gets an episode's next turn as soon as ITS calls are back,
@@ -323,15 +323,25 @@ def _result(result, name: str, tokenizer, max_tokens: int) -> _Outcome:
 
 
 def cut_to_tokens(text: str, tokenizer, max_tokens: int) -> str:
-    """`text` within `max_tokens` tokens: cut, ending with a note that says so (the note counted)."""
+    """`text` within `max_tokens` tokens (re-tokenized on its own): when longer, its head and its
+    tail with a note between them, the note counted. Head and tail, as the sandbox cuts a stream
+    (tinyrl.tools.python._read_output) and verl cuts a tool response: the end holds what render
+    says last (a traceback's last line, "[... output truncated]", a timeout). The text goes into
+    the episode and its re-render alike, so any cut keeps the two equal."""
     ids = _token_ids(tokenizer, text)
     if len(ids) <= max_tokens:
         return text
-    note = f"\n[output cut to {max_tokens} tokens]"
+    note = f"\n[... output cut to {max_tokens} tokens ...]\n"
     keep = max_tokens - len(_token_ids(tokenizer, note))
-    if keep <= 0:
-        return tokenizer.decode(ids[:max_tokens])
-    return tokenizer.decode(ids[:keep]) + note
+    if keep <= 0:  # no room for the note: the head alone
+        note, keep = "", max_tokens
+    while True:
+        head = keep - keep // 2 if note else keep
+        cut = tokenizer.decode(ids[:head]) + note + tokenizer.decode(ids[len(ids) - (keep - head):])
+        over = len(_token_ids(tokenizer, cut)) - max_tokens
+        if over <= 0:
+            return cut
+        keep = max(0, keep - over)  # a seam re-tokenized longer (a character cut between its bytes)
 
 
 def _token_ids(tokenizer, text: str) -> list[int]:
