@@ -568,6 +568,8 @@ def calculator_tool():
     from tinyrl.tools import Tool, ToolResult
 
     def run(arguments, create_kwargs=None, **limits):
+        if arguments["expression"] == "backend down":  # a tool that breaks its contract: it raises
+            raise RuntimeError("the calculator's backend is down")
         names = dict((create_kwargs or {}).get("names") or {})
         try:
             value = eval(str(arguments["expression"]), {"__builtins__": {}}, names)
@@ -616,7 +618,7 @@ def test_the_exported_tool_runs_every_tool_the_task_offers_as_tinyrls_turn_loop_
              ("calculator", {"expression": "1 / 0"}), ("calculator", {"code": "12*34"}),
              ("calculator", {"expression": 12}), ("calculator", '{"expression": "2 + 2"}'),  # double-encoded
              ("calculator", ["12*34"]), ("code_interpreter", {"code": "print(n * 7)"}),
-             ("code_interpreter", {"expression": "1"})]
+             ("code_interpreter", {"expression": "1"}), ("calculator", {"expression": "backend down"})]
 
     async def verl_call(name, parameters):  # what verl 0.9.1's ToolAgentLoop._call_tool does
         tool = tools[name]
@@ -657,7 +659,9 @@ def test_the_exported_tool_runs_every_tool_the_task_offers_as_tinyrls_turn_loop_
     assert theirs[3:5] == [("[error: missing argument(s): expression]", "bad_call"),
                            ("[error: argument 'expression' must be a string, got int]", "bad_call")]
     assert theirs[5:7] == [("4", "ok"), ('[error: "arguments" must be a JSON object]', "bad_call")]
-    assert theirs[7:] == [("35", "ok"), ("[error: missing argument(s): code]", "bad_call")]
+    assert theirs[7:9] == [("35", "ok"), ("[error: missing argument(s): code]", "bad_call")]
+    # a tool that raises: the same error turn in verl (call_tool), not an exception out of execute
+    assert theirs[9:] == [("[error: tool 'calculator' raised RuntimeError: the calculator's backend is down]", "error")]
 
 
 def test_the_exported_reward_scores_episodes_exactly_like_tinyrl(tmp_path):

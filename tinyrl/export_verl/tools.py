@@ -101,8 +101,10 @@ schema in tinyrl.tools.TOOLS: a JSON object with the required arguments of the d
 a bad call's tool turn is tinyrl's, e.g. "[error: missing argument(s): expression]"), then runs
 tinyrl.tools.TOOLS[name] (code_interpreter: the Python sandbox, tinyrl.tools.python.run_code) with
 its instance's create_kwargs (e.g. the Python tool's setup) and the limits of config (timeout_s,
-memory_mb) in a pool of config["max_workers"] threads (0 = the usable cores), and its text is
-tinyrl.tools.render(result): the tool turn tinyrl trains with."""
+memory_mb) in a pool of config["max_workers"] threads (0 = the usable cores), through
+tinyrl.tools.call_tool as tinyrl's turn loop does (a tool that raises, returns something else or
+hangs gives an error / timeout result), and its text is tinyrl.tools.render(result): the tool
+turn tinyrl trains with."""
 
 import asyncio
 import os
@@ -118,7 +120,7 @@ try:
 except ImportError:
     sys.path.insert(0, TINYRL_SRC)
 from tinyrl.rollout.hermes import check_call
-from tinyrl.tools import TOOLS, render
+from tinyrl.tools import TOOLS, call_tool, render
 
 
 class {cls}(BaseTool):
@@ -146,8 +148,8 @@ class {cls}(BaseTool):
             return ToolResponse(text=call.error_turn), 0.0, {{"status": call.status}}
         create = self._create_kwargs.get(instance_id, {{}})
         result = await asyncio.get_running_loop().run_in_executor(
-            self._pool, lambda: TOOLS[call.name].run(call.arguments, create, timeout_s=self.timeout_s,
-                                                     memory_mb=self.memory_mb))
+            self._pool, lambda: call_tool(TOOLS[call.name], call.arguments, create, timeout_s=self.timeout_s,
+                                          memory_mb=self.memory_mb))
         return ToolResponse(text=render(result)), 0.0, {{"status": result.status, "seconds": result.seconds}}
 '''
 
