@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -639,6 +640,23 @@ def test_render_order_and_status_line():
     assert render(t) == "partial\n[timed out after 10 s]"
     assert render(_result(stdout="x", truncated=True, message="exit code 0; output truncated")) == \
         "x\n[exit code 0; output truncated]"
+
+
+def test_removing_a_call_directory_never_changes_the_directory_holding_it(tmp_path):
+    """When the call directory itself could not be removed (another process's sweep had removed
+    it first), the cleanup chmod'ed its parent, the temp dir, to 0700: /tmp was found 0700 and
+    every non-root user of the machine (the non-root sandbox test too) lost it."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    sandbox._rmtree(str(shared / "tinyrl-sandbox-gone"))      # removed already: nothing to do
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    call = shared / "tinyrl-sandbox-call"
+    (call / "work" / "locked").mkdir(parents=True)
+    (call / "work" / "locked" / "f").write_text("x")
+    (call / "work" / "locked").chmod(0)                        # as the code may leave its own files
+    sandbox._rmtree(str(call))
+    assert not call.exists() and stat.S_IMODE(shared.stat().st_mode) == 0o1777
 
 
 def test_read_output_keeps_head_and_tail(tmp_path):

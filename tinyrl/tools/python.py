@@ -178,8 +178,18 @@ def _read_output(path: Path, limit: int) -> tuple[str, bool]:
 
 
 def _rmtree(path: str) -> None:
-    def unlock(func, p, _exc):      # the code may have chmod 000'ed its own files (non-root)
-        os.chmod(os.path.dirname(p), 0o700)
+    """Remove a call's directory, whatever its code did to the modes of its own files."""
+    root = os.path.abspath(path)
+
+    def unlock(func, p, exc_info):  # the code may have chmod 000'ed its own files (non-root)
+        if issubclass(exc_info[0], FileNotFoundError):
+            return                  # gone already: another process's sweep removed it first
+        parent = os.path.dirname(os.path.abspath(p))
+        # never what holds the tree: the directory itself failing made this chmod the temp dir
+        # (/tmp) 0700, and every other user of the machine lost /tmp
+        if parent != root and not parent.startswith(root + os.sep):
+            raise exc_info[1]
+        os.chmod(parent, 0o700)
         os.chmod(p, 0o700) if os.path.isdir(p) else None
         func(p)
     shutil.rmtree(path, onerror=unlock)
