@@ -422,6 +422,20 @@ def test_an_sft_runs_summary_has_its_greedy_accuracy_when_it_measured_one():
     assert not any("val score" in line for line in summarize(recs[:1] + [{"step": 2, "sft/loss": 1.0}], None))
 
 
+def test_a_score_judged_by_a_users_reward_fn_says_so():
+    """A user's reward.fn that gives 1.0 for any `<answer>` tag read "greedy accuracy ... 100.0%"
+    at the run's end and in summary.txt, with nothing saying that it was not the task's judgement."""
+    from tinyrl.report import judged_by, summarize
+
+    recs = [{"step": 1, "reward/mean": 0.5, "val/score": 1.0}]
+    own = {"preset": "countdown-tiny", "task": {"name": "countdown"}, "reward": {"fn": "my_reward.py:score"}}
+    said = "val/score judged by reward.fn = my_reward.py:score (solved: a score >= 1), not the countdown task's reward"
+    assert judged_by(own) == said and said in summarize(recs, own)
+    for fn in ("task", "countdown", "math"):  # a task's own reward judges: nothing to say
+        assert judged_by({**own, "reward": {"fn": fn}}) is None
+    assert judged_by(None) is None and judged_by({"preset": "x"}) is None
+
+
 def test_the_step_count_leaves_out_the_validation_before_training():
     """The demo's summary said "steps: 61 recorded, step 0 to 60" for its 60 steps."""
     from tinyrl.report import steps_line

@@ -104,6 +104,19 @@ def accuracy_change(recs: list[dict], n_prompts: int | None = None) -> str | Non
     return line
 
 
+def judged_by(config: dict | None) -> str | None:
+    """Who judged a run's val/score when it is not its task's reward (a user's reward.fn): said
+    beside the figure, which read "greedy accuracy ... 100.0%" for README's has-a-tag reward."""
+    if not isinstance(config, dict) or not isinstance(config.get("reward"), dict):
+        return None
+    fn, task = config["reward"].get("fn"), (config.get("task") or {}).get("name")
+    from tinyrl.tasks import all_tasks
+
+    if not isinstance(fn, str) or fn == "task" or fn == task or fn in all_tasks():
+        return None
+    return f"val/score judged by reward.fn = {fn} (solved: a score >= 1), not the {task} task's reward"
+
+
 def last_validation(recs: list[dict], n_prompts: int | None = None) -> str | None:
     """The run's last validation in a line, for a run with no step-0 one to compare with (an SFT
     run: its figures were only in the dashboard's last frame): val/score, else val/loss."""
@@ -457,6 +470,8 @@ def summarize(recs: list[dict], config: dict | None, run_dir: Path | None = None
     change = accuracy_change(recs)
     if change:
         lines.append(change)
+    if val and (judge := judged_by(config)):
+        lines.append(judge)
     lines.append(step_time_line(recs, run_dir))
     _, tps = series(recs, "perf/tokens_per_s")
     if tps:
