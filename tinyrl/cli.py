@@ -445,12 +445,17 @@ def probe_memory(
     simulate: bool = typer.Option(False, "--simulate", help="Plan on fake tensors on the CPU, no GPU needed (the default without CUDA)."),
     device: Optional[str] = typer.Option(None, "--device", help="Real passes: cuda (this machine's card; the default with CUDA) or cpu (the CPU twin, with --memory-limit)."),
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit", help="--device cpu: RAM the probe may use beyond the loaded model, e.g. 3GiB, 512MiB."),
-    budget: Optional[str] = typer.Option(None, "--budget", help="Keep every phase under this (e.g. 12GiB) instead of 90% of the card."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="Keep every phase under this (e.g. 12GiB) instead of 90% of the card. "
+                                         "A plan that fits becomes the one train reads (it replaces the cached plan); "
+                                         "one that does not fit leaves the cached plan as it was."),
     plan_out: Optional[Path] = typer.Option(None, "--out", help="Also write the plan here (train reads the cached copy, printed below)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """What each phase of a step holds on the card, whether it fits, and the micro-batches and
-    vLLM settings `train` will use (written to a plan file that `train` reads)."""
+    vLLM settings `train` will use (written to a plan file that `train` reads).
+
+    Exit codes: 0 the plan fits; 1 it does not fit (the report says which phase and what to
+    change); 2 bad input (nothing planned)."""
     import time
 
     import torch
@@ -460,10 +465,15 @@ def probe_memory(
     from tinyrl.memory import render
 
     cfg = load_config(preset, overrides, planning=True)
+    mode = mp.choose_mode(simulate, device, memory_limit, torch.cuda.is_available())
+    if plan_out is not None and mode == "cpu":  # it exited 0 and wrote nothing
+        raise TinyRLError("--out writes a memory plan, and the CPU twin (--device cpu) makes none: it measures one "
+                          "phase's largest micro-batch in RAM, which no run reads",
+                          hint="leave out --out (--json prints the twin's result), or plan a card: "
+                               f"tinyrl probe-memory --preset {cfg.preset_arg} --simulate --gpu rtx4090 --out {plan_out}")
     if plan_out is not None:  # said now, not after the plan
         check_file_target(plan_out, lambda f: json_object_with(f, "phases"), "memory plan",
                           lost="nothing was planned", example="plan.json")
-    mode = mp.choose_mode(simulate, device, memory_limit, torch.cuda.is_available())
     if mode == "cpu":
         with _working(f"CPU probe of {cfg.model.name}: real passes under a {memory_limit} ceiling ..."):
             result = mp.cpu_probe(cfg, mp.parse_size(memory_limit))
@@ -481,16 +491,24 @@ def probe_memory(
         if mode == "cuda":
             plan = mp.cuda_probe(cfg, card, plan)
     seconds = time.perf_counter() - started
-    path = mp.save_plan(plan, mp.plan_path(cfg, card))
+    path = mp.plan_path(cfg, card)
+    # A --budget plan that does not fit is a question answered, not the run's plan: cached, it
+    # replaced the plan train read, and estimate-cost and train then said DOES NOT FIT.
+    cached = plan.fits or budget_bytes is None
+    if cached:
+        mp.save_plan(plan, path)
     if plan_out is not None:
         mp.save_plan(plan, plan_out)
     if as_json:
         settings = mp.apply_plan(cfg, plan)
-        print(json.dumps({**mp.plan_dict(cfg, plan), "plan_file": str(plan_out or path), "train_reads": str(path),
+        print(json.dumps({**mp.plan_dict(cfg, plan), "plan_file": str(plan_out or path) if cached or plan_out else None,
+                          "train_reads": str(path), "written_for_train": cached,
                           "settings": settings, "seconds": round(seconds, 1)}, indent=2))
-        return
-    for part in render.render_plan(cfg, plan, path, plan_out, seconds):
-        out.print(part)
+    else:
+        for part in render.render_plan(cfg, plan, path, plan_out, seconds, cached=cached):
+            out.print(part)
+    if not plan.fits:  # scripts tell a plan that does not fit from one that does (2 is bad input)
+        raise typer.Exit(1)
 
 
 @app.command()

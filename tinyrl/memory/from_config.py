@@ -149,8 +149,14 @@ def _budget(plan: MemoryPlan, phase: str) -> int:
 
 def advice(cfg: Config, plan: MemoryPlan) -> list[str]:
     """What to change, for a plan that does not fit: the failing phases, by how much, and the
-    settings that shrink what they hold most of."""
+    settings that shrink what they hold most of. A phase whose bytes before any token (weights,
+    adapters, gradients, optimizer state, runtime) are already over the budget is said, and the
+    settings that shrink only what grows with tokens (lengths, the log-prob chunk, checkpointing)
+    come last, marked as unable to close that gap alone (the 7B LoRA's rollout, 32.7 GiB before
+    any token on a 21.59 GiB budget, was told first to halve the response length)."""
     out = []
+    cats = categories(cfg, plan)
+    stuck = {}  # failing phase -> its bytes before any token, where they alone exceed the budget
     for name, ph in plan.phases.items():
         if ph.fits:
             continue
@@ -160,52 +166,84 @@ def advice(cfg: Config, plan: MemoryPlan) -> list[str]:
                else "")
         out.append(f"{name} needs {ph.peak / GiB:.2f} GiB, {max(over, 0) / GiB:.2f} GiB over the budget "
                    f"of {plan.budget_bytes / GiB:.2f} GiB" + (f" ({why})" if why else ""))
+        fixed = fixed_bytes(cats[name])
+        if fixed > plan.budget_bytes:
+            stuck[name] = fixed
     if not out:
         return out
     failing = {name for name, ph in plan.phases.items() if not ph.fits}
-    return out + ["try: " + "; or ".join(_tips(cfg, failing))]
+    lead, weights, tokens = _tips(cfg, failing)
+    if not stuck:
+        return out + ["try: " + "; or ".join(lead + weights + tokens)]
+    out += [f"{name} holds {fixed / GiB:.2f} GiB before any token (weights, gradients, optimizer state, "
+            f"runtime): over the budget on its own, so shorter sequences cannot make it fit"
+            for name, fixed in stuck.items()]
+    weights.append(f"a smaller model.name (now {cfg.model.name}), or a card with more memory (--gpu)")
+    return out + ["try: " + "; or ".join(weights),
+                  "not enough alone (they shrink only what grows with tokens): " + "; or ".join(lead + tokens)]
 
 
-def _tips(cfg: Config, failing: set[str]) -> list[str]:
-    """The settings that shrink what the failing phases hold, the largest lever first."""
+# What a phase holds whatever its lengths and micro-batch: the categories() not in this list.
+TOKEN_CATEGORIES = ("activations", "log-prob chunk", "HF engine KV cache", "vLLM KV cache", "vLLM other",
+                    "allocator headroom", "other")
+
+
+def fixed_bytes(phase_categories: dict[str, int]) -> int:
+    """A phase's bytes before any token: its categories less those that grow with tokens (a lower
+    bound: vLLM's activations and CUDA graphs are counted as if they could shrink)."""
+    return sum(v for k, v in phase_categories.items() if k not in TOKEN_CATEGORIES)
+
+
+def _tips(cfg: Config, failing: set[str]) -> tuple[list[str], list[str], list[str]]:
+    """The settings that shrink what the failing phases hold, the largest lever first: (the
+    engine and lengths, those that shrink the weights and their optimizer state, the other ones
+    that shrink what grows with tokens)."""
     m, resp = cfg.model, cfg.rollout.max_response_length
-    tips = ([f"lower sft.max_length (now {cfg.sft.max_length}: a longer row is an error, so drop or split the longest "
+    lead = ([f"lower sft.max_length (now {cfg.sft.max_length}: a longer row is an error, so drop or split the longest "
              "rows first)"] if cfg.command == "sft"
             else [f"lower rollout.max_response_length (now {resp}), e.g. {max(64, resp // 2)}"])
     if "rollout" in failing and cfg.rollout.engine == "hf" and m.quantize == "none":
         # the HF engine holds every episode's whole context at once; vLLM pages what decodes
-        tips.insert(0, "rollout.engine=vllm (its paged KV cache holds only the sequences decoding at once; "
+        lead.insert(0, "rollout.engine=vllm (its paged KV cache holds only the sequences decoding at once; "
                        "the HF engine holds all of them whole)")
+    weights, tokens = [], []
     if m.finetune == "full":
-        tips.append("model.finetune=lora (one frozen base + adapters instead of three full models)")
+        weights.append("model.finetune=lora (one frozen base + adapters instead of three full models)")
     if m.quantize == "none" and m.finetune == "lora":
-        tips.append("model.quantize=nf4 (4-bit base, QLoRA: about a quarter of the base weights)"
-                    + ("" if cfg.rollout.engine == "hf" else " with rollout.engine=hf (vLLM cannot load an NF4 base)"))
+        weights.append("model.quantize=nf4 (4-bit base, QLoRA: about a quarter of the base weights)"
+                       + ("" if cfg.rollout.engine == "hf" else " with rollout.engine=hf (vLLM cannot load an NF4 base)"))
     if m.finetune == "lora" and m.lora_rank > 16:
-        tips.append(f"a smaller model.lora_rank (now {m.lora_rank}), e.g. {m.lora_rank // 2}")
+        weights.append(f"a smaller model.lora_rank (now {m.lora_rank}), e.g. {m.lora_rank // 2}")
     # a chunk spans the micro-batch's response tokens: a phase that barely fits one row holds
     # min(chunk, one response), so below a 512-token response the smaller chunk saves nothing;
     # the rollout holds no chunk, so the tip is for a failing training phase only
     in_effect = min(m.logprob_chunk, row_shape(cfg)[1])
     if in_effect > 512 and failing & set(TRAINING_PHASES):
         chunk = fm.logprob_chunk_bytes(in_effect, _vocab(cfg), backward=True)
-        tips.append(f"model.logprob_chunk=512 (now {m.logprob_chunk}: {chunk / GiB:.2f} GiB of "
-                    "logits and their gradients per chunk)")
+        tokens.append(f"model.logprob_chunk=512 (now {m.logprob_chunk}: {chunk / GiB:.2f} GiB of "
+                      "logits and their gradients per chunk)")
     if not m.gradient_checkpointing:
-        tips.append("model.gradient_checkpointing=true")
-    return tips
+        tokens.append("model.gradient_checkpointing=true")
+    return lead, weights, tokens
 
 
 def _vocab(cfg: Config) -> int:
     return load_spec(cfg.model.name)["vocab_size"]
 
 
+# categories() of a full fine-tune: what its "base_weights" and "adapters" parts are
+FULL_FINETUNE_NAMES = {"base weights": "reference weights", "adapters": "trained weights"}
+
+
 def categories(cfg: Config, plan: MemoryPlan) -> dict[str, dict[str, int]]:
     """Each phase's bytes in the categories people ask about (they add up to the phase's peak):
     the rollout's trainer weights split like the training phases', vLLM's reservation split
     into its weights, KV cache and the rest, and the log-prob chunk (formula) taken out of the
-    activations it is part of."""
+    activations it is part of. A full fine-tune has no adapters: its trained weights (the actor,
+    and the critic) and the frozen reference's are named so (they read "adapters" and "base
+    weights", 1.84 GiB of "adapters" on countdown-0.5b-4090)."""
     spec = load_spec(cfg.model.name)
+    names = FULL_FINETUNE_NAMES if cfg.model.finetune == "full" else {}
     ref = plan.phases.get("forward")
     base_w = ref.parts.get("base_weights", 0) if ref else 0
     out = {}
@@ -236,7 +274,7 @@ def categories(cfg: Config, plan: MemoryPlan) -> dict[str, dict[str, int]]:
         c["runtime context"] = p.pop("cuda_context", 0) + p.pop("vllm_asleep", 0)
         c["allocator headroom"] = p.pop("allocator", 0)  # one largest transient block (simulate.py)
         c["other"] = sum(p.values())  # nothing today; kept so the rows always add up
-        out[name] = c
+        out[name] = {names.get(k, k): v for k, v in c.items()}
     return out
 
 

@@ -17,8 +17,10 @@ from tinyrl.memory.plan import MemoryPlan
 _SIM = "SIMULATED (fake-tensor trace on CPU, no GPU used)"
 
 
-def render_plan(cfg: Config, plan: MemoryPlan, path: Path, out_path: Path | None, seconds: float) -> list:
-    """Rich renderables for probe-memory's report; the CLI prints them."""
+def render_plan(cfg: Config, plan: MemoryPlan, path: Path, out_path: Path | None, seconds: float,
+                cached: bool = True) -> list:
+    """Rich renderables for probe-memory's report; the CLI prints them. `cached`: whether the plan
+    was written to `path`, the file train reads (a --budget plan that does not fit is not)."""
     from rich.table import Table
     from rich.text import Text
 
@@ -65,9 +67,14 @@ def render_plan(cfg: Config, plan: MemoryPlan, path: Path, out_path: Path | None
             parts.append(Text(f"{command} sets:\n" + "\n".join(f"- {line}" for line in filled)))
         parts.append(Text(f"{where}\n`tinyrl {command} --preset {cfg.preset_arg}` with the same --set options reads it.",
                           style="dim"))
-    else:  # train refuses this plan (preflight.check_memory): do not list settings it will never use
+    elif cached:  # train refuses this plan (preflight.check_memory): do not list settings it will never use
         parts.append(Text(f"{where}\n`tinyrl {command} --preset {cfg.preset_arg}` with the same --set options stops "
                           "on this plan: make a change above and probe again.", style="dim"))
+    else:
+        kept = "the plan there is left as it was" if path.exists() else "none is there yet: it plans one when it starts"
+        parts.append(Text(f"this --budget plan does not fit, so it was NOT written to {path}, the plan "
+                          f"`tinyrl {command} --preset {cfg.preset_arg}` with the same --set options reads: {kept}"
+                          + (f"\nplan written to {out_path}" if out_path else ""), style="dim"))
     parts.append(Text("\n".join(f"- {n}" for n in plan.notes), style="dim"))
     return parts
 
