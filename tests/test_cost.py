@@ -330,20 +330,36 @@ def test_a_cpu_run_is_priced_as_the_cpu_and_another_cards_run_is_said(monkeypatc
 def test_a_run_priced_under_another_preset_a_bare_currency_and_the_phase_sum_say_what_they_are(monkeypatch, capsys,
                                                                                               tmp_path):
     """A new user's walk: `--from-run RUN --preset countdown-4090` priced a tiny CPU run's seconds as
-    Qwen2.5-3B's steps without a word; `--currency EUR` without --price showed the preset's 2.18 CNY
-    as 2.18 EUR; the phase table's "total" (a sum of per-phase medians) differed from the seconds
-    per step above it with nothing saying why."""
+    Qwen2.5-3B's steps without a word (then, until 2026-11-28, with exit 0 and a WARNING last below
+    the tables: 1.5 h, 0.58 USD an epoch); `--currency EUR` without --price showed the preset's 2.18
+    CNY as 2.18 EUR; the phase table's "total" (a sum of per-phase medians) differed from the
+    seconds per step above it with nothing saying why."""
     config = load_config("countdown-tiny").to_dict()
     run = tmp_path / "run"
     write_run(run, [30, 10, 12, 11], config=config)
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(
-        {"step": s, "timing/step": t, "timing/rollout": r, "timing/update": t - r})
+        {"step": s, "timing/step": t, "timing/rollout": r, "timing/update": t - r, "memory/kind": "ram"})
         for s, t, r in ((1, 30, 15), (2, 10, 2), (3, 12, 9), (4, 13, 5))) + "\n")  # median step 12; phases 5 + 8
-    code, stdout, _ = cli(monkeypatch, capsys, "estimate-cost", "--from-run", str(run), "--preset", "countdown-4090",
-                          "--json")
-    assert code == 0
-    assert any(a.startswith("WARNING: ") and "tinyrl/tiny-qwen2 on batches of" in a and "do not carry over" in a
-               for a in json.loads(stdout)["assumptions"])
+    code, stdout, stderr = cli(monkeypatch, capsys, "estimate-cost", "--from-run", str(run), "--preset",
+                               "countdown-4090", "--price", "0.4", "--json")
+    said = " ".join(stderr.replace("│", " ").split())
+    assert code == 2 and stdout == "" and "Traceback" not in stderr
+    assert "trained tinyrl/tiny-qwen2, not the preset's Qwen/Qwen2.5-3B" in said, said
+    assert "leave out --preset" in said and "--sec-per-step" in said
+    # the same model, but the run was on the CPU and the preset runs on a card
+    cpu_run = write_run(tmp_path / "cpu-05b", [30, 10, 12, 11], config=load_config("countdown-0.5b-4090").to_dict(),
+                        extra={"memory/kind": "ram"})
+    with pytest.raises(TinyRLError, match="ran on the CPU, and the preset runs on a card"):
+        estimate_cost(load_config("countdown-0.5b-4090"), run_dir=cpu_run)
+    # the preset's own model on another batch: priced, the WARNING said under the figures, above the tables
+    other_batch = write_run(tmp_path / "batch", [30, 10, 12, 11], config=load_config("countdown-tiny", [
+        "trainer.train_batch_size=8", "actor.ppo_mini_batch_size=8"]).to_dict(), extra={"memory/kind": "ram"})
+    monkeypatch.setenv("COLUMNS", "300")
+    code, stdout, _ = cli(monkeypatch, capsys, "estimate-cost", "--from-run", str(other_batch), "--preset",
+                          "countdown-tiny", *no_data(tmp_path))
+    assert code == 0 and "WARNING: " in stdout and "on batches of 8, the preset countdown-tiny on 32" in stdout
+    assert stdout.index("WARNING: ") < stdout.index("seconds per step, by phase") < stdout.index("assumptions:")
+    assert stdout.count("WARNING: ") == 1
     code, stdout, _ = cli(monkeypatch, capsys, "estimate-cost", "--from-run", str(run))
     text = " ".join(stdout.split())
     assert code == 0 and "sum of the phases │ 13.00" in text and "the median step, 12.00 s, prices the epoch" in text

@@ -133,6 +133,21 @@ def _fill(obj: Any, raw: dict) -> None:
             setattr(obj, key, value)
 
 
+def check_run_is_the_presets(run: RunTiming, ran: Config, cfg: Config) -> None:
+    """--from-run RUN --preset P prices RUN's seconds as P's steps: refused where they cannot be P's,
+    another model, or a CPU run for a preset that runs on a card (a tiny CPU run's steps priced
+    countdown-4090's epoch at 1.5 h, exit 0, under a WARNING below the tables)."""
+    why = (f"trained {ran.model.name}, not the preset's {cfg.model.name}" if ran.model.name != cfg.model.name
+           else "ran on the CPU, and the preset runs on a card (trainer.device = cuda)"
+           if run.memory_kind == "ram" and cfg.trainer.device == "cuda" else "")
+    if why:
+        raise TinyRLError(
+            f"--from-run {run.run_dir} {why}: its seconds per step are not {cfg.preset}'s steps, so they cannot "
+            "price its epoch",
+            hint=f"leave out --preset to price the run's own epoch, or price {cfg.preset} with --sec-per-step S "
+                 f"(seconds of one of its steps), its roofline (leave out --from-run), or --from-run a run of it")
+
+
 # --------------------------------------------------------------------------- epoch size
 
 
@@ -357,10 +372,11 @@ def estimate_cost(
         notes.append(f"config (batch size, data, cost defaults) from {run.run_dir / 'config.json'}")
     elif run is not None and run.config is not None:  # --preset P --from-run RUN: RUN's seconds priced as P's steps
         ran = config_from_dict(run.config)
-        if (ran.model.name, ran.trainer.train_batch_size) != (cfg.model.name, cfg.trainer.train_batch_size):
-            notes.append(f"WARNING: {run.run_dir} trained {ran.model.name} on batches of {ran.trainer.train_batch_size}, "
-                         f"the preset {cfg.preset} is {cfg.model.name} on {cfg.trainer.train_batch_size}: the run's "
-                         "seconds per step do not carry over; leave out --preset to price the run's own epoch")
+        check_run_is_the_presets(run, ran, cfg)
+        if ran.trainer.train_batch_size != cfg.trainer.train_batch_size:
+            notes.append(f"WARNING: {run.run_dir} trained on batches of {ran.trainer.train_batch_size}, the preset "
+                         f"{cfg.preset} on {cfg.trainer.train_batch_size}: the run's seconds per step do not carry "
+                         "over; leave out --preset to price the run's own epoch")
     if currency and price is None and cfg.cost.price_per_hour and currency != cfg.cost.currency:
         raise TinyRLError(f"--currency {currency} without --price would show the preset's example, "
                           f"{cfg.cost.price_per_hour:g} {cfg.cost.currency} per hour, as {cfg.cost.price_per_hour:g} {currency}",
@@ -502,7 +518,11 @@ def render(est: CostEstimate) -> list:
         phases.caption = (f"run: the median of each phase over the steady steps; the median step, "
                           f"{est.sec_per_step:.2f} s, prices the epoch")
 
+    # a WARNING is said under the figures it is about, not last below the tables
+    warnings = [line for line in est.assumptions if line.startswith("WARNING: ")]
     notes = Text("assumptions:\n", style="bold")
     for line in est.assumptions:
-        notes.append(f"  - {line}\n", style="")
-    return [summary, phases if columns else Text("no phase breakdown: one given number has no parts"), notes]
+        if line not in warnings:
+            notes.append(f"  - {line}\n", style="")
+    return [summary] + [Text(line, style="bold yellow") for line in warnings] + \
+        [phases if columns else Text("no phase breakdown: one given number has no parts"), notes]
