@@ -460,3 +460,48 @@ def test_a_short_epoch_is_said_in_minutes_and_the_probe_hint_names_the_card_pric
     assert any("`tinyrl probe-memory --preset countdown-4090 --gpu h100`" in a for a in other), other
     own = estimate_cost(cfg, gpu_name="rtx4090").assumptions
     assert any("`tinyrl probe-memory --preset countdown-4090` plans" in a for a in own), own
+
+
+def test_a_roofline_only_estimate_says_how_far_the_roofline_was_from_the_real_run(monkeypatch, capsys, tmp_path):
+    """`estimate-cost --preset countdown-4090 --price 0.4` printed 333.81 s/step, 118.7 h, 47.48 USD with
+    "an upper bound" as its only caveat, while README said the roofline was optimistic by about 2x
+    against the one real run: said only with --sec-per-step/--from-run. The ratio is computed from
+    that run's seconds and the roofline of its preset (one source, README quotes it)."""
+    import re
+    from pathlib import Path
+
+    from tinyrl.cost import MEASURED_RUN, roofline_for, roofline_vs_measured
+    from tinyrl.hardware import get_gpu
+
+    monkeypatch.setenv("TINYRL_CACHE", str(tmp_path / "cache"))  # no memory plan: the roofline as it stands
+    check = roofline_vs_measured()
+    by_hand = roofline_for(load_config(MEASURED_RUN["preset"], planning=True), get_gpu(MEASURED_RUN["gpu"]))
+    assert check["roofline_sec_per_step"] == by_hand.sec_per_step
+    assert check["ratio"] == pytest.approx(MEASURED_RUN["sec_per_step"] / by_hand.sec_per_step) == pytest.approx(2.01, abs=0.005)
+    # README's sentence is these numbers
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    said = re.search(r"Against the real verl run \(([\d.]+) s/step for (\S+)\) the roofline says ([\d.]+) s: "
+                     r"it is optimistic by about (\d+)x", readme)
+    assert said, "README's sentence on the roofline against the real run"
+    assert (float(said.group(1)), said.group(2)) == (MEASURED_RUN["sec_per_step"], MEASURED_RUN["preset"])
+    assert said.group(3) == f"{check['roofline_sec_per_step']:.2f}" and int(said.group(4)) == round(check["ratio"])
+
+    monkeypatch.setenv("COLUMNS", "400")
+    code, stdout, _ = cli(monkeypatch, capsys, "estimate-cost", "--preset", "countdown-4090", "--price", "0.4",
+                          *no_data(tmp_path), "--json")
+    est = json.loads(stdout)
+    assert code == 0 and est["source"] == "roofline" and est["roofline_vs_measured"] == check
+    code, stdout, _ = cli(monkeypatch, capsys, "estimate-cost", "--preset", "countdown-4090", "--price", "0.4",
+                          *no_data(tmp_path))
+    text = " ".join(stdout.split())
+    total = est["total_hours"] * check["ratio"]
+    assert (f"roofline vs a real run │ a real verl run (countdown-0.5b-4090 on rtx4090) took 9.35 s a step, "
+            f"{check['ratio']:.2f}x the roofline's {check['roofline_sec_per_step']:.2f}; at that ratio the total is "
+            f"{total:,.1f} h, {est['total_price'] * check['ratio']:,.2f} USD") in text, text
+    assert text.index("roofline vs a real run") < text.index("seconds per step, by phase")  # beside the figures
+    # a measured or given step needs no such line (the ratio to its roofline is said); nor has SFT a real run
+    given = estimate_cost(load_config("countdown-4090", no_data(tmp_path)[1:]), sec_per_step=300.0)
+    assert given.roofline_vs_measured is None and any("given seconds/step are" in a for a in given.assumptions)
+    sft = estimate_cost(load_config("retool-sft-4090"), prompts=2000)
+    assert sft.roofline_vs_measured is None
+    assert any("SFT step's roofline has not been set against a real run" in a for a in sft.assumptions)
