@@ -505,3 +505,29 @@ def test_a_roofline_only_estimate_says_how_far_the_roofline_was_from_the_real_ru
     sft = estimate_cost(load_config("retool-sft-4090"), prompts=2000)
     assert sft.roofline_vs_measured is None
     assert any("SFT step's roofline has not been set against a real run" in a for a in sft.assumptions)
+
+
+def test_a_short_total_an_empty_currency_and_another_cards_price_say_what_they_are(monkeypatch, capsys, tmp_path):
+    """A user's walk: `--prompts-per-epoch 1000` printed "total ... 0.083 (5.0 min) h"; `--currency ''`
+    with --price kept the preset's CNY; `--gpu h100` without --price took the preset's 4090 example
+    price (2.18 CNY/h) as the H100's without a word."""
+    monkeypatch.setenv("COLUMNS", "300")
+    code, stdout, _ = cli(monkeypatch, capsys, "estimate-cost", "--preset", "countdown-0.5b-4090", "--sec-per-step",
+                          "9.35", "--prompts-per-epoch", "1000", "--price", "2")
+    text = " ".join(stdout.split())
+    # 1000 / 32 -> 32 steps x 9.35 s = 299.2 s = 0.083 h
+    assert code == 0 and "total, 1 epoch(s) │ 0.083 h (5.0 min), 0.17 CNY" in text and "min) h" not in text, text
+    code, stdout, stderr = cli(monkeypatch, capsys, "estimate-cost", "--preset", "countdown-0.5b-4090", "--price", "2",
+                               "--currency", "")
+    assert code == 2 and stdout == "" and "--currency is empty" in " ".join(stderr.replace("│", " ").split())
+    nowhere = [f"data.train_path={tmp_path / 'x.parquet'}"]
+    h100 = estimate_cost(load_config("countdown-0.5b-4090", nowhere), gpu_name="h100", sec_per_step=5.0)
+    assert h100.price_per_hour is None and h100.price_per_epoch is None
+    assert "example, 2.18 CNY/h, is for its rtx4090, not the h100; give --price" in h100.price_source
+    own = estimate_cost(load_config("countdown-0.5b-4090", nowhere), gpu_name="RTX 4090", sec_per_step=5.0)
+    assert own.price_per_hour == 2.18 and "example" in own.price_source  # the preset's card, however spelt
+    mine = estimate_cost(load_config("countdown-0.5b-4090", nowhere), gpu_name="h100", sec_per_step=5.0, price=3.0)
+    assert mine.price_per_hour == 3.0
+    code, stdout, _ = cli(monkeypatch, capsys, "estimate-cost", "--preset", "countdown-0.5b-4090", "--gpu", "h100",
+                          "--sec-per-step", "5", *no_data(tmp_path))
+    assert code == 0 and "unknown — the preset's example, 2.18 CNY/h, is for its rtx4090, not the h100" in stdout

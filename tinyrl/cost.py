@@ -263,10 +263,21 @@ def tool_work(cfg: Config) -> dict[str, int]:
     return {"tool_calls": cfg.rollout.max_tool_calls, "tool_workers": cfg.rollout.tool_workers or usable_cpus()}
 
 
-def hours_text(hours: float) -> str:
+def _card_name(name: str) -> str:
+    """The GPU table's name of a card as a config names it ("RTX 4090" is rtx4090)."""
+    from tinyrl.hardware import get_gpu
+
+    try:
+        return get_gpu(name).name
+    except TinyRLError:
+        return name
+
+
+def hours_text(hours: float, unit: str = "") -> str:
     """Hours as the table prints them: 1 decimal, and minutes below 0.1 h (a CPU demo's epoch of
-    2 minutes read "hours / epoch 0.0")."""
-    return f"{hours:,.1f}" if hours >= 0.1 else f"{hours:.3f} ({hours * 60:.1f} min)"
+    2 minutes read "hours / epoch 0.0"). `unit` (" h") goes after the hours, before the minutes
+    (the total read "0.083 (5.0 min) h")."""
+    return f"{hours:,.1f}{unit}" if hours >= 0.1 else f"{hours:.3f}{unit} ({hours * 60:.1f} min)"
 
 
 def roofline_assumptions(cfg: Config, a: Assumptions, r: Roofline, gpu_flag: str = "") -> list[str]:
@@ -332,7 +343,7 @@ def measured_text(check: dict, est: "CostEstimate") -> str:
     """The summary's line beside a roofline-only estimate: how far the roofline was from the one
     real run, and this epoch at that ratio (333.81 s a step, 118.7 h, was budgeted as it stood)."""
     ratio = check["ratio"]
-    at_ratio = f"{hours_text(est.total_hours * ratio)} h" + (
+    at_ratio = hours_text(est.total_hours * ratio, " h") + (
         f", {est.total_price * ratio:,.2f} {est.currency}" if est.total_price is not None else "")
     return (f"{check['what']} ({check['preset']} on {check['gpu']}) took {check['measured_sec_per_step']:g} s a step, "
             f"{ratio:.2f}x the roofline's {check['roofline_sec_per_step']:.2f}; at that ratio the total is {at_ratio} "
@@ -391,6 +402,9 @@ def estimate_cost(
                           hint="give one of them")
     if sec_per_step is not None and not (sec_per_step > 0 and math.isfinite(sec_per_step)):
         raise TinyRLError(f"--sec-per-step {sec_per_step} must be a positive number", hint="e.g. --sec-per-step 9.35")
+    if currency is not None and not currency.strip():  # it kept the preset's label (CNY) beside the user's price
+        raise TinyRLError("--currency is empty", hint="give the label of your price, e.g. --price 2.18 --currency USD, "
+                          "or leave out --currency (the preset's)")
     if price is not None and not (price >= 0 and math.isfinite(price)):
         raise TinyRLError(f"--price {price} must be zero (unknown) or positive", hint="your price per GPU-hour, e.g. --price 2.18")
     if epochs is not None and epochs < 1:
@@ -479,6 +493,10 @@ def estimate_cost(
         per_hour = 0.0 if on_cpu else cfg.cost.price_per_hour  # the preset's is a card's price
         price_source = (f"preset {cfg.preset or 'config'} cost.price_per_hour: an example, not a fact; set yours with --price"
                         if per_hour else "unknown: give --price")
+        if per_hour and gpu.name != _card_name(cfg.cost.gpu):  # `--gpu h100` was priced at the 4090's example
+            per_hour, price_source = 0.0, (f"unknown: the preset's example, {cfg.cost.price_per_hour:g} "
+                                           f"{cfg.cost.currency}/h, is for its {cfg.cost.gpu}, not the {gpu.name}; "
+                                           "give --price")
     if per_hour <= 0:
         per_hour = None
     n_epochs = epochs if epochs is not None else cfg.trainer.total_epochs
@@ -536,9 +554,10 @@ def render(est: CostEstimate) -> list:
         ("seconds / step", f"{est.sec_per_step:.2f}  (source: {est.source} — {est.source_detail})"),
         ("hours / epoch", hours_text(est.hours_per_epoch)),
         ("price / hour", f"{money(est.price_per_hour)}  ({est.price_source})" if est.price_per_hour
+         else f"unknown — {est.price_source.removeprefix('unknown: ')}" if "example" in est.price_source
          else f"unknown — the price needs --price ({est.currency})"),
         ("price / epoch", money(est.price_per_epoch) if est.price_per_epoch is not None else "— (needs --price)"),
-        (f"total, {est.epochs} epoch(s)", f"{hours_text(est.total_hours)} h"
+        (f"total, {est.epochs} epoch(s)", hours_text(est.total_hours, " h")
          + (f", {money(est.total_price)}" if est.total_price is not None else "")),
     ]
     if est.roofline_vs_measured:
