@@ -206,6 +206,14 @@ def test_only_shipped_files_are_found_in_the_checkout_from_another_directory(tmp
     assert config.resolve_path("data/demo/test.parquet") == Path("data/demo/test.parquet")  # the user's own first
 
 
+def test_an_estimator_under_another_name_says_tinyrls():
+    """`algorithm.adv_estimator=ppo` (the algorithm's name) and verl's `reinforce_plus_plus` were
+    "not one of gae, grpo, ...", with no word of which one they are."""
+    for typed, said in [("ppo", 'PPO with a critic is adv_estimator = "gae"'),
+                        ("reinforce_plus_plus", 'tinyrl\'s is "reinforce_pp"')]:
+        assert said in _problems("countdown-tiny", f"algorithm.adv_estimator={typed}"), typed
+
+
 def test_val_files_with_one_name_twice_is_a_config_problem():
     """A name given twice (or two files of one stem) was `train`'s "two --data files have the
     same name", pointing at eval's flag, after the model had loaded."""

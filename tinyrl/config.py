@@ -680,7 +680,14 @@ CHOICES = {
     "sft.format": ("auto", "single", "multiturn"),
 }
 # Values a user may bring from verl that tinyrl refuses: each says why, in place of the list.
-REFUSED_CHOICES = {"algorithm.kl_penalty": KL_REFUSED, "algorithm.kl_loss_type": KL_REFUSED}
+ESTIMATOR_NAMES_ELSEWHERE = {  # what a user types for an estimator tinyrl has under another name
+    "ppo": 'is the algorithm, not an advantage estimator: PPO with a critic is adv_estimator = "gae" '
+           "(verl's name too; the presets that say PPO use it)",
+    "reinforce_plus_plus": 'is verl\'s name for REINFORCE++: tinyrl\'s is "reinforce_pp" (export-verl maps it back)',
+    "reinforce++": 'is REINFORCE++: set "reinforce_pp"',
+}
+REFUSED_CHOICES = {"algorithm.kl_penalty": KL_REFUSED, "algorithm.kl_loss_type": KL_REFUSED,
+                   "algorithm.adv_estimator": ESTIMATOR_NAMES_ELSEWHERE}
 
 
 def get_setting(cfg: Config, dotted: str) -> Any:
