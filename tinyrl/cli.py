@@ -118,7 +118,15 @@ RunPresetOpt = typer.Option(None, "--preset", "-p", help="Preset name (see `tiny
                             "file; with --out RUN_DIR --resume, the run's own (kept in RUN_DIR/run.json).")
 
 
-# a key given twice is refused by load_config (config.repeated_sets), with the config's other problems
+def _typed(items: Optional[list[str]]):
+    """The user's --set items, marked as typed (TypedSets): a key given twice among them is a
+    config problem. Each command marks them as it gets them: Typer makes a plain list of what a
+    callback returns."""
+    from tinyrl.config import TypedSets
+
+    return None if items is None else TypedSets(items)
+
+
 SetOpt = typer.Option(None, "--set", "-s",
                       help="Override a setting, e.g. --set actor.lr=1e-6 (repeatable, one value per key: "
                       "a key given twice is refused).")
@@ -157,7 +165,7 @@ def presets_show(
     """Print the fully resolved config of a preset (defaults + file + --set overrides)."""
     from tinyrl.config import load_config, problems_of
 
-    cfg = load_config(name, overrides, check=False)
+    cfg = load_config(name, _typed(overrides), check=False)
     if as_json:
         print(json.dumps(cfg.to_dict(), indent=2))
     else:
@@ -245,7 +253,7 @@ def train(
     no_dashboard: bool = NoDashboardOpt,
 ) -> None:
     """RL on a preset (help: _train_help)."""
-    _run_command("train", preset, overrides, out_dir, max_steps, resume, no_dashboard)
+    _run_command("train", preset, _typed(overrides), out_dir, max_steps, resume, no_dashboard)
 
 
 @app.command()
@@ -266,14 +274,14 @@ def sft(
     (train/val loss, every trainer.test_every steps on data.test_path). Then RL from it:
     `tinyrl train --preset P --set model.init_from=RUN_DIR`; `tinyrl export RUN_DIR` merges it.
     """
-    _run_command("sft", preset, overrides, out_dir, max_steps, resume, no_dashboard)
+    _run_command("sft", preset, _typed(overrides), out_dir, max_steps, resume, no_dashboard)
 
 
 def _run_command(command: str, preset: Optional[str], overrides: Optional[list[str]], out_dir: Optional[Path],
                  max_steps: Optional[int], resume: bool, no_dashboard: bool) -> None:
     """`train` and `sft`: the same checks, loop and endings; only the trainer differs."""
     from tinyrl import rundir
-    from tinyrl.config import set_key
+    from tinyrl.config import TypedSets, set_key
 
     config_notes: list[str] = []
     run_dir = resume_cmd = None
@@ -283,7 +291,7 @@ def _run_command(command: str, preset: Optional[str], overrides: Optional[list[s
                               "presets` lists them); to continue a run: --out RUN_DIR --resume")
         preset, kept = rundir.resumed_args(out_dir)
         given = {set_key(item) for item in overrides or []}  # a --set given now replaces the kept one
-        overrides = [item for item in kept if set_key(item) not in given] + list(overrides or [])
+        overrides = TypedSets([item for item in kept if set_key(item) not in given] + list(overrides or []))
 
     def said() -> str:  # asked when the signal comes: what was under way, what to do
         if resume_cmd is None:
@@ -464,7 +472,7 @@ def probe_memory(
     from tinyrl.memory import from_config as mp
     from tinyrl.memory import render
 
-    cfg = load_config(preset, overrides, planning=True)
+    cfg = load_config(preset, _typed(overrides), planning=True)
     mode = mp.choose_mode(simulate, device, memory_limit, torch.cuda.is_available())
     if plan_out is not None and mode == "cpu":  # it exited 0 and wrote nothing
         raise TinyRLError("--out writes a memory plan, and the CPU twin (--device cpu) makes none: it measures one "
@@ -548,7 +556,7 @@ def export_verl_cmd(
     if (preset is None) == (from_run is None):
         raise TinyRLError("give exactly one of --preset NAME or --from-run RUN_DIR",
                           hint="e.g. tinyrl export-verl --preset countdown-4090 --gpus 8 --out verl-countdown")
-    cfg = config_of_run(from_run, overrides) if from_run else load_config(preset, overrides)
+    cfg = config_of_run(from_run, _typed(overrides)) if from_run else load_config(preset, _typed(overrides))
     path = export_verl(cfg, out_dir, gpus=gpus, nodes=nodes, overwrite=overwrite, actor=actor,
                        source=f"run {from_run}" if from_run else f"preset {cfg.preset}",
                        warn=lambda w: err.print(w, style="yellow", highlight=False, soft_wrap=True))
@@ -604,7 +612,7 @@ def estimate_cost_cmd(
         raise TinyRLError("--set needs --preset", hint="e.g. --preset countdown-4090 --set trainer.train_batch_size=128")
     if preset is None and from_run is None:
         raise TinyRLError("give --preset NAME, or --from-run RUN_DIR", hint="e.g. tinyrl estimate-cost --preset countdown-4090")
-    cfg = load_config(preset, overrides, planning=True) if preset else None
+    cfg = load_config(preset, _typed(overrides), planning=True) if preset else None
     est = estimate_cost(cfg, gpu_name=gpu, price=price, currency=currency, epochs=epochs, run_dir=from_run,
                         sec_per_step=sec_per_step, prompts=prompts)
     if as_json:
@@ -731,7 +739,7 @@ def doctor_cmd(
     # signal, after which the doctor went on (tinyrl.interrupts.throwaway).
     with _said_if_stopped(said):
         with _working("tinyrl doctor ...") as status:
-            report = run_doctor(preset, overrides, bench=bench, bench_steps=bench_steps, progress=progress)
+            report = run_doctor(preset, _typed(overrides), bench=bench, bench_steps=bench_steps, progress=progress)
         text = report.to_json()
         if out_file is not None:  # the file the user named (a re-run replaces its last report), written whole
             from tinyrl.jsonl import write_atomic

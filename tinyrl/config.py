@@ -298,13 +298,7 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
     cfg.given_preset = preset
     problems = _named_preset_problems(raw, overrides or [])
     problems += _apply_dict(cfg, {k: v for k, v in raw.items() if k != "preset"}, prefix="")
-    # a key given twice: which value was meant is not ours to guess, so neither is applied or
-    # judged; said with the other problems (it was refused alone, hiding them, until 2026-11-28)
-    problems += [f"{line}: give it once, with the value you mean" for line in repeated_sets(overrides or [])]
-    twice = {set_key(item) for item in overrides or []
-             if [set_key(other) for other in overrides].count(set_key(item)) > 1}
-    for item in overrides or []:
-        problems += _apply_override(cfg, item) if set_key(item) not in twice | {"preset"} else []
+    problems += apply_overrides(cfg, overrides)
     if check or problems:  # a parse problem raises below: with every other problem, not the first kind only
         problems += problems_of(cfg, resume_dir, planning)
     if notes is not None:
@@ -576,6 +570,25 @@ def _apply_override(cfg: Config, item: str) -> list[str]:
 def set_key(item: str) -> str:
     """The dotted key of a --set item: 'actor.lr=1e-6' -> 'actor.lr'."""
     return item.split("=", 1)[0].strip()
+
+
+class TypedSets(list):
+    """--set items as the user typed them (the CLI's --set option): a key given twice is a problem
+    load_config says with the others. A program's own list (a test's, the doctor's layered one)
+    is a plain list, whose last item for a key wins."""
+
+
+def apply_overrides(cfg: Config, overrides: list[str] | None) -> list[str]:
+    """--set items onto `cfg` -> their problems. A key the user typed twice (TypedSets): which
+    value was meant is not ours to guess, so neither is applied or judged, and it is said with
+    the config's other problems (it was refused alone, hiding them, until 2026-11-28)."""
+    typed = overrides if isinstance(overrides, TypedSets) else []
+    problems = [f"{line}: give it once, with the value you mean" for line in repeated_sets(typed)]
+    keys = [set_key(item) for item in typed]
+    twice = {key for key in keys if keys.count(key) > 1}
+    for item in overrides or []:
+        problems += _apply_override(cfg, item) if set_key(item) not in twice | {"preset"} else []
+    return problems
 
 
 def repeated_sets(items: list[str]) -> list[str]:

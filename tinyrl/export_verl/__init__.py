@@ -132,7 +132,7 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
 
 def config_of_run(run_dir: Path, overrides: list[str] | None) -> Config:
     """A run's saved config.json, with --set overrides applied and checked like a preset."""
-    from tinyrl.config import _apply_override, config_from_dict, problems_of
+    from tinyrl.config import apply_overrides, config_from_dict, problems_of
     from tinyrl.rundir import rebase_paths
 
     path = run_dir / "config.json"
@@ -144,7 +144,7 @@ def config_of_run(run_dir: Path, overrides: list[str] | None) -> Config:
     except json.JSONDecodeError as e:
         raise TinyRLError(f"{path} is not valid JSON: {e}", hint="the run's config.json is damaged") from e
     rebase_paths(cfg, run_dir)  # its relative paths, from where it was started
-    problems = [p for item in overrides or [] for p in _apply_override(cfg, item)] + problems_of(cfg)
+    problems = apply_overrides(cfg, overrides) + problems_of(cfg)
     if problems:
         raise TinyRLError(f"the run's config has {counted(len(problems), 'problem')}:\n"
                           + "\n".join(f"  - {p}" for p in problems), hint="fix them with --set key.sub=value")
