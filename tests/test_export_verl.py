@@ -858,3 +858,97 @@ def test_a_template_the_command_line_cannot_carry_is_said_to_ride_in_the_actor_w
     assert said_to_copy in script("other-actor", actor)
     (actor / "tokenizer_config.json").write_text(json.dumps({"chat_template": text}))  # transformers 4's place
     assert "the --actor directory's tokenizer carries it" in script("tf4-actor", actor)
+
+
+def tinyrl_dependencies() -> list[str]:
+    """The import names of tinyrl's own dependencies (pyproject.toml), but for what a task's reward
+    requires (Task.reward_requires: math-verify), which run_verl.sh's header says to install, as
+    pyproject pins it."""
+    import tomllib
+
+    from tinyrl.tasks import all_tasks
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    required = {r for task in all_tasks().values() for r in task.reward_requires}
+    assert required and required <= set(project["dependencies"])  # the same pins
+    name = lambda dep: re.match(r"[A-Za-z0-9_.-]+", dep).group(0).lower().replace("-", "_")  # noqa: E731
+    return sorted({name(dep) for dep in project["dependencies"]} - {name(dep) for dep in required})
+
+
+# A sitecustomize that makes each name unimportable (sys.modules[name] = None: `import name`
+# raises ImportError), in the child and in every Python it starts (the maths verifier's worker).
+BLOCKER = "import sys\nfor name in {names!r}:\n    sys.modules[name] = None\n"
+
+SCORE_IN_VERLS_ENV = '''
+import importlib, importlib.util, json, sys
+for name in {names!r}:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        continue
+    raise SystemExit(f"{{name}} is importable: the test would prove nothing")
+spec = importlib.util.spec_from_file_location("reward_fn", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+cases = json.loads(sys.stdin.read())
+scores = [module.compute_score(c["data_source"], c["completion"], c["ground_truth"], c["extra_info"]) for c in cases]
+tool = None
+if len(sys.argv) > 2:  # what tinyrl_tool.py imports from tinyrl (verl's own modules need ray), and a call
+    from tinyrl.rollout.hermes import check_call
+    from tinyrl.tools import TOOLS, render
+
+    call = check_call(sys.argv[2], {{"code": "print(6 * 7)"}}, {{n: t.schema for n, t in TOOLS.items()}})
+    tool = render(TOOLS[call.name].run(call.arguments, {{}}, timeout_s=10, memory_mb=512))
+print(json.dumps({{"scores": scores, "tool": tool}}))
+'''
+
+# task -> the preset exported for it, and its overrides
+VERL_ENV_TASKS = {
+    "countdown": ("countdown-tiny", ["task.strict=true"]),  # strict: the whole row rides along as JSON
+    "math": ("math-tiny", []),
+    "retool": ("retool-4090", ["rollout.tool_timeout_s=2", "rollout.tool_memory_mb=512", "rollout.tool_workers=2"]),
+    "arith": ("countdown-tools-demo", ["model.init_from="]),
+}
+
+
+@pytest.mark.parametrize("task", sorted(VERL_ENV_TASKS))
+def test_the_exported_reward_runs_where_tinyrls_dependencies_cannot_be_imported(task, tmp_path):
+    """verl 0.9.1 needs transformers<5.11 and tinyrl transformers>=5.17: one environment holds both
+    only with tinyrl installed --no-deps (README, "When one GPU is not enough"). reward_fn.py's
+    import chain then finds none of tinyrl's dependencies (typer was imported by every task module,
+    pandas and pyarrow by the rows' reader): it must score exactly as tinyrl does without them."""
+    from tinyrl.tasks import get_task
+
+    train, test = get_task(task).generate(tmp_path / "data", 8, 8, progress=False)
+    preset, extra = VERL_ENV_TASKS[task]
+    cfg = load_config(preset, [f"data.train_path={train}", f"data.test_path={test}", "trainer.train_batch_size=4",
+                               "actor.ppo_mini_batch_size=4", *extra])
+    out = export_verl(cfg, tmp_path / "out", warn=lambda _: None)
+    header = " ".join(line.lstrip("# ") for line in (out / "run_verl.sh").read_text().split("set -euo")[0].splitlines())
+    assert "then tinyrl WITHOUT its dependencies" in header and "pip install --no-deps /path/to/tinyrl" in header
+    assert ("pip install 'math-verify>=0.9,<0.10'" in header) == (task in ("math", "retool"))
+    ours = get_task(task).make_reward(cfg.task)
+    original = load_prompts(train).to_dict("records")
+    cases, expected = [], []
+    for row, verl_row in zip(original, pq.read_table(out / "data" / "train.parquet").to_pylist(), strict=True):
+        truth = row["reward_model"]["ground_truth"]
+        answer = row["extra_info"]["solution"] if task == "countdown" else truth["answer"] if task == "arith" else truth
+        for completion in (f"<answer>{answer}</answer>", f"Assistant: <answer>{answer}</answer>",
+                           f"Answer: {answer}", f"\\boxed{{{answer}}}", "no answer", "<answer>1</answer>"):
+            expected.append(ours(completion, row))
+            cases.append({"completion": completion, "data_source": verl_row["data_source"],
+                          "ground_truth": verl_row["reward_model"]["ground_truth"], "extra_info": verl_row["extra_info"]})
+    assert max(expected) > min(expected)  # the table reaches more than one score
+    blocked = tinyrl_dependencies()
+    assert {"transformers", "torch", "typer", "rich", "pandas", "pyarrow"} <= set(blocked)
+    site = tmp_path / "verl-env"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCKER.format(names=blocked))
+    repo = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), repo])}
+    tools = ["code_interpreter"] if (out / "tinyrl_tool.py").is_file() else []
+    assert bool(tools) == (task in ("retool", "arith"))
+    done = subprocess.run([sys.executable, "-c", SCORE_IN_VERLS_ENV.format(names=blocked), str(out / "reward_fn.py"),
+                           *tools], input=json.dumps(cases), capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout) == {"scores": expected, "tool": "42" if tools else None}

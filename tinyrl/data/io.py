@@ -3,16 +3,14 @@
 Knows the columns a trainer needs (`prompt`, `reward_model`) and nothing about the task; files
 made by TinyZero's `examples/data_preprocess/countdown.py` load as they are. Parquet hands nested
 values back as numpy arrays and numpy scalars; `ground_truth` turns them into plain Python.
+pandas and pyarrow are imported by the readers alone: the rewards read rows through this module,
+and export-verl's reward_fn.py runs them where tinyrl is installed without its dependencies.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tinyrl.errors import TinyRLError
 
@@ -34,6 +32,9 @@ def not_parquet_hint(path: Path) -> str:
 
 
 def _read_table(path: Path, max_rows: int | None, make: str) -> pa.Table:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
         pf = pq.ParquetFile(path)
         names = pf.schema_arrow.names

@@ -111,7 +111,7 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
         header = [f"verl {VERL_VERSION} recipe exported by `tinyrl export-verl` from {source or cfg.preset}",
                   f"{gpus} GPU(s) per node x {nodes} node(s); keys are verl {VERL_VERSION}'s "
                   "(verl/trainer/config/_generated_ppo_trainer.yaml); other verl versions may rename some.",
-                  f"Needs: pip install verl=={VERL_VERSION} (with its dependencies) and tinyrl (reward_fn.py imports it).",
+                  *install_lines(cfg),
                   "Extra arguments are passed to verl: ./run_verl.sh trainer.total_epochs=3",
                   f"Data: data/ ({steps} steps per epoch at this batch size); reward: reward_fn.py ({cfg.reward.fn})."]
         if whole_row:
@@ -128,6 +128,25 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
     for w in mapping.warnings if warn else ():
         warn(f"WARNING: {w}")
     return out
+
+
+def install_lines(cfg: Config) -> list[str]:
+    """What to install where verl runs. tinyrl goes in without its dependencies: its pins
+    (transformers>=5.17) and verl's (transformers<5.11) cannot share one environment, and
+    reward_fn.py's import chain needs none of them (tests/test_export_verl.py runs it without
+    them), only what the task's reward requires (math-verify for the maths rewards)."""
+    from tinyrl.config import REPO_ROOT
+    from tinyrl.tasks import all_tasks
+
+    tasks = all_tasks()
+    used = [cfg.task.name if s == "task" else s for s in [cfg.reward.fn, *cfg.reward.extra_fns] if s == "task" or s in tasks]
+    requires = sorted({r for name in used if name in tasks for r in tasks[name].reward_requires})
+    lines = [f"Needs: pip install verl=={VERL_VERSION} (with its dependencies), then tinyrl WITHOUT its dependencies "
+             "(reward_fn.py imports it; its pins, transformers>=5.17, and verl's, <5.11, cannot share one environment):",
+             f"  pip install --no-deps /path/to/tinyrl   (a copy of the checkout this export came from, {REPO_ROOT})"]
+    if requires:
+        lines.append("  pip install " + " ".join(f"'{r}'" for r in requires) + "   (the reward's own requirement)")
+    return lines
 
 
 def config_of_run(run_dir: Path, overrides: list[str] | None) -> Config:

@@ -36,11 +36,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import typer
-
 from tinyrl.errors import TinyRLError
 from tinyrl.rollout.hermes import final_turn
-from tinyrl.tasks.base import RewardFn, Task
+from tinyrl.tasks.base import RewardFn, Task, option
 from tinyrl.writable import ANOTHER_OUT, make_dir, refuse_existing, staged
 
 TOOLS = ("code_interpreter",)
@@ -230,17 +228,17 @@ def generate_sft(out_dir, train_size: int, test_size: int, seed: int = 0, templa
 
 
 def data_command(
-    out_dir: Path = typer.Option(..., "--out", help="Directory for train.parquet and test.parquet."),
-    train_size: int = typer.Option(8192, help="Training questions."),
-    test_size: int = typer.Option(1024, help="Test questions (train skips every one of them)."),
-    seed: int = typer.Option(0, help="Random seed; the same seed gives the same files."),
-    sft: bool = typer.Option(False, "--sft", help="Also write sft_train.parquet and sft_test.parquet: the same "
-                             "questions as conversations (`messages`, `tools`) for `tinyrl sft`."),
-    tool_share: float = typer.Option(TOOL_SHARE, help="With --sft: the share of conversations (drills aside) "
-                                     "that call the Python tool; the others answer at once."),
-    drill_share: float = typer.Option(DRILL_SHARE, help="With --sft: the share of rows that are drills, a tool's "
-                                      "output and the answer that copies it alone, which teach the tiny model to "
-                                      "read the tool's output."),
+    out_dir: Path = option(..., "--out", help="Directory for train.parquet and test.parquet."),
+    train_size: int = option(8192, help="Training questions."),
+    test_size: int = option(1024, help="Test questions (train skips every one of them)."),
+    seed: int = option(0, help="Random seed; the same seed gives the same files."),
+    sft: bool = option(False, "--sft", help="Also write sft_train.parquet and sft_test.parquet: the same "
+                       "questions as conversations (`messages`, `tools`) for `tinyrl sft`."),
+    tool_share: float = option(TOOL_SHARE, help="With --sft: the share of conversations (drills aside) "
+                               "that call the Python tool; the others answer at once."),
+    drill_share: float = option(DRILL_SHARE, help="With --sft: the share of rows that are drills, a tool's "
+                                "output and the answer that copies it alone, which teach the tiny model to "
+                                "read the tool's output."),
 ) -> None:
     """Write 'a=23, b=46. What is a*b%7?' questions (two-digit factors) for the Python-tool task."""
     from rich.console import Console

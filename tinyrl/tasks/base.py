@@ -43,3 +43,19 @@ class Task:
     # Tools the model may call (names in tinyrl.tools.TOOLS). Non-empty: prompts are rendered by
     # the chat template with these schemas, and rollouts are episodes of turns (rollout/turns.py).
     tools: tuple[str, ...] = ()
+    # What the reward needs besides tinyrl's own code (pip requirements, as pyproject.toml pins
+    # them): where verl runs, tinyrl is installed without its dependencies (export-verl)
+    reward_requires: tuple[str, ...] = ()
+
+
+def option(default: Any, *flags: str, **kwargs: Any) -> Any:
+    """typer.Option, for the parameters of a task's `tinyrl data NAME` command. Where typer is not
+    installed (tinyrl installed with --no-deps beside verl, for export-verl's reward_fn.py: README,
+    "When one GPU is not enough") no command is ever built, and the plain default stands in, so
+    the task modules (and their rewards) still import."""
+    try:
+        import typer
+    except ImportError:
+        return default
+    return typer.Option(default, *flags, **kwargs)
+

@@ -13,10 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-import typer
-
 from tinyrl.errors import TinyRLError
-from tinyrl.tasks.base import RewardFn, Task
+from tinyrl.tasks.base import RewardFn, Task, option
 
 _TASK_LINE = re.compile(r"Using the numbers .*?equals -?\d+", re.S)  # the part that differs per task
 
@@ -30,7 +28,7 @@ def reward(format_score: float = 0.1, strict: bool = False) -> RewardFn:
                 completion, example["reward_model"]["ground_truth"], format_score=format_score)
         return score
 
-    from tinyrl.data.io import first_message_text  # imported here: it pulls in pandas and pyarrow
+    from tinyrl.data.io import first_message_text
 
     # TinyZero scores the decoded prompt + response, cutting at the first "Assistant:".
     def strict_score(completion: str, example: Any) -> float:
@@ -96,16 +94,16 @@ def _operand_counts(text: str) -> tuple[int, ...]:
 
 
 def data_command(
-    out_dir: Path = typer.Option(..., "--out", help="Directory for train.parquet and test.parquet."),
-    train_size: int = typer.Option(327_680, help="Training tasks (TinyZero: 327,680)."),
-    test_size: int = typer.Option(1_024, help="Test tasks (TinyZero: 1,024)."),
-    seed: int = typer.Option(0, help="Random seed; the same seed gives the same files."),
-    template: str = typer.Option("base", help="Prompt template: base | qwen-instruct."),
-    operands: str = typer.Option("3,4", help="Numbers per task, one count drawn per task (TinyZero: 3,4)."),
-    max_number: int = typer.Option(100, help="Largest number in a task (TinyZero: 100)."),
-    sft: bool = typer.Option(False, "--sft", help="Also write sft_train.parquet and sft_test.parquet: the same "
-                             "tasks with a `response` column, the reference solution in the answer format "
-                             "(for `tinyrl sft`)."),
+    out_dir: Path = option(..., "--out", help="Directory for train.parquet and test.parquet."),
+    train_size: int = option(327_680, help="Training tasks (TinyZero: 327,680)."),
+    test_size: int = option(1_024, help="Test tasks (TinyZero: 1,024)."),
+    seed: int = option(0, help="Random seed; the same seed gives the same files."),
+    template: str = option("base", help="Prompt template: base | qwen-instruct."),
+    operands: str = option("3,4", help="Numbers per task, one count drawn per task (TinyZero: 3,4)."),
+    max_number: int = option(100, help="Largest number in a task (TinyZero: 100)."),
+    sft: bool = option(False, "--sft", help="Also write sft_train.parquet and sft_test.parquet: the same "
+                       "tasks with a `response` column, the reference solution in the answer format "
+                       "(for `tinyrl sft`)."),
 ) -> None:
     """Write Countdown tasks in TinyZero's parquet schema (every task solvable)."""
     from rich.console import Console

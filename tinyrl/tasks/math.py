@@ -20,10 +20,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Optional
 
-import typer
-
 from tinyrl.errors import TinyRLError
-from tinyrl.tasks.base import RewardFn, Task
+from tinyrl.tasks.base import RewardFn, Task, option
 from tinyrl.writable import ANOTHER_OUT, check_writable, make_dir, refuse_existing, staged
 
 ANSWER_FORMATS = ("auto", "dapo", "boxed")
@@ -346,18 +344,18 @@ def convert(source: str, out_dir: Path, template: str, name: str | None = None,
 
 
 def data_command(
-    out_dir: Path = typer.Option(..., "--out", help="Output directory."),
-    source: Optional[str] = typer.Option(None, "--from", help="A problem/answer table (.parquet/.jsonl/.json/.csv) "
-                                         "or hf:NAME[:split] (hf:NAME:CONFIG:SPLIT, e.g. hf:openai/gsm8k:main:test); "
-                                         "without it, generated problems (train + test)."),
-    template: str = typer.Option("dapo", help="Prompt template: dapo (\"Answer:\" line) | boxed (\\boxed{})."),
-    name: Optional[str] = typer.Option(None, help="Output file name without .parquet (default: the input's name)."),
-    problem_key: Optional[str] = typer.Option(None, help="Column holding the problem (default: problem/question)."),
-    answer_key: Optional[str] = typer.Option(None, help="Column holding the answer (default: answer, then solution's "
-                                             "last \\boxed{}; GSM8K's '#### x' is understood)."),
-    train_size: int = typer.Option(4096, help="Generated training problems (without --from)."),
-    test_size: int = typer.Option(256, help="Generated test problems (without --from)."),
-    seed: int = typer.Option(0, help="Seed of the generated problems."),
+    out_dir: Path = option(..., "--out", help="Output directory."),
+    source: Optional[str] = option(None, "--from", help="A problem/answer table (.parquet/.jsonl/.json/.csv) "
+                                   "or hf:NAME[:split] (hf:NAME:CONFIG:SPLIT, e.g. hf:openai/gsm8k:main:test); "
+                                   "without it, generated problems (train + test)."),
+    template: str = option("dapo", help="Prompt template: dapo (\"Answer:\" line) | boxed (\\boxed{})."),
+    name: Optional[str] = option(None, help="Output file name without .parquet (default: the input's name)."),
+    problem_key: Optional[str] = option(None, help="Column holding the problem (default: problem/question)."),
+    answer_key: Optional[str] = option(None, help="Column holding the answer (default: answer, then solution's "
+                                       "last \\boxed{}; GSM8K's '#### x' is understood)."),
+    train_size: int = option(4096, help="Generated training problems (without --from)."),
+    test_size: int = option(256, help="Generated test problems (without --from)."),
+    seed: int = option(0, help="Seed of the generated problems."),
 ) -> None:
     """Convert a maths table into verl's parquet (DAPO-Math-17k's schema), or generate problems."""
     from rich.console import Console
@@ -380,6 +378,8 @@ def skipped_rows(n: int) -> str:
     return f"{counted(n, 'row')} without a problem or an answer skipped"
 
 
+# the reward's verifier (pyproject.toml's pin): export-verl's run_verl.sh says to install it
+REWARD_REQUIRES = ("math-verify>=0.9,<0.10",)
 OPTIONS = ("answer_format", "correct_score", "wrong_score", "verify_timeout_s")  # the [task] options read here
 
 
@@ -414,5 +414,6 @@ TASK = Task(
     answer_patterns=(r"(?i:answer)\s*:[^\n]*", r"\\boxed\{[^\n]*?\}"),
     config_problems=_config_problems,
     options=OPTIONS,
+    reward_requires=REWARD_REQUIRES,
     row_problem=row_problem,
 )

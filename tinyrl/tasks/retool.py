@@ -29,12 +29,10 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-import typer
-
 from tinyrl.errors import TinyRLError
 from tinyrl.rollout.hermes import final_turn
 from tinyrl.tasks import math as maths
-from tinyrl.tasks.base import RewardFn, Task
+from tinyrl.tasks.base import RewardFn, Task, option
 from tinyrl.writable import ANOTHER_OUT, check_writable, make_dir, refuse_existing, staged
 
 TOOLS = ("code_interpreter",)
@@ -256,20 +254,20 @@ def _write(table: Any, path: Path) -> None:
 
 
 def data_command(
-    out_dir: Path = typer.Option(..., "--out", help="Output directory."),
-    source: Optional[str] = typer.Option(None, "--from", help="A file (.parquet/.jsonl/.json/.csv) or hf:NAME[:split] "
-                                         "(e.g. hf:BytedTsinghua-SIA/DAPO-Math-17k, or with --sft "
-                                         "hf:JoeYing/ReTool-SFT); without it, generated problems (train + test)."),
-    sft: bool = typer.Option(False, "--sft", help="ReTool-SFT traces -> messages + tools for `tinyrl sft` "
-                             "(without it: maths problems -> RL prompts with the ReTool system prompt)."),
-    name: Optional[str] = typer.Option(None, help="Output file name without .parquet (default: the input's name)."),
-    test_size: Optional[int] = typer.Option(None, help="With --sft: the last N rows go to NAME-test.parquet "
-                                            "(validation loss; default 0); without --from: generated test "
-                                            "problems (default 256)."),
-    problem_key: Optional[str] = typer.Option(None, help="Column holding the problem of a plain table."),
-    answer_key: Optional[str] = typer.Option(None, help="Column holding the answer of a plain table."),
-    train_size: int = typer.Option(4096, help="Generated training problems (without --from)."),
-    seed: int = typer.Option(0, help="Seed of the generated problems."),
+    out_dir: Path = option(..., "--out", help="Output directory."),
+    source: Optional[str] = option(None, "--from", help="A file (.parquet/.jsonl/.json/.csv) or hf:NAME[:split] "
+                                   "(e.g. hf:BytedTsinghua-SIA/DAPO-Math-17k, or with --sft "
+                                   "hf:JoeYing/ReTool-SFT); without it, generated problems (train + test)."),
+    sft: bool = option(False, "--sft", help="ReTool-SFT traces -> messages + tools for `tinyrl sft` "
+                       "(without it: maths problems -> RL prompts with the ReTool system prompt)."),
+    name: Optional[str] = option(None, help="Output file name without .parquet (default: the input's name)."),
+    test_size: Optional[int] = option(None, help="With --sft: the last N rows go to NAME-test.parquet "
+                                      "(validation loss; default 0); without --from: generated test "
+                                      "problems (default 256)."),
+    problem_key: Optional[str] = option(None, help="Column holding the problem of a plain table."),
+    answer_key: Optional[str] = option(None, help="Column holding the answer of a plain table."),
+    train_size: int = option(4096, help="Generated training problems (without --from)."),
+    seed: int = option(0, help="Seed of the generated problems."),
 ) -> None:
     """Convert ReTool-SFT traces (--sft) or maths problems (DAPO-Math-17k, AIME, ...) for the retool task."""
     from rich.console import Console
@@ -331,4 +329,5 @@ TASK = Task(
     options=(*maths.OPTIONS, "tool_error_penalty"),
     row_problem=maths.row_problem,
     tools=TOOLS,
+    reward_requires=maths.REWARD_REQUIRES,
 )
