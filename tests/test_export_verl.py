@@ -299,7 +299,7 @@ def test_from_run_can_start_from_the_exported_actor(tmp_path):
     (run / "config.json").write_text(json.dumps(cfg.to_dict()))
     actor = tmp_path / "actor"
     actor.mkdir()
-    (actor / "config.json").write_text("{}")
+    (actor / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "export-verl", "--from-run", str(run),
                            "--actor", str(actor), "--set", "trainer.total_epochs=2", "--out", str(tmp_path / "o")],
                           capture_output=True, text=True, timeout=120)
@@ -319,6 +319,40 @@ def test_from_run_can_start_from_the_exported_actor(tmp_path):
     said = " ".join(other.stderr.replace("│", " ").split())
     assert other.returncode == 2 and "exported from a run on Qwen/Qwen2.5-0.5B" in said, other.stderr
     assert "--set model.name=Qwen/Qwen2.5-0.5B" in said and not (tmp_path / "o2").exists()
+
+
+def test_actor_must_be_a_model_that_verl_can_load_not_a_run_directory(tmp_path):
+    """--actor was checked for a config.json only, and a tinyrl run directory has one (tinyrl's own
+    settings): `--from-run runs/x --actor runs/x` exited 0 with model.path = the run directory,
+    and verl failed at start on the rented GPUs. A run, or a config.json without a model_type, is
+    refused with exit 2, the way to export it said, nothing written."""
+    cfg = load_config("countdown-4090", SMALL + ["trainer.train_batch_size=128"])
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(cfg.to_dict()))
+    (run / "run.json").write_text(json.dumps({"run_id": "r1", "cwd": str(tmp_path)}))
+    not_a_model = tmp_path / "notes"
+    not_a_model.mkdir()
+    (not_a_model / "config.json").write_text(json.dumps({"lr": 1e-6}))
+    env = {**os.environ, "COLUMNS": "300"}
+    for actor, said, hint in ((run, f"--actor {run} is a tinyrl run directory, not a Hugging Face model",
+                               f"`tinyrl export {run} --out DIR`, then --actor DIR"),
+                              (not_a_model, "its config.json has no model_type", "`tinyrl export RUN_DIR --out DIR`"),
+                              (tmp_path / "missing", "is not a directory (not found)", "--actor DIR")):
+        done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "export-verl", "--from-run", str(run),
+                               "--actor", str(actor), "--out", str(tmp_path / "o")], capture_output=True, text=True,
+                              timeout=120, env=env)
+        text = " ".join(done.stderr.replace("│", " ").split())
+        assert done.returncode == 2 and said in text and hint in text, done.stderr
+        assert "Traceback" not in done.stderr and not (tmp_path / "o").exists()
+    # a `tinyrl export` directory is taken (its record), as is any model with a model_type
+    export = tmp_path / "exported"
+    export.mkdir()
+    (export / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (export / "tinyrl_export.json").write_text(json.dumps({"run_dir": str(run), "step": 3, "base": "Qwen/Qwen2.5-3B"}))
+    export_verl(cfg, tmp_path / "o", actor=export, warn=lambda _: None)
+    args = dict(a.split("=", 1) for a in script_args(tmp_path / "o" / "run_verl.sh"))
+    assert args["actor_rollout_ref.model.path"] == f"'{export.resolve()}'"
 
 
 def test_an_export_never_writes_over_its_own_inputs(tmp_path):
@@ -815,7 +849,7 @@ def test_an_actor_given_for_a_run_that_started_from_another_says_which_reference
     cfg.model.init_from = "runs/sft"  # set after the check: no such run here, and none is read
     actor = tmp_path / "actor"
     actor.mkdir()
-    (actor / "config.json").write_text("{}")
+    (actor / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     warned: list[str] = []
     export_verl(cfg, tmp_path / "o", actor=actor, warn=warned.append)
     text = " ".join(line.lstrip("# ") for line in (tmp_path / "o" / "run_verl.sh").read_text().splitlines())
@@ -849,7 +883,7 @@ def test_a_template_the_command_line_cannot_carry_is_said_to_ride_in_the_actor_w
     assert said_to_copy in script("bare") and "custom_chat_template=" not in script("bare2")
     actor = tmp_path / "actor"
     actor.mkdir()
-    (actor / "config.json").write_text("{}")
+    (actor / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     (actor / "chat_template.jinja").write_text(text)
     carried = script("with-actor", actor)
     assert "the --actor directory's tokenizer carries it" in carried and said_to_copy not in carried

@@ -544,7 +544,9 @@ def export_verl_cmd(
     preset: Optional[str] = typer.Option(None, "--preset", "-p", help="Preset name or .toml path (or --from-run)."),
     overrides: Optional[list[str]] = SetOpt,
     from_run: Optional[Path] = typer.Option(None, "--from-run", help="Export a run's settings (RUN_DIR/config.json)."),
-    actor: Optional[Path] = typer.Option(None, "--actor", help="Start verl from this `tinyrl export` model instead of the base."),
+    actor: Optional[Path] = typer.Option(None, "--actor", help="Start verl from this model instead of the base: a "
+                                         "Hugging Face model directory such as `tinyrl export RUN --out DIR`'s DIR "
+                                         "(a run directory is refused)."),
     gpus: int = typer.Option(1, "--gpus", help="GPUs per node (trainer.n_gpus_per_node)."),
     nodes: int = typer.Option(1, "--nodes", help="Nodes (trainer.nnodes)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the exported files in a non-empty --out."),

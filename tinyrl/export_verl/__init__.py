@@ -37,9 +37,7 @@ def model_path(cfg: Config, actor: Path | None) -> tuple[str, list[str]]:
     from tinyrl.tiny_model import TINY_MODEL_NAME, TinyRecipe, _build_dir_name, default_cache_root
 
     if actor is not None:
-        if not (actor / "config.json").is_file():
-            raise TinyRLError(f"--actor {actor} is not a Hugging Face model directory (no config.json)",
-                              hint="write one with `tinyrl export RUN_DIR --out DIR` and pass that DIR")
+        check_actor(actor)
         _check_actor_base(actor, cfg.model.name)
         reference = f"the run's start, model.init_from = {cfg.model.init_from}" if cfg.model.init_from \
             else f"the base {cfg.model.name}"
@@ -55,6 +53,35 @@ def model_path(cfg: Config, actor: Path | None) -> tuple[str, list[str]]:
     if local.exists():
         return str(local.resolve()), [f"model.name is a local directory: copy {local.resolve()} where verl runs"]
     return cfg.model.name, []
+
+
+def check_actor(actor: Path) -> None:
+    """--actor is what verl loads as actor_rollout_ref.model.path: a Hugging Face model directory
+    (config.json with a model_type) or a `tinyrl export`. A tinyrl run directory has a
+    config.json too (tinyrl's own settings), and was taken: verl failed at start, on rented GPUs."""
+    from tinyrl.rundir import is_run_dir
+
+    export_hint = "write one with `tinyrl export RUN_DIR --out DIR`, then pass --actor DIR"
+    if not actor.is_dir():
+        raise TinyRLError(f"--actor {actor} is not a directory ({'a file' if actor.exists() else 'not found'}); "
+                          "nothing was written", hint=export_hint)
+    if is_run_dir(actor):
+        raise TinyRLError(f"--actor {actor} is a tinyrl run directory, not a Hugging Face model: verl cannot load "
+                          "it; nothing was written",
+                          hint=f"export its actor first: `tinyrl export {actor} --out DIR`, then --actor DIR")
+    if read_export(actor) is not None:
+        return
+    try:
+        raw = json.loads((actor / "config.json").read_text())
+    except FileNotFoundError:
+        raise TinyRLError(f"--actor {actor} is not a Hugging Face model directory (no config.json); nothing was written",
+                          hint=export_hint) from None
+    except (OSError, ValueError) as e:
+        raise TinyRLError(f"--actor {actor}: its config.json cannot be read ({type(e).__name__}: {e}); nothing was "
+                          "written", hint=export_hint) from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
+        raise TinyRLError(f"--actor {actor} is not a Hugging Face model directory (its config.json has no "
+                          "model_type); nothing was written", hint=export_hint)
 
 
 def _check_actor_base(actor: Path, base: str) -> None:
