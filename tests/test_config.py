@@ -482,3 +482,21 @@ def test_a_preset_saved_from_presets_show_starts_without_notes_of_its_defaults(t
     mine.write_text(head + "[critic]\n" + re.sub(r"(?m)^lr = .*$", "lr = 3e-05", critic, count=1))
     load_config(str(mine), ["algorithm.adv_estimator=grpo", "rollout.n=2"], notes=notes)
     assert any(n.startswith("critic.lr is given but this run does not read it") for n in notes), notes
+
+
+@pytest.mark.parametrize("preset, command", [
+    ("retool-4090", "tinyrl data retool --from hf:Maxwell-Jia/AIME_2024 --name aime_2024 --out data/retool"),
+    ("math-grpo-4090", "tinyrl data math --from hf:HuggingFaceH4/MATH-500:test --name math-500-test --out data/math"),
+    ("math-tiny", "tinyrl data math --out elsewhere")])
+def test_a_missing_test_file_is_said_with_the_command_that_makes_that_file(preset, command, tmp_path, monkeypatch):
+    """It said `tinyrl data retool --out DIR`: generated problems in DIR/test.parquet, not the
+    AIME file retool-4090 validates on, and not at its path."""
+    monkeypatch.chdir(tmp_path)
+    path = "elsewhere/test.parquet" if preset == "math-tiny" else None
+    cfg = load_config(preset, check=False)
+    cfg.trainer.test_every = 5
+    if path:
+        cfg.data.test_path = path
+    said = [p for p in problems_of(cfg) if p.startswith("data.test_path")]
+    assert said == [f"data.test_path = {path or load_config(preset, check=False).data.test_path} does not exist; "
+                    f"make it with `{command}` or set trainer.test_every=0"]

@@ -986,3 +986,46 @@ def test_the_exported_reward_runs_where_tinyrls_dependencies_cannot_be_imported(
                            *tools], input=json.dumps(cases), capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout) == {"scores": expected, "tool": "42" if tools else None}
+
+
+def dapo_rows(n: int) -> list[dict]:
+    """Rows in DAPO-Math-17k's layout (verl's schema), each prompt once."""
+    return [{"data_source": "math_dapo", "ability": "MATH", "extra_info": {"index": i},
+             "prompt": [{"role": "user", "content": f"Solve: what is {i} + 1?\n\nAnswer: $Answer"}],
+             "reward_model": {"style": "rule", "ground_truth": str(i + 1)}} for i in range(n)]
+
+
+@pytest.mark.parametrize("preset, task", [("retool-4090", "retool"), ("math-grpo-4090", "math")])
+def test_the_hint_for_a_missing_download_makes_the_very_file_the_preset_reads(preset, task, tmp_path):
+    """The hint said `tinyrl data retool --from hf:BytedTsinghua-SIA/DAPO-Math-17k --out DIR`, which
+    writes DIR/dapo-math-17k-train.parquet (the input's NAME-split), and the preset reads
+    data/retool/dapo-math-17k.parquet: following it gave the same error again. Each hint is followed
+    here (a local file standing in for the download) until the export succeeds."""
+    import pyarrow as pa
+
+    stand_in = tmp_path / "stand-in.parquet"  # another name than the preset's: --name must make it
+    pq.write_table(pa.Table.from_pylist(dapo_rows(64)), stand_in)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "COLUMNS": "400"}
+    export = [sys.executable, "-m", "tinyrl.cli", "export-verl", "--preset", preset, "--out", "o"]
+    cfg = load_config(preset)
+    files = {"data.train_path": cfg.data.train_path, "data.test_path": cfg.data.test_path,
+             **{f"data.val_files: {name}": str(path) for name, path in parse_data_args(cfg.data.val_files)}}
+    sources = {"dapo-math-17k": "hf:BytedTsinghua-SIA/DAPO-Math-17k", "aime_2024": "hf:Maxwell-Jia/AIME_2024",
+               "aime_2024-train": "hf:Maxwell-Jia/AIME_2024", "math-500-test": "hf:HuggingFaceH4/MATH-500:test"}
+    for setting, path in files.items():  # in the order the export reads them
+        done = subprocess.run(export, capture_output=True, text=True, timeout=120, env=env, cwd=work)
+        said = " ".join(done.stderr.replace("│", " ").split())
+        assert done.returncode == 2 and f"{setting} = {path} does not exist" in said, done.stderr
+        command = re.search(r"(?:make it with |download it \()`(tinyrl data [^`]*)`", said).group(1)
+        name, folder = Path(path).stem, Path(path).parent.as_posix()
+        assert command == f"tinyrl data {task} --from {sources[name]} --name {name} --out {folder}"  # README's
+        words = shlex.split(command)
+        words[words.index("--from") + 1] = str(stand_in)
+        made = subprocess.run([sys.executable, "-m", "tinyrl.cli", *words[1:]], capture_output=True, text=True,
+                              timeout=120, env=env, cwd=work)
+        assert made.returncode == 0, made.stderr
+        assert (work / path).is_file()
+    done = subprocess.run(export, capture_output=True, text=True, timeout=120, env=env, cwd=work)
+    assert done.returncode == 0, done.stderr

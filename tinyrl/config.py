@@ -972,8 +972,12 @@ def _data_problems(cfg: Config) -> list[str]:
     out = []
     test = resolve_path(cfg.data.test_path)
     if cfg.trainer.test_every and not test.exists():
-        out.append(f"data.test_path = {cfg.data.test_path} does not exist; make it with "
-                   f"`tinyrl data {cfg.task.name} --out DIR` or set trainer.test_every=0")
+        from tinyrl.tasks import all_tasks, data_hint  # local: the task modules import this one
+
+        make = data_hint(cfg, cfg.data.test_path) if cfg.task.name in all_tasks() else \
+            f"`tinyrl data {cfg.task.name} --out DIR`"  # an unknown task is a problem of its own
+        out.append(f"data.test_path = {cfg.data.test_path} does not exist; make it with {make} "
+                   "or set trainer.test_every=0")
     seen: set[str] = set()
     for item in cfg.data.val_files:
         name, sep, path = item.partition("=")

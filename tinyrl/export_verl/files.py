@@ -43,6 +43,7 @@ def write_data(cfg: Config, data_dir: Path, with_row: bool) -> tuple[Path, Path]
     """train.parquet (copied, or generated exactly as `tinyrl train` would) and test.parquet (the
     first data.max_test_prompts rows: the ones tinyrl validates on)."""
     from tinyrl.data.io import load_prompts
+    from tinyrl.tasks import data_hint
 
     data_dir.mkdir(parents=True, exist_ok=True)
     train, test = data_dir / "train.parquet", data_dir / "test.parquet"
@@ -58,13 +59,14 @@ def write_data(cfg: Config, data_dir: Path, with_row: bool) -> tuple[Path, Path]
         task = get_task(cfg.task.name)
         if task.generate is None or not cfg.data.generate or cfg.data.generate_train_size < 1:
             raise TinyRLError(f"data.train_path = {cfg.data.train_path} does not exist",
-                              hint=f"make it with {task.data_hint}")
+                              hint=f"make it with {data_hint(cfg)}")
         task.generate(data_dir, cfg.data.generate_train_size, 1024, seed=cfg.data.generate_seed,
                       template=template_of(cfg.task), progress=False, **task.generate_options(cfg.task))
     test_source = resolve_path(cfg.data.test_path)
     if not test_source.exists():
         raise TinyRLError(f"data.test_path = {cfg.data.test_path} does not exist",
-                          hint="verl needs validation files; set data.test_path to a parquet file")
+                          hint=f"verl needs validation files: make it with {data_hint(cfg, cfg.data.test_path)}, "
+                          "or set data.test_path to a parquet file")
     load_prompts(test_source, max_rows=1)  # the same checks (and errors) as training
     pq.write_table(pq.read_table(test_source).slice(0, cfg.data.max_test_prompts), test)
     if with_row:
@@ -78,13 +80,13 @@ def write_val_files(cfg: Config, data_dir: Path, with_row: bool) -> list[Path]:
     data.max_test_prompts rows as tinyrl validates (tinyrl.setup.load_inputs); verl reads the
     list in data.val_files (verl 0.9.1 utils/dataset/rl_dataset.py: a str or a list of files)."""
     from tinyrl.data.io import load_prompts
+    from tinyrl.tasks import data_hint
 
     out = []
     for name, path, source, target in val_targets(cfg, data_dir):
         if not source.is_file():
             raise TinyRLError(f"data.val_files: {name} = {path} does not exist; nothing for verl to validate on",
-                              hint="make or download it (`tinyrl data math --from ... --out DIR`), "
-                              "or drop it from data.val_files")
+                              hint=f"make or download it ({data_hint(cfg, path)}), or drop it from data.val_files")
         load_prompts(source, max_rows=1)  # the same checks (and errors) as training
         pq.write_table(pq.read_table(source).slice(0, cfg.data.max_test_prompts), target)
         if with_row:

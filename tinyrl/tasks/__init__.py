@@ -10,7 +10,9 @@ from __future__ import annotations
 import difflib
 import importlib
 import re
+import shlex
 from functools import cache
+from pathlib import Path
 
 from tinyrl.errors import TinyRLError
 from tinyrl.tasks.base import RewardFn, Task
@@ -91,12 +93,53 @@ def option_unread(cfg, key: str) -> str | None:
             + (f"; {' and '.join(readers)} {'reads' if len(readers) == 1 else 'read'} it" if readers else ""))
 
 
-def data_hint(cfg) -> str:
-    """How to make the file the run's command reads: the task's RL data, or its SFT data."""
+# The files the shipped presets download (README), by name: a hint for one of them names its
+# source, whichever setting reads it (the ReTool preset's AIME test file is not DAPO-Math-17k)
+SOURCES = {"dapo-math-17k": "hf:BytedTsinghua-SIA/DAPO-Math-17k", "aime_2024": "hf:Maxwell-Jia/AIME_2024",
+           "aime_2024-train": "hf:Maxwell-Jia/AIME_2024", "math-500-test": "hf:HuggingFaceH4/MATH-500:test",
+           "retool-sft": "hf:JoeYing/ReTool-SFT"}
+
+
+def data_hint(cfg, path: str | None = None) -> str:
+    """How to make the file the run's command reads, `path` (data.train_path unless given): the
+    task's RL data command, or its SFT one, writing that very file. A command with --from names
+    its file by the input (`hf:...DAPO-Math-17k` -> dapo-math-17k-train.parquet) unless --name
+    says otherwise, so the hint gives --name and --out from the path: the preset's own file
+    (data/retool/dapo-math-17k.parquet) was missing again after following `--out DIR`. A generated
+    file is DIR/train.parquet or test.parquet (sft_...); of another name, DIR stays for the user,
+    as it does for a file that exists (one tinyrl cannot read is not to be written over)."""
+    from tinyrl.config import resolve_path
+
     task = get_task(cfg.task.name)
-    if cfg.command != "sft":
-        return task.data_hint
-    return task.sft_data_hint or task.data_hint.replace(" --out DIR`", " --sft --out DIR`")
+    sft = cfg.command == "sft"
+    hint = task.data_hint if not sft else \
+        task.sft_data_hint or task.data_hint.replace(" --out DIR`", " --sft --out DIR`")
+    given = path is not None and path != cfg.data.train_path
+    target = Path(cfg.data.train_path if path is None else path)
+    command = re.fullmatch(r"`([^`]*)`.*", hint, re.S)
+    if target.suffix != ".parquet" or command is None or resolve_path(target.as_posix()).exists():
+        return hint
+    words = command.group(1).split()
+    out = shlex.quote(target.parent.as_posix())
+    generated = ("sft_train.parquet", "sft_test.parquet") if sft else ("train.parquet", "test.parquet")
+    if "--from" in words and target.name in generated and target.stem not in SOURCES \
+            and (task.generate_sft if sft else task.generate) is not None:
+        for flag in ("--from", "--name"):  # the task's generated problems: DIR/train.parquet and test.parquet
+            if flag in words:
+                del words[words.index(flag):words.index(flag) + 2]
+    if "--from" in words:
+        at = words.index("--from") + 1
+        # another file than the task's own source: a known download's, else any table
+        if target.stem in SOURCES or given:
+            words[at] = SOURCES.get(target.stem, "FILE|hf:NAME[:split]")
+        if "--name" in words:
+            del words[words.index("--name"):words.index("--name") + 2]
+        words[words.index("--out"):words.index("--out") + 2] = ["--name", shlex.quote(target.stem), "--out", out]
+        return f"`{' '.join(words)}`"
+    if target.name in generated:
+        words[words.index("--out") + 1] = out
+        return f"`{' '.join(words)}`"
+    return hint
 
 
 def template_of(task_cfg) -> str:

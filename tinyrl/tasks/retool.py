@@ -321,8 +321,9 @@ TASK = Task(
     extract_answer=extract_answer,
     data_command=data_command,
     generate=generate,
-    data_hint="`tinyrl data retool --from hf:BytedTsinghua-SIA/DAPO-Math-17k --out DIR`",
-    sft_data_hint="`tinyrl data retool --sft --from hf:JoeYing/ReTool-SFT --out DIR`",
+    # the files retool-4090 and retool-sft-4090 read (README): `tinyrl tasks` shows these whole
+    data_hint="`tinyrl data retool --from hf:BytedTsinghua-SIA/DAPO-Math-17k --name dapo-math-17k --out data/retool`",
+    sft_data_hint="`tinyrl data retool --sft --from hf:JoeYing/ReTool-SFT --name retool-sft --out data/retool`",
     task_line=_task_line,
     # answer_patterns: the maths task's (\\boxed{}, "Answer:") already cover this task's answers
     config_problems=_config_problems,
