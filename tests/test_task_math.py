@@ -248,7 +248,7 @@ def test_convert_problem_answer_tables(tmp_path, suffix):
     src = tmp_path / f"bench{suffix}"
     {".parquet": lambda: frame.to_parquet(src), ".jsonl": lambda: frame.to_json(src, orient="records", lines=True),
      ".csv": lambda: frame.to_csv(src, index=False)}[suffix]()
-    path, n, skipped = mt.convert(str(src), tmp_path / "out", "boxed")
+    path, n, _, skipped = mt.convert(str(src), tmp_path / "out", "boxed")
     assert path == tmp_path / "out" / "bench.parquet" and (n, skipped) == (2, 1)  # the blank problem is skipped
     rows = load_prompts(path).to_dict("records")
     assert rows[0]["data_source"] == "lighteval/MATH" and "\\boxed{}" in prompt_text(rows[0])
@@ -264,7 +264,7 @@ def test_convert_skips_missing_cells_and_keeps_answers_as_written(tmp_path, caps
     (tmp_path / "j.jsonl").write_text('{"question": "a?", "answer": null}\n{"question": "b?", "answer": "3"}\n'
                                       '{"question": null, "answer": "4"}\n')
     for name, truths in (("t.csv", ["2", "007"]), ("j.jsonl", ["3"])):
-        path, n, skipped = mt.convert(str(tmp_path / name), tmp_path / "out", "boxed")
+        path, n, _, skipped = mt.convert(str(tmp_path / name), tmp_path / "out", "boxed")
         assert [ground_truth(r) for r in load_prompts(path).to_dict("records")] == truths
         assert (n, skipped) == (len(truths), 2)
     mt.data_command(out_dir=tmp_path / "cli", source=str(tmp_path / "t.csv"), template="boxed", name=None,
@@ -277,33 +277,33 @@ def test_convert_gsm8k_and_aime_style_columns(tmp_path):
     gsm.write_text("\n".join(json.dumps(r) for r in [
         {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"},
         {"question": "A big sum?", "answer": "so\n#### 1,234"}]))
-    path, _, _ = mt.convert(str(gsm), tmp_path / "out", "dapo")
+    path, *_ = mt.convert(str(gsm), tmp_path / "out", "dapo")
     assert [ground_truth(r) for r in load_prompts(path).to_dict("records")] == ["7", "1234"]
     aime = tmp_path / "aime.parquet"
     pd.DataFrame({"ID": ["x-1"], "Problem": ["Find n."], "Answer": [204]}).to_parquet(aime)
-    path, _, _ = mt.convert(str(aime), tmp_path / "out", "dapo")
+    path, *_ = mt.convert(str(aime), tmp_path / "out", "dapo")
     assert ground_truth(load_prompts(path).to_dict("records")[0]) == "204"
     worked = tmp_path / "worked.parquet"
     pd.DataFrame({"problem": ["p"], "solution": ["so it is \\boxed{\\frac{1}{3}}."]}).to_parquet(worked)
-    path, _, _ = mt.convert(str(worked), tmp_path / "out", "boxed")
+    path, *_ = mt.convert(str(worked), tmp_path / "out", "boxed")
     assert ground_truth(load_prompts(path).to_dict("records")[0]) == "\\frac{1}{3}"
 
 
 def test_convert_keeps_verl_files_and_asks_for_unknown_columns(tmp_path):
     train, _ = mt.generate(tmp_path / "g", 4, 4)
-    path, n, _ = mt.convert(str(train), tmp_path / "copy", "boxed")  # verl's schema: kept as it is
+    path, n, *_ = mt.convert(str(train), tmp_path / "copy", "boxed")  # verl's schema: kept as it is
     assert n == 4 and pd.read_parquet(path).equals(pd.read_parquet(train))
     odd = tmp_path / "odd.csv"
     pd.DataFrame({"q": ["x"], "a": ["1"]}).to_csv(odd, index=False)
     with pytest.raises(TinyRLError, match="--problem-key"):
         mt.convert(str(odd), tmp_path, "dapo")
-    path, _, _ = mt.convert(str(odd), tmp_path / "out", "dapo", problem_key="q", answer_key="a")
+    path, *_ = mt.convert(str(odd), tmp_path / "out", "dapo", problem_key="q", answer_key="a")
     assert path.name == "odd.parquet"
     # a named column that is not there is said as such ("no problem/answer columns" while they were)
     with pytest.raises(TinyRLError, match=r"no column --answer-key nope \(columns: q, a\)"):
         mt.convert(str(odd), tmp_path / "nope", "dapo", problem_key="q", answer_key="nope")
     # --name x.parquet is the file x.parquet, not x.parquet.parquet
-    path, _, _ = mt.convert(str(odd), tmp_path / "named", "dapo", name="x.parquet", problem_key="q", answer_key="a")
+    path, *_ = mt.convert(str(odd), tmp_path / "named", "dapo", name="x.parquet", problem_key="q", answer_key="a")
     assert path.name == "x.parquet"
     with pytest.raises(TinyRLError, match="--test-size must be a positive integer, got 0") as info:
         mt.generated_problems(8, 0)
@@ -405,7 +405,7 @@ def test_hf_source_in_verls_schema_is_kept_and_scores(tmp_path, hub):
         "prompt": [[{"role": "user", "content": mt.prompt_of(q, "dapo")}] for q in ("What is 6 * 7?", "Half of 3?")],
         "reward_model": [{"style": "rule", "ground_truth": "42"}, {"style": "rule", "ground_truth": "\\frac{3}{2}"}],
         "extra_info": [{"index": "u-1"}, {"index": "u-2"}]})
-    path, n, _ = mt.convert("hf:BytedTsinghua-SIA/DAPO-Math-17k", tmp_path, "dapo", name="dapo-math-17k")
+    path, n, *_ = mt.convert("hf:BytedTsinghua-SIA/DAPO-Math-17k", tmp_path, "dapo", name="dapo-math-17k")
     assert (path.name, n) == ("dapo-math-17k.parquet", 2)
     rows = load_prompts(path).to_dict("records")
     assert prompt_text(rows[0]) == mt.prompt_of("What is 6 * 7?", "dapo")
@@ -441,3 +441,34 @@ def test_a_broken_json_lines_file_is_named_by_its_line(tmp_path):
     whole.write_text('[{"problem": "1+1?",\n  "answer": }]\n')
     with pytest.raises(TinyRLError, match=r"bad.json: line 2 is not JSON"):
         read_table(str(whole))
+
+
+def test_repeated_prompts_are_kept_once_so_an_epoch_is_the_one_the_preset_prices(tmp_path, hub, capsys):
+    """DAPO-Math-17k holds each of its 17,917 prompts 100 times. `tinyrl data math` kept the file as
+    it was, so README's download made a 1.79M-prompt epoch where math-grpo-4090's
+    generate_train_size and estimate-cost price 17,917: 100x the cost. Now, as `tinyrl data retool`
+    does, the first row of each prompt is kept (columns as they were) and the repeats are counted."""
+    datasets, served, _ = hub
+    problems = [("What is 6 * 7?", "42"), ("Half of 3?", "\\frac{3}{2}"), ("What is 2 + 2?", "4")]
+    repeated = [(q, a, f"u-{copy}-{i}") for copy in range(5) for i, (q, a) in enumerate(problems)]  # 5 times each
+    served[("BytedTsinghua-SIA/DAPO-Math-17k", None, "train")] = datasets.Dataset.from_dict({
+        "data_source": ["math_dapo"] * 15, "ability": ["MATH"] * 15,
+        "prompt": [[{"role": "user", "content": mt.prompt_of(q, "dapo")}] for q, _, _ in repeated],
+        "reward_model": [{"style": "rule", "ground_truth": a} for _, a, _ in repeated],
+        "extra_info": [{"index": index} for _, _, index in repeated]})
+    mt.data_command(out_dir=tmp_path / "data" / "math", source="hf:BytedTsinghua-SIA/DAPO-Math-17k", template="dapo",
+                    name="dapo-math-17k", problem_key=None, answer_key=None, train_size=1, test_size=1, seed=0)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "dapo-math-17k.parquet (3 rows; 12 repeated rows kept once)" in out, out
+    frame = pd.read_parquet(tmp_path / "data" / "math" / "dapo-math-17k.parquet")
+    assert list(frame.columns) == ["data_source", "ability", "prompt", "reward_model", "extra_info"]
+    assert [r["index"] for r in frame["extra_info"]] == ["u-0-0", "u-0-1", "u-0-2"]  # the first of each
+    assert [ground_truth(r) for r in frame.to_dict("records")] == [a for _, a in problems]
+    # a plain problem/answer table: a repeated problem is kept once too, and said
+    pd.DataFrame({"problem": ["p1", "p2", "p1", "p1"], "answer": ["1", "2", "1", "1"]}).to_parquet(tmp_path / "t.parquet")
+    path, n, dropped, skipped = mt.convert(str(tmp_path / "t.parquet"), tmp_path / "plain", "dapo")
+    assert (n, dropped, skipped) == (2, 2, 0)
+    # the preset prices DAPO-Math-17k's distinct prompts: what this command writes
+    from tinyrl.config import load_config
+
+    assert load_config("math-grpo-4090").data.generate_train_size == 17_917

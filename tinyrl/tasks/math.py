@@ -1,7 +1,8 @@
 """Maths with a final answer (DAPO recipe of verl): DAPO-Math-17k, MATH-500, AIME, GSM8K.
 
 Data: verl's maths parquet read as it is (DAPO-Math-17k: `prompt` = chat messages asking for an
-"Answer:" line, `reward_model.ground_truth` a string, `data_source` "math_dapo"). Plain
+"Answer:" line, `reward_model.ground_truth` a string, `data_source` "math_dapo"); `tinyrl data
+math --from` keeps each repeated prompt once (DAPO-Math-17k repeats each 100 times). Plain
 problem/answer tables (parquet, jsonl, json, csv, or `hf:NAME[:split]` through `datasets`) are
 converted into that schema by `tinyrl data math --from ...`; without --from it generates small
 arithmetic/algebra problems with known answers (tests and the math-tiny demo; no benchmark text).
@@ -324,9 +325,19 @@ def output_name(name: str | None, default: str) -> str:
 
 
 def convert(source: str, out_dir: Path, template: str, name: str | None = None,
-            problem_key: str | None = None, answer_key: str | None = None) -> tuple[Path, int, int]:
-    """A problem/answer table -> out_dir/NAME.parquet in verl's maths schema.
-    -> (path, rows written, rows skipped for a missing problem or answer)"""
+            problem_key: str | None = None, answer_key: str | None = None) -> tuple[Path, int, int, int]:
+    """A problem/answer table -> out_dir/NAME.parquet in verl's maths schema; a file in verl's
+    schema already (DAPO-Math-17k) keeps its rows as they are. Repeated prompts are kept once, as
+    `tinyrl data retool` does: DAPO-Math-17k holds each of its 17,917 prompts 100 times (verl's
+    recipe trains on it by steps), and tinyrl counts epochs, which math-grpo-4090 and
+    estimate-cost price at 17,917 prompts.
+    -> (path, rows written, repeated rows dropped, rows skipped for a missing problem or answer)"""
+    import json
+
+    import pandas as pd
+
+    from tinyrl.data.io import _plain
+
     prompt_of("", template)
     check_name(name)
     frame, default_name = read_table(source)
@@ -335,12 +346,19 @@ def convert(source: str, out_dir: Path, template: str, name: str | None = None,
     if "prompt" in cols and "reward_model" in cols:  # verl's schema already (DAPO-Math-17k): kept as it is
         path = Path(out_dir).expanduser() / f"{name}.parquet"
         refuse_existing([path])
+        prompts = pd.Series([json.dumps(_plain(p), sort_keys=True, default=str) for p in frame["prompt"]],
+                            index=frame.index)
+        kept = frame[~prompts.duplicated()]  # the first row of each prompt, in the file's order
         with staged(make_dir(path.parent)) as stage:
-            frame.to_parquet(stage / path.name, index=False)
-        return path, len(frame), 0
-    rows = problem_rows(frame, source, problem_key, answer_key)
+            kept.to_parquet(stage / path.name, index=False)
+        return path, len(kept), len(frame) - len(kept), 0
+    usable, rows, problems = problem_rows(frame, source, problem_key, answer_key), [], set()
+    for problem, answer in usable:
+        if problem not in problems:
+            problems.add(problem)
+            rows.append((problem, answer))
     path = write_rows(rows, Path(out_dir).expanduser() / f"{name}.parquet", template, name)
-    return path, len(rows), len(frame) - len(rows)
+    return path, len(rows), len(usable) - len(rows), len(frame) - len(usable)
 
 
 def data_command(
@@ -365,10 +383,12 @@ def data_command(
         train, test = generate(out_dir, train_size, test_size, seed=seed, template=template)
         Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
         return
-    path, n, skipped = convert(source, out_dir, template, name, problem_key, answer_key)
+    path, n, dropped, skipped = convert(source, out_dir, template, name, problem_key, answer_key)
     from tinyrl.words import counted
 
-    Console().print(f"wrote {path} ({counted(n, 'row')}" + (f"; {skipped_rows(skipped)}" if skipped else "") + ")")
+    said = ([f"{counted(dropped, 'repeated row')} kept once"] if dropped else []) + \
+        ([skipped_rows(skipped)] if skipped else [])
+    Console().print(f"wrote {path} ({counted(n, 'row')}" + "".join(f"; {s}" for s in said) + ")")
 
 
 def skipped_rows(n: int) -> str:
