@@ -52,6 +52,18 @@ def test_tasks_prints_each_data_command_whole_on_an_80_column_terminal():
         assert "".join(task.data_hint.split()) in cells, task.data_hint
 
 
+def test_readmes_commands_table_has_every_data_command():
+    """`tinyrl data arith` (the tool demo's data) was missing from README's Commands table."""
+    from pathlib import Path
+
+    from tinyrl.tasks import all_tasks
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `tinyrl data ")]
+    assert [name for name in all_tasks() if not any(r.startswith(f"| `tinyrl data {name} ") for r in rows)] == []
+
+
 def test_train_help_names_every_estimator_and_where_the_keys_are():
     """It said "PPO (+ critic) or GRPO": dr_grpo, rloo and reinforce_pp, and the key that picks
     one, were nowhere in it."""

@@ -1029,3 +1029,13 @@ def test_the_hint_for_a_missing_download_makes_the_very_file_the_preset_reads(pr
         assert (work / path).is_file()
     done = subprocess.run(export, capture_output=True, text=True, timeout=120, env=env, cwd=work)
     assert done.returncode == 0, done.stderr
+
+
+def test_readme_names_every_file_an_export_writes(tmp_path):
+    """README's "When one GPU is not enough" listed the export's files but for tinyrl_config.json."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## When one GPU is not enough", 1)[1].split("\n## ", 1)[0]
+    out = retool_export(tmp_path)  # a task with tools: every file there is
+    written = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir())
+    assert {"run_verl.sh", "reward_fn.py", "tinyrl_config.json", "data/", "tinyrl_tool.py"} <= set(written)
+    assert [name for name in written if f"`DIR/{name}" not in section] == []
