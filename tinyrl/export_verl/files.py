@@ -180,8 +180,9 @@ def _copied(spec: str, out: Path) -> str:
 
 REWARD_FN = '''"""verl reward for a tinyrl export: verl's compute_score signature, tinyrl's own reward code,
 so verl scores every completion exactly as `tinyrl train` does.
-Written by `tinyrl export-verl` for verl {verl}. Needs tinyrl importable where verl runs
-(`pip install` it, or keep TINYRL_SRC pointing at a checkout)."""
+Written by `tinyrl export-verl` for verl {verl}. Needs tinyrl importable where verl runs, installed
+without its dependencies (`pip install --no-deps /path/to/tinyrl`: its pins and verl's cannot share
+one environment, and this file needs none of them), or TINYRL_SRC pointing at a checkout."""
 
 import json
 import sys
