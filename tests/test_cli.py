@@ -64,6 +64,21 @@ def test_readmes_commands_table_has_every_data_command():
     assert [name for name in all_tasks() if not any(r.startswith(f"| `tinyrl data {name} ") for r in rows)] == []
 
 
+def test_readme_names_every_task_field_a_new_task_must_give():
+    """A user writing a task had to read tasks/base.py and arith.py to learn which fields it must set."""
+    import dataclasses
+    from pathlib import Path
+
+    from tinyrl.tasks.base import Task
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = " ".join(readme.split("\n## Tasks", 1)[1].split("\n## ", 1)[0].split())
+    required = [f.name for f in dataclasses.fields(Task)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    said = section.split("these fields have no default:", 1)[1].split("the rest", 1)[0]
+    assert [name for name in required if f"`{name}`" not in said] == [] and len(required) >= 7, required
+
+
 def test_train_help_names_every_estimator_and_where_the_keys_are():
     """It said "PPO (+ critic) or GRPO": dr_grpo, rloo and reinforce_pp, and the key that picks
     one, were nowhere in it."""
