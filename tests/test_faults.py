@@ -186,7 +186,9 @@ def test_a_closed_pipe_or_terminal_stops_the_run_saved_and_resume_finishes_it(tm
     # a closed terminal or a dropped SSH session (SIGHUP), as soon as training has begun: until
     # 2026-11-27 it ended the run unsaved, exit 129, without a word
     out = tmp_path / "hup"
-    proc = start(data, out)
+    # SIGHUP at its default, whatever this test runner inherited: under `nohup` (a CI job, a soak
+    # started with it) the run rightly keeps ignoring it and trained to the end, exit 0
+    proc = start(data, out, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     assert wait_until(proc, training_started(out, time.time() - 0.5))
     proc.send_signal(signal.SIGHUP)
     text = " ".join(proc.communicate(timeout=600)[1].split())
