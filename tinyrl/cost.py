@@ -70,7 +70,10 @@ def steady_steps(rows: list[dict]) -> tuple[list[dict], list[int]]:
                 left = WARMUP_STEPS
             is_warm, left = left > 0, left - 1
         previous = row["step"]
-        (warm.append(row["step"]) if is_warm else steady.append(row))
+        if is_warm:
+            warm.append(row["step"])
+        else:
+            steady.append(row)
     return steady, warm
 
 

@@ -513,8 +513,7 @@ def _ticker(bar, total: int, console, unit: str = "prompts") -> Callable[[int], 
 
 def _judge_spec(reward: str | None, cfg) -> str | None:
     """--reward's function spec (None: the task judges), checked as train checks reward.fn."""
-    from tinyrl.tasks import all_tasks
-    from tinyrl.tasks.rewards import spec_problem
+    from tinyrl.tasks.rewards import is_task_reward, spec_problem
 
     if reward is None or reward == "task":
         return None
@@ -522,11 +521,11 @@ def _judge_spec(reward: str | None, cfg) -> str | None:
         if cfg is None:
             raise TinyRLError("--reward run needs a run directory (it names the run's reward.fn)",
                               hint="give the function itself: --reward path/to/file.py:func")
-        if cfg.reward.fn == "task" or cfg.reward.fn in all_tasks():
+        if is_task_reward(cfg.reward.fn):
             raise TinyRLError(f"--reward run: the run's reward.fn = {cfg.reward.fn} is a task's reward, which eval "
                               "judges by already", hint="leave --reward out (or give --task NAME)")
         return cfg.reward.fn
-    if reward in all_tasks():
+    if is_task_reward(reward):  # "task" returned above: a task's name
         raise TinyRLError(f"--reward {reward} is a task: its reward judges when it is eval's task",
                           hint=f"--task {reward}")
     problem = spec_problem(reward, "--reward")

@@ -110,9 +110,9 @@ def judged_by(config: dict | None) -> str | None:
     if not isinstance(config, dict) or not isinstance(config.get("reward"), dict):
         return None
     fn, task = config["reward"].get("fn"), (config.get("task") or {}).get("name")
-    from tinyrl.tasks import all_tasks
+    from tinyrl.tasks.rewards import is_task_reward
 
-    if not isinstance(fn, str) or fn == "task" or fn == task or fn in all_tasks():
+    if not isinstance(fn, str) or fn == task or is_task_reward(fn):
         return None
     return f"val/score judged by reward.fn = {fn} (solved: a score >= 1), not the {task} task's reward"
 

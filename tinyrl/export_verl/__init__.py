@@ -163,11 +163,10 @@ def install_lines(cfg: Config) -> list[str]:
     reward_fn.py's import chain needs none of them (tests/test_export_verl.py runs it without
     them), only what the task's reward requires (math-verify for the maths rewards)."""
     from tinyrl.config import REPO_ROOT
-    from tinyrl.tasks import all_tasks
+    from tinyrl.tasks.rewards import task_of
 
-    tasks = all_tasks()
-    used = [cfg.task.name if s == "task" else s for s in [cfg.reward.fn, *cfg.reward.extra_fns] if s == "task" or s in tasks]
-    requires = sorted({r for name in used if name in tasks for r in tasks[name].reward_requires})
+    used = [task for spec in [cfg.reward.fn, *cfg.reward.extra_fns] if (task := task_of(spec, cfg.task))]
+    requires = sorted({r for task in used for r in task.reward_requires})
     lines = [f"Needs: pip install verl=={VERL_VERSION} (with its dependencies), then tinyrl WITHOUT its dependencies "
              "(reward_fn.py imports it; its pins, transformers>=5.17, and verl's, <5.11, cannot share one environment):",
              f"  pip install --no-deps /path/to/tinyrl   (a copy of the checkout this export came from, {REPO_ROOT})"]

@@ -158,10 +158,10 @@ def row_count(path: Path) -> int:
 def reward_spec(cfg: Config, out: Path) -> tuple[str, bool]:
     """The reward spec reward_fn.py loads, and whether it needs the whole row. A user's
     `file.py:func` is copied beside reward_fn.py (so the export directory is all verl needs)."""
-    from tinyrl.tasks import all_tasks
+    from tinyrl.tasks.rewards import is_task_reward
 
     specs = [_copied(spec, out) for spec in [cfg.reward.fn, *cfg.reward.extra_fns]]
-    builtin = all(s == "task" or s in all_tasks() for s in specs)
+    builtin = all(is_task_reward(s) for s in specs)
     # TinyZero-strict reads the prompt; a user's function may read any column
     return specs, cfg.task.strict if builtin else True
 

@@ -274,17 +274,18 @@ def _bad_json_line(path: Path) -> str | None:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return None
+    lines = text.splitlines()
     try:
         if path.suffix == ".json":
             json.loads(text)
-            return None
-        for number, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
-                json.loads(line)
+        else:
+            for number, line in enumerate(lines, start=1):
+                if line.strip():
+                    json.loads(line)
+        return None
     except json.JSONDecodeError as exc:
-        at = number if path.suffix == ".jsonl" else exc.lineno
-        return f"line {at} is not JSON ({exc.msg}): {(line if path.suffix == '.jsonl' else text.splitlines()[exc.lineno - 1])[:80]!r}"
-    return None
+        at = exc.lineno if path.suffix == ".json" else number  # a .jsonl line is parsed alone: its own count
+        return f"line {at} is not JSON ({exc.msg}): {lines[at - 1][:80]!r}"
 
 
 def problem_rows(frame: Any, source: str, problem_key: str | None = None,
@@ -352,13 +353,21 @@ def convert(source: str, out_dir: Path, template: str, name: str | None = None,
         with staged(make_dir(path.parent)) as stage:
             kept.to_parquet(stage / path.name, index=False)
         return path, len(kept), len(frame) - len(kept), 0
-    usable, rows, problems = problem_rows(frame, source, problem_key, answer_key), [], set()
-    for problem, answer in usable:
-        if problem not in problems:
-            problems.add(problem)
-            rows.append((problem, answer))
+    usable = problem_rows(frame, source, problem_key, answer_key)
+    rows = first_of_each_problem(usable)
     path = write_rows(rows, Path(out_dir).expanduser() / f"{name}.parquet", template, name)
     return path, len(rows), len(usable) - len(rows), len(frame) - len(usable)
+
+
+def first_of_each_problem(rows: list[tuple]) -> list[tuple]:
+    """`rows` (problem first) with each problem's first row only, in order: DAPO-Math-17k holds
+    each of its prompts 100 times (`data math` and `data retool` keep one)."""
+    seen, kept = set(), []
+    for row in rows:
+        if row[0] not in seen:
+            seen.add(row[0])
+            kept.append(row)
+    return kept
 
 
 def data_command(

@@ -126,11 +126,8 @@ def convert_rl(source: str, out_dir: Path, name: str | None = None, problem_key:
     (DAPO-Math-17k holds each of its ~17.9k prompts 100 times)."""
     maths.check_name(name)
     frame, default_name = maths.read_table(source)
-    rows, seen, usable = [], set(), rl_rows(frame, source, problem_key, answer_key)
-    for row in usable:
-        if row[0] not in seen:
-            seen.add(row[0])
-            rows.append(row)
+    usable = rl_rows(frame, source, problem_key, answer_key)
+    rows = maths.first_of_each_problem(usable)
     if not rows:
         raise TinyRLError(f"{source}: no row has both a problem and an answer", hint="check the file's columns")
     name = maths.output_name(name, default_name)

@@ -69,9 +69,14 @@ class RewardSet:
         return out
 
 
-def _task_of(spec: str, task_cfg: Any):
-    """The Task whose reward a spec names ("task": [task]'s, or a task name); None: a user's function."""
-    if spec == "task" or spec in all_tasks():
+def is_task_reward(spec: str) -> bool:
+    """Whether a reward spec names a task's reward ("task": [task]'s, or a task name), not a user's function."""
+    return spec == "task" or spec in all_tasks()
+
+
+def task_of(spec: str, task_cfg: Any):
+    """The Task whose reward a spec names (is_task_reward); None: a user's function."""
+    if is_task_reward(spec):
         return get_task(task_cfg.name if spec == "task" else spec)
     return None
 
@@ -81,7 +86,7 @@ def spec_problem(spec: str, setting: str) -> str | None:
     imported later, in its worker): its shape, a `file.py:func`'s file and function, read from
     the file's text (a name bound to a literal is no function), a file that is not .py, and a
     `module:func` whose module cannot be found (its import is left to the worker)."""
-    if spec == "task" or spec in all_tasks():
+    if is_task_reward(spec):
         return None
     parsed = parse_spec(spec)
     if parsed is None:
@@ -105,14 +110,14 @@ def check_reward_rows(cfg, rows: list, path) -> None:
     """`rows` against every task reward of the run (reward.fn, reward.extra_fns): tinyrl.tasks.check_rows.
     A user's function reads rows its own way and is not checked."""
     for spec in (cfg.reward.fn, *cfg.reward.extra_fns):
-        task = _task_of(spec, cfg.task)
+        task = task_of(spec, cfg.task)
         if task is not None:
             check_rows(task, rows, path)
 
 
 def _one(spec: str, task_cfg: Any, timeout_s: float, prints_to: Path | None = None) -> tuple[str, RewardFn, float]:
     """(metric name, function, solved_at) of one reward spec."""
-    task = _task_of(spec, task_cfg)
+    task = task_of(spec, task_cfg)
     if task is not None:
         return task.name, task.make_reward(task_cfg), task.solved_at(task_cfg)
     from tinyrl.rewards.registry import load_reward_fn
