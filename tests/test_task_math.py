@@ -441,6 +441,9 @@ def test_a_broken_json_lines_file_is_named_by_its_line(tmp_path):
     whole.write_text('[{"problem": "1+1?",\n  "answer": }]\n')
     with pytest.raises(TinyRLError, match=r"bad.json: line 2 is not JSON"):
         read_table(str(whole))
+    whole.write_text("")  # an empty file crashed the message itself (IndexError, a traceback)
+    with pytest.raises(TinyRLError, match=r"bad.json: line 1 is not JSON \(Expecting value\): ''"):
+        read_table(str(whole))
 
 
 def test_repeated_prompts_are_kept_once_so_an_epoch_is_the_one_the_preset_prices(tmp_path, hub, capsys):

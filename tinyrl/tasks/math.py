@@ -285,7 +285,8 @@ def _bad_json_line(path: Path) -> str | None:
         return None
     except json.JSONDecodeError as exc:
         at = exc.lineno if path.suffix == ".json" else number  # a .jsonl line is parsed alone: its own count
-        return f"line {at} is not JSON ({exc.msg}): {lines[at - 1][:80]!r}"
+        text_there = lines[at - 1] if at <= len(lines) else ""  # an empty file: no line 1
+        return f"line {at} is not JSON ({exc.msg}): {text_there[:80]!r}"
 
 
 def problem_rows(frame: Any, source: str, problem_key: str | None = None,
