@@ -124,6 +124,7 @@ def test_a_run_pinned_to_the_cpu_is_evaluated_there_in_its_own_dtype(math_run, t
     summary, _ = ev.evaluate(str(bf16), data, n=0, progress=False, engine="hf", out_dir=tmp_path / "bf16-ev")
     assert (summary["device"], summary["dtype"]) == ("cpu", "bf16")
     import torch
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # the card's own run checks this line too
     assert ev.eval_device("auto", "cuda") == torch.device("cpu")  # trained on a card, evaluated without one
     assert ev.eval_device("cpu", None) == torch.device("cpu")
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)

@@ -36,16 +36,21 @@ SMALL = ["data.generate_train_size=256",  # the same keys, without generating 32
          "model.init_from="]  # countdown-demo starts from an SFT run that a test machine does not have
 
 
-@pytest.fixture(scope="module")
-def verl_yaml() -> dict:
+def verl_root() -> Path:
+    """The installed verl package's directory. Outside CI a missing verl skips the test (a card's
+    Python has none), in CI it fails."""
     spec = importlib.util.find_spec("verl")
     if spec is None:
         if os.environ.get("CI"):
             pytest.fail(f"verl is not installed: pip install --no-deps verl=={VERL_VERSION}")
         pytest.skip(f"verl not installed (pip install --no-deps verl=={VERL_VERSION})")
     assert importlib.metadata.version("verl") == VERL_VERSION, "the export names another verl version"
-    path = Path(spec.submodule_search_locations[0]) / "trainer" / "config" / "_generated_ppo_trainer.yaml"
-    return yaml.safe_load(path.read_text())
+    return Path(spec.submodule_search_locations[0])
+
+
+@pytest.fixture(scope="module")
+def verl_yaml() -> dict:
+    return yaml.safe_load((verl_root() / "trainer" / "config" / "_generated_ppo_trainer.yaml").read_text())
 
 
 def script_args(script: Path) -> list[str]:
@@ -428,7 +433,7 @@ def multi_turn_fields() -> set[str]:
     """The fields of verl's MultiTurnConfig dataclass, read from its source (importing it needs ray)."""
     import ast
 
-    source = Path(importlib.util.find_spec("verl").submodule_search_locations[0]) / "workers" / "config" / "rollout.py"
+    source = verl_root() / "workers" / "config" / "rollout.py"
     cls = next(n for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.ClassDef)
                and n.name == "MultiTurnConfig")
     return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
@@ -442,7 +447,7 @@ def verls_kl_functions() -> tuple[list[set[str]], dict]:
 
     import torch
 
-    source = Path(importlib.util.find_spec("verl").submodule_search_locations[0]) / "trainer" / "ppo" / "core_algos.py"
+    source = verl_root() / "trainer" / "ppo" / "core_algos.py"
     fns = {n.name: n for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.FunctionDef)
            and n.name in ("kl_penalty", "kl_penalty_forward")}
     tests = [n.test for n in fns["kl_penalty_forward"].body if isinstance(n, ast.If) and isinstance(n.test, ast.Compare)]
@@ -502,7 +507,7 @@ def test_a_task_with_tools_exports_verls_multi_turn_rollout(tmp_path, verl_yaml)
     assert keys[mt + "max_tool_response_length"] == "1024"  # 256 tokens, in characters
     assert keys[mt + "tool_config_path"] == "'$HERE/tool_config.yaml'"  # Hydra-quoted, bash expands $HERE
     loop = keys["actor_rollout_ref.rollout.agent.default_agent_loop"]
-    agent_loops = Path(importlib.util.find_spec("verl").submodule_search_locations[0]) / "experimental" / "agent_loop"
+    agent_loops = verl_root() / "experimental" / "agent_loop"
     assert f'@register("{loop}")' in (agent_loops / "tool_agent_loop.py").read_text()  # verl's tool loop's name
     text = (out / "run_verl.sh").read_text()
     assert 'export PYTHONPATH="$HERE' in text and "rollout.max_tool_calls = 8" in text
@@ -528,7 +533,7 @@ def verl_tool_loader(monkeypatch):
     attribute access, to_container a plain copy)."""
     import types
 
-    root = Path(importlib.util.find_spec("verl").submodule_search_locations[0])
+    root = verl_root()
 
     class Node(dict):
         def __getattr__(self, key):

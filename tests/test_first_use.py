@@ -54,7 +54,8 @@ def test_a_hub_retry_warning_is_printed_once_through_the_cli_logging():
         except Exception as exc:
             print(type(exc).__name__)
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    online = {k: v for k, v in ENV.items() if k != "HF_HUB_OFFLINE"}  # set, the hub refuses before any retry
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=online, timeout=120)
     assert done.returncode == 0 and done.stdout.strip(), done.stderr
     assert done.stderr.count("Retrying in") == 1, done.stderr
     assert "WARNING" in done.stderr  # through the CLI's handler, not only the hub's raw one

@@ -384,7 +384,8 @@ def test_an_rl_preset_that_starts_from_an_sft_run_is_planned_before_that_run_exi
     shapes (load_config(planning=True)), so probe-memory plans it before the SFT run exists;
     `presets show` and `train` still say to run that first."""
     monkeypatch.chdir(tmp_path)  # no runs/ here
-    plan = probe_json(monkeypatch, capsys, "--preset", "countdown-demo", "--gpu", "rtx4090")
+    # --simulate: on a machine with a card the default is the real probe, which loads the base
+    plan = probe_json(monkeypatch, capsys, "--preset", "countdown-demo", "--gpu", "rtx4090", "--simulate")
     assert plan["fits"] and plan["phases"], plan
     code, _, err = cli(monkeypatch, capsys, "presets", "show", "countdown-demo")
     assert code == 2 and "run that first" in " ".join(err.split())
