@@ -18,7 +18,8 @@ Parts (--only picks some, in this order):
   check-vllm    gpu_check countdown-0.5b-4090, 3 steps with rollout.engine=vllm, then the doctor's
                 rows on that model: sleep/wake seconds, what a sleep frees, the adapter-sync check
                 (not started where vllm does not import: GPU.md's bundle brings vLLM 0.26)
-  pytest-fast   pytest -m "not vllm and not slow" -n 14 (the suite without the CPU demos)
+  pytest-fast   pytest -m "not vllm and not slow" -n 14 (the suite without the CPU demos), each
+                failure's traceback printed when it fails (benchmarks/failures_now.py)
 A smaller batch keeps the widths traced but caps every planned micro-batch at the batch's rows
 and holds fewer rows in the rollout at once; the plan and the probe see the same overrides, so
 plan vs card stays a fair comparison, of a smaller setting than the preset's.
@@ -62,9 +63,10 @@ PARTS: list[tuple[str, list[str]]] = [
                     "--set", "actor.ppo_mini_batch_size=4"]),
     ("check-vllm", [PY, CHECK, "--preset", "countdown-0.5b-4090", "--steps", "3", "--skip-probe",
                     "--set", "rollout.engine=vllm", "--doctor"]),
-    # -v: a line per test as it ends, so a part cut off at the budget still names its failures
-    ("pytest-fast", [PY, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "not vllm and not slow",
-                     "-n", "14", "tests"]),
+    # -v: a line per test as it ends, and failures_now each failure's traceback when it fails, so a
+    # part cut off at the budget still names its failures and shows why
+    ("pytest-fast", [PY, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "benchmarks.failures_now",
+                     "-m", "not vllm and not slow", "-n", "14", "tests"]),
 ]
 MIN_SECONDS = 20  # a part given less than this could not even import torch: not started
 

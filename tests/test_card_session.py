@@ -92,3 +92,20 @@ def test_a_vllm_part_is_not_started_where_vllm_does_not_import(tmp_path, monkeyp
     assert summary[0].startswith("check-vllm: not started (vllm does not import")
     assert summary[1].startswith("after: exit 0,") and card_session.all_ran_clean(summary)
     assert not (tmp_path / "01-check-vllm.txt").exists()
+
+
+def test_a_pytest_part_cut_off_at_the_budget_still_shows_why_its_failures_failed(tmp_path, monkeypatch):
+    """The H200's pytest part (2026-11-28) was cut off at 96%: it named seven failures, and their
+    tracebacks, printed only in pytest's final summary, never came."""
+    monkeypatch.setattr(card_session, "MIN_SECONDS", 1)
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_card.py").write_text("import time\n\n"
+                                        "def test_a_fails():\n    assert 6 * 7 == 43, 'the reason it failed'\n\n"
+                                        "def test_b_outlasts_the_budget():\n    time.sleep(120)\n")
+    cmd = dict(card_session.PARTS)["pytest-fast"]
+    cmd = [str(tests) if arg == "tests" else "1" if arg == "14" else arg for arg in cmd]
+    summary = card_session.run_parts([("pytest-fast", cmd)], tmp_path / "out", seconds=40)
+    assert summary[0].startswith("pytest-fast: cut off at the budget"), summary
+    text = (tmp_path / "out" / "01-pytest-fast.txt").read_text()
+    assert "test_a_fails failed (call)" in text and "the reason it failed" in text, text[-3000:]
