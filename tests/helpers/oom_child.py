@@ -52,6 +52,13 @@ def main() -> None:
         old = trainer.models.token_logprobs("actor", batch)
     traj = Trajectory(batch=batch, group_ids=torch.arange(n), old_lp=old, ref_lp=old,
                       advantages=torch.randn(n, r_len, generator=g))
+    # Autograd starts its device threads on the first backward, asking every backend for its
+    # devices; a CUDA build of torch then loads and initialises the CUDA driver, which maps GBs of
+    # address space. Hiding the card (CUDA_VISIBLE_DEVICES="") did not keep test_oom from failing on
+    # the lent H200 (2026-11-28; its traceback was lost with the cut-off output), so a throwaway
+    # backward runs first: whatever the first backward starts is in place before vm_before.
+    warm = torch.ones(2, requires_grad=True)
+    (warm * 2).sum().backward()
     before = vm("VmSize")
     if headroom:
         resource.setrlimit(resource.RLIMIT_AS, (before + headroom, before + headroom))
