@@ -9,8 +9,9 @@ tinyrl/model_specs (no download; memory and speed do not depend on the weights, 
 saved with the tiny tokenizer; then
   1. the plan: simulated (fake tensors) vs the real probe, micro-batch per training phase and
      their ratio, under the budget of the preset's own card (--budget to change it);
-  2. --steps RL steps (the preset's estimator) through the real Trainer: seconds and peak
-     allocated memory per phase against the plan (tinyrl.memory.versus);
+  2. --steps RL steps (the preset's estimator) through the real Trainer, planned under the same
+     budget (trainer.memory_budget_gib, unless --set gives one): seconds and peak allocated memory
+     per phase against the plan (tinyrl.memory.versus);
   3. the HF engine's decode rate (tokens/s of one timed generate call after training);
   4. each role the algorithm trains changed: the actor's trainable tensors, and with a critic
      (GAE) the critic's and its value head, against a copy taken before the first step, under a
@@ -104,6 +105,15 @@ def plan_rows(cfg, budget_bytes: int) -> tuple[list[tuple], list[str]]:
     return rows, [n for n in measured.notes if n.startswith(mp.PROBE_NOTE)]
 
 
+def budget_override(budget_bytes: int, user_sets: list[str]) -> list[str]:
+    """The steps plan under the preset's card's budget, not the card at hand's: on the H200
+    (2026-11-28) the 3B step planned for 139 GB, its micro-batches were the batch's 32 rows, and
+    plan vs peak said nothing about the 20 a 4090 gets. A --set of the key wins."""
+    if any(item.startswith("trainer.memory_budget_gib=") for item in user_sets):
+        return []
+    return [f"trainer.memory_budget_gib={budget_bytes / GiB:.4f}"]
+
+
 def run_steps(cfg, run_dir: Path, steps: int):
     """-> (trainer, history, {role: its trainable tensors before the first step, on the host})"""
     from tinyrl.preflight import preflight
@@ -178,11 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         small = [f"trainer.max_steps={args.steps}", "trainer.test_every=0", "trainer.save_every=0",
                  f"reward.fn={Path(__file__).resolve()}:check_reward"]
         cfg = load_config(preset, sets + small + args.sets)
+        budget = int((args.budget or 0.9 * get_gpu(cfg.cost.gpu).memory_bytes / GiB) * GiB)
+        if cuda and (pinned := budget_override(budget, args.sets)):
+            cfg = load_config(preset, sets + small + pinned + args.sets)
         from tinyrl.doctor.trial import ensure_data
 
         ensure_data(cfg, work)
         if cuda and not args.skip_probe:
-            budget = int((args.budget or 0.9 * get_gpu(cfg.cost.gpu).memory_bytes / GiB) * GiB)
             say(f"plan vs real probe (budget {budget / GiB:.2f} GiB):")
             say(f"  {'phase':<14} {'simulated':>9} {'measured':>9} {'sim/real':>8}")
             try:

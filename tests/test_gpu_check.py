@@ -81,3 +81,23 @@ def test_every_card_presets_prompts_render_with_the_checks_model(preset, tmp_pat
     cfg = load_config(preset, sets + ["data.generate_train_size=8"])
     ensure_data(cfg, tmp_path)
     assert prepare_inputs(cfg, tmp_path / "run").train_prompts
+
+
+def test_the_steps_plan_under_the_preset_cards_budget_not_the_card_at_hands():
+    """On the H200 (2026-11-28) the 3B step planned for the H200's 139 GB: its micro-batches were
+    the batch's 32 rows, and its plan vs peak said nothing about the 20 rows a 4090 gets."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from tinyrl.config import load_config
+    from tinyrl.hardware import GPUS
+    from tinyrl.memory import from_config as mp
+
+    budget = int(21.59 * 2**30)
+    sets = gpu_check.budget_override(budget, ["trainer.train_batch_size=32"])
+    cfg = load_config("countdown-4090", sets, planning=True)
+    plan = mp.plan_for_config(cfg, GPUS["h100"], simulate=False)  # any big card: the budget is the 4090's
+    assert abs(plan.budget_bytes - budget) < 2**20 and plan.budget_bytes < 0.3 * GPUS["h100"].memory_bytes
+    assert gpu_check.budget_override(budget, ["trainer.memory_budget_gib=30"]) == []  # the user's wins
