@@ -215,19 +215,21 @@ def main(argv: list[str] | None = None) -> int:
         rows = versus.compare(versus.read_run_plan(work / "run"),
                               versus.measured_peaks(list(_timeline(work / "run"))))
         peaks = {r["phase"]: r for r in rows}
+        # three decimals: the 0.5B's forward and rollout were 0.07 and 0.05 GiB above the plan at two
+        # (H100 and H200 alike), too close to the rounding to say by how much
         what = "peak allocated GiB vs planned" if cuda else "CPU: the process's RSS high-water mark, GiB"
         say(f"{args.steps} {cfg.algorithm.adv_estimator} steps (seconds per phase, mean; {what}):")
         for key in sorted(k for k in last if k.startswith("timing/") and k != "timing/step"):
             phase = key.split("/", 1)[1]
             secs = sum(h.get(key, 0.0) for h in history) / len(history)
             r = peaks.get(phase, {})
-            peak = "-" if r.get("measured") is None else f"{r['measured'] / GiB:.2f}"
-            plan = "-" if r.get("planned") is None else f"{r['planned'] / GiB:.2f}"
+            peak = "-" if r.get("measured") is None else f"{r['measured'] / GiB:.3f}"
+            plan = "-" if r.get("planned") is None else f"{r['planned'] / GiB:.3f}"
             # the allocator's side: what the card reserved against the plan with its headroom blocks
-            held = "-" if not r.get("reserved") else f"{r['reserved'] / GiB:.2f}"
-            room = "-" if r.get("planned_reserved") is None else f"{r['planned_reserved'] / GiB:.2f}"
-            say(f"  {phase:<14} {secs:>8.2f} s   peak {peak:>6}   plan {plan:>6}   reserved {held:>6}   "
-                f"plan+headroom {room:>6}")
+            held = "-" if not r.get("reserved") else f"{r['reserved'] / GiB:.3f}"
+            room = "-" if r.get("planned_reserved") is None else f"{r['planned_reserved'] / GiB:.3f}"
+            say(f"  {phase:<14} {secs:>8.2f} s   peak {peak:>7}   plan {plan:>7}   reserved {held:>7}   "
+                f"plan+headroom {room:>7}")
         engine, rate = decode_rate(trainer, cfg)
         say(f"{engine} engine decode: {rate:,.0f} tokens/s")
         for role, changed, total in roles_trained(trainer.models, before):
