@@ -58,7 +58,7 @@ def test_headline_05b_full_ppo_needs_more_than_12_gib():
 
 
 def test_chosen_micro_batches_are_the_largest_that_fit():
-    budget = fm.CUDA_CONTEXT_BYTES + 150 * 2**20
+    budget = fm.CUDA_CONTEXT_BYTES + fm.CUBLAS_WORKSPACES_BYTES + 150 * 2**20
     # 40 prompts: without a critic, a forward of 32 sequences fits 150 MiB (33 do)
     plan = build_plan(SMALL, gpu=get_gpu("rtx4090"), prompt_len=128, response_len=128,
                       prompts_per_step=40, lora_rank=16, logprob_chunk=128, engine="hf",
@@ -72,7 +72,31 @@ def test_chosen_micro_batches_are_the_largest_that_fit():
         assert plan.phases[name].token_budget == b * 256
         assert plan.phases[name].peak <= budget
         over = sim.simulate_phase(SMALL, phase, b + 1, 256, **common)["peak"]
-        assert over + fm.CUDA_CONTEXT_BYTES > budget
+        assert over + fm.CUDA_CONTEXT_BYTES + fm.CUBLAS_WORKSPACES_BYTES > budget
+
+
+# Two cuBLAS handles' workspaces on sm90, written out (not the constant): the main thread's and
+# autograd's backward thread's, 32 MiB + cuBLASLt's 1 MiB each.
+WORKSPACES = 2 * (32 + 1) * 2**20
+
+
+@pytest.mark.parametrize("preset, simulate", [("countdown-0.5b-4090", True), ("retool-sft-4090", False)])
+def test_every_phase_counts_the_cublas_workspaces_as_allocated(preset, simulate):
+    """torch's allocator holds cuBLAS's workspaces for the whole run: on an H200 (2026) the forward
+    and rollout of countdown-0.5b-4090 measured 50-80 MiB above a plan without them."""
+    from tinyrl.config import load_config
+    from tinyrl.memory.from_config import categories, plan_dict, plan_for_config, planned_phases
+    from tinyrl.memory.versus import OUTSIDE_PARTS, run_plan_record
+
+    cfg = load_config(preset)
+    plan = plan_for_config(cfg, get_gpu(cfg.cost.gpu), simulate=simulate)
+    assert sorted(plan.phases) == sorted(planned_phases(cfg))
+    record, cats = run_plan_record(plan_dict(cfg, plan))["phases"], categories(cfg, plan)
+    for name, ph in plan.phases.items():
+        assert ph.parts["cublas_workspaces"] == WORKSPACES, name
+        trainer = sum(v for k, v in ph.parts.items() if k not in (*OUTSIDE_PARTS, "allocator", "cublas_workspaces"))
+        assert record[name]["planned_allocated_bytes"] >= trainer + WORKSPACES, name
+        assert cats[name]["runtime context"] >= WORKSPACES and cats[name]["other"] == 0, name
 
 
 def test_plan_round_trips_through_json():

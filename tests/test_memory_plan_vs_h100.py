@@ -27,7 +27,8 @@ from tinyrl.memory.plan import VLLM_ASLEEP_BYTES
 from tinyrl.model_specs import load_spec
 
 GiB = 2**30
-TRAINER_BUDGET_3B = int(21.59 * GiB) - fm.CUDA_CONTEXT_BYTES - VLLM_ASLEEP_BYTES
+# what build_plan leaves the trainer's tensors: the budget less what else is on the card
+TRAINER_BUDGET_3B = int(21.59 * GiB) - fm.CUDA_CONTEXT_BYTES - VLLM_ASLEEP_BYTES - fm.CUBLAS_WORKSPACES_BYTES
 LORA_3B = dict(response_len=1024, finetune="lora", lora_rank=64, logprob_chunk=1024)
 
 

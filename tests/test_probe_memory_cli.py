@@ -129,7 +129,8 @@ def test_a_plan_that_does_not_fit_names_the_phase_and_what_to_change(monkeypatch
     assert "DOES NOT FIT" in text
     assert "rollout needs" in text and "GiB over the budget" in text
     # 14.19 (trainer's base) + 1.20 + 2.41 (adapters, Adam) + 14.19 (vLLM's copy) + 0.75 (context)
-    assert "rollout holds 32.73 GiB before any token" in text and "shorter sequences cannot make it fit" in text
+    # + 0.06 (cuBLAS workspaces)
+    assert "rollout holds 32.79 GiB before any token" in text and "shorter sequences cannot make it fit" in text
     assert "- try: model.quantize=nf4" in text and "a smaller model.name (now Qwen/Qwen2.5-7B)" in text
     assert "not enough alone (they shrink only what grows with tokens): lower rollout.max_response_length" in text
     assert text.index("model.quantize=nf4") < text.index("rollout.max_response_length")
@@ -161,8 +162,8 @@ def test_a_plan_that_does_not_fit_names_the_phase_and_what_to_change(monkeypatch
         assert train_reads.read_bytes() == before, preset
         assert f"so it was NOT written to {train_reads}" in said and "the plan there is left as it was" in said
         assert f"plan written to {asked}" in said and not mp.read_plan(asked).fits
-        if preset == "countdown-0.5b-4090":  # fp32 Adam moments of two full models: over 12 GiB before any token
-            assert "actor_update holds 12.29 GiB before any token" in said and "- try: model.finetune=lora" in said
+        if preset == "countdown-0.5b-4090":  # fp32 Adam moments of two full models (+ cuBLAS workspaces): over 12 GiB
+            assert "actor_update holds 12.36 GiB before any token" in said and "- try: model.finetune=lora" in said
     code, stdout, _ = cli(monkeypatch, capsys, "probe-memory", "--preset", "countdown-4090", "--gpu", "rtx4090",
                           "--simulate", "--budget", "12GiB", "--json")
     result = json.loads(stdout)

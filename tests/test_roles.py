@@ -259,7 +259,8 @@ def test_a_critic_free_plan_has_no_critic_phase_and_micro_batches_at_least_as_la
     from tinyrl.memory.plan import build_plan
 
     kw = dict(gpu=get_gpu("rtx4090"), prompt_len=128, response_len=128, prompts_per_step=40, lora_rank=16,
-              logprob_chunk=128, engine="hf", budget_bytes=fm.CUDA_CONTEXT_BYTES + 150 * 2**20)
+              logprob_chunk=128, engine="hf",
+              budget_bytes=fm.CUDA_CONTEXT_BYTES + fm.CUBLAS_WORKSPACES_BYTES + 150 * 2**20)
     before = build_plan(SMALL, critic=True, **kw)   # what main planned for GRPO: a critic's parts inside
     after = build_plan(SMALL, critic=False, **kw)
     assert "critic_update" in before.phases and "critic_update" not in after.phases

@@ -17,8 +17,21 @@ MiB = 1024**2
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 
 # The CUDA context + cuBLAS/cuDNN handles + kernels loaded by torch: 0.5-1 GiB on recent cards
-# (seen ~0.6 GiB on Ada with torch 2.x; more once NCCL or Triton kernels load).
+# (seen ~0.6 GiB on Ada with torch 2.x; more once NCCL or Triton kernels load). Not the cuBLAS
+# workspaces: those are the allocator's (CUBLAS_WORKSPACES_BYTES).
 CUDA_CONTEXT_BYTES = int(0.75 * GiB)
+
+# cuBLAS workspaces: torch takes them from its caching allocator (counted in memory_allocated)
+# and keeps them for the life of the process. PyTorch aten/src/ATen/cuda/CublasHandlePool.cpp
+# (commit 26a39059ec580351411f180816c47e2ef5134ae1): setWorkspaceForHandle -> getNewWorkspace
+# allocates parseChosenWorkspaceSize() per (cuBLAS handle, stream), 32 MiB on sm90 (H100/H200),
+# 8 MiB + 128 KiB otherwise (a 4090, sm89); getCUDABlasLtWorkspace adds its own
+# parseCUDABlasLtWorkspaceSize() (1 MiB; none where TORCH_CUBLASLT_UNIFIED_WORKSPACE shares
+# cuBLAS's) per (handle, stream). tinyrl uses the default stream; handles come per thread, and
+# autograd runs CUDA backward on its own device thread: 2 handles, the main thread's and the
+# backward thread's. Sized for sm90 so one constant is safe on every card (a 4090 over-plans by ~48 MiB).
+# On an H200 (torch 2.11) the 0.5B plan's forward and rollout were 50-80 MiB short without it.
+CUBLAS_WORKSPACES_BYTES = 2 * (32 + 1) * MiB
 
 # bitsandbytes NF4: 4-bit codes, one absmax per 64 weights; with double quantisation the
 # absmax are themselves 8-bit with one fp32 scale per 256 of them (QLoRA's recipe).

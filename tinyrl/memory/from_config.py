@@ -271,7 +271,7 @@ def categories(cfg: Config, plan: MemoryPlan) -> dict[str, dict[str, int]]:
         c["vLLM weights"] = share.get("weights", 0)
         c["vLLM KV cache"] = share.get("kv_cache", 0)
         c["vLLM other"] = reserved - c["vLLM weights"] - share.get("kv_cache", 0)
-        c["runtime context"] = p.pop("cuda_context", 0) + p.pop("vllm_asleep", 0)
+        c["runtime context"] = p.pop("cuda_context", 0) + p.pop("vllm_asleep", 0) + p.pop("cublas_workspaces", 0)
         c["allocator headroom"] = p.pop("allocator", 0)  # one largest transient block (simulate.py)
         c["other"] = sum(p.values())  # nothing today; kept so the rows always add up
         out[name] = {names.get(k, k): v for k, v in c.items()}

@@ -119,6 +119,11 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
     notes = [f"budget {budget / GiB:.2f} GiB of {gpu.memory_bytes / GiB:.2f} GiB on {gpu.name}",
              f"CUDA context {fm.CUDA_CONTEXT_BYTES / GiB:.2f} GiB in every phase (approximate)"]
     outside = {"cuda_context": fm.CUDA_CONTEXT_BYTES}  # on the card beside the trainer's tensors
+    # The trainer's allocator holds these from its first matmul on: allocated bytes (not
+    # versus.OUTSIDE_PARTS), and off the budget the micro-batch search gets.
+    workspaces = {"cublas_workspaces": fm.CUBLAS_WORKSPACES_BYTES}
+    notes.append(f"cuBLAS workspaces {fm.CUBLAS_WORKSPACES_BYTES / fm.MiB:.0f} MiB in every phase "
+                 "(the main and backward threads', sized for H100/H200)")
     if engine == "vllm" and not sft:
         outside["vllm_asleep"] = VLLM_ASLEEP_BYTES
         notes.append(f"vLLM asleep (level 1) keeps ~{VLLM_ASLEEP_BYTES / GiB:.2f} GiB during training")
@@ -128,7 +133,7 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
     phases: dict[str, PhasePlan] = {}
     caps = {Phase.FORWARD: per_step, Phase.ACTOR_UPDATE: per_update, Phase.CRITIC_UPDATE: per_update}
     for phase in [Phase.FORWARD, Phase.ACTOR_UPDATE] + ([Phase.CRITIC_UPDATE] if critic else []):
-        trainer_budget = budget - sum(outside.values()) + nf4_saving
+        trainer_budget = budget - sum(outside.values()) - sum(workspaces.values()) + nf4_saving
         if micro_batch is not None:
             b = micro_batch
         elif simulate:
@@ -136,7 +141,7 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
                                         max_micro_batch=caps[phase], **common)
         else:
             b = _rough_max_micro_batch(spec, phase, trainer_budget, seq, caps[phase], common)
-        parts = {**_trainer_parts(spec, phase, max(b, 1), seq, common, simulate, quantize), **outside}
+        parts = {**_trainer_parts(spec, phase, max(b, 1), seq, common, simulate, quantize), **workspaces, **outside}
         peak = sum(parts.values())
         phases[str(phase)] = PhasePlan(peak, parts, b, b * seq, fits=b >= 1 and peak <= budget)
 
@@ -175,6 +180,7 @@ def _rollout(spec, gpu, budget, seq, per_step, engine, quantize, batched_tokens,
     activations) beside the rollout engine, which gets what is left."""
     parts = {"trainer_weights": trainer["base_weights"] + trainer["adapters"],
              "trainer_optimizer": 0 if offload_optimizer else trainer["optimizer"],
+             "cublas_workspaces": fm.CUBLAS_WORKSPACES_BYTES,  # held since the last step's passes
              "cuda_context": fm.CUDA_CONTEXT_BYTES}
     notes = ["the trainer's Adam state is offloaded to CPU during rollout"] if offload_optimizer else []
     util, max_seqs, share = 0.0, per_step, {}

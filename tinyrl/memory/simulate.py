@@ -16,8 +16,9 @@ depth is slow (Qwen2.5-0.5B, 24 layers: ~52 s), so 1 and 2 layers are traced and
 category is extrapolated linearly per layer; each region's peak extrapolates separately and
 the largest wins. Results are cached on disk, keyed by everything they depend on.
 
-Not modelled: the CUDA caching allocator's rounding and fragmentation, cuBLAS workspaces,
-kernels' internal scratch (plan.py's margin covers them), LoRA dropout (tinyrl uses 0).
+Not modelled: the CUDA caching allocator's rounding and fragmentation, kernels' internal
+scratch (plan.py's margin covers them), LoRA dropout (tinyrl uses 0). cuBLAS workspaces are not
+traced either: plan.py counts them in every phase (formulas.CUBLAS_WORKSPACES_BYTES).
 """
 
 from __future__ import annotations
