@@ -301,6 +301,7 @@ def test_cuda_probe_puts_measured_micro_batches_into_the_plan(monkeypatch):
     assert (ref.micro_batch, actor.micro_batch, critic.micro_batch) == (32, 5, 0)  # ref capped at 32 prompts
     assert actor.token_budget == 5 * 304 and actor.fits
     assert actor.parts["trainer_measured"] == 3 * GiB and actor.peak == sum(actor.parts.values())
+    assert actor.parts["cublas_workspaces"] == planned.phases["actor_update"].parts["cublas_workspaces"] > 0
     assert not critic.fits and critic.peak == planned.phases["critic_update"].peak
     assert plan.phases["rollout"] == planned.phases["rollout"]
     beside = planned.phases["actor_update"].parts["cuda_context"] + planned.phases["actor_update"].parts["vllm_asleep"]

@@ -483,6 +483,10 @@ def _measure_phase(cfg: Config, spec: dict, plan: MemoryPlan, name: str, trace_p
     beside = {k: v for k, v in planned.parts.items() if k in ("cuda_context", "vllm_asleep")}
     # The caching allocator may hold the budget less what sits beside the trainer on the card.
     allowed = plan.budget_bytes - sum(beside.values())
+    # cuBLAS's workspaces are the allocator's, so the ceiling above already holds them. Made by
+    # the first passes (this search's or an earlier phase's), they are in measure_peak's baseline
+    # and in no measured figure: the planned part is carried into the measured phase.
+    workspaces = {k: v for k, v in planned.parts.items() if k == "cublas_workspaces"}
     torch.cuda.set_per_process_memory_fraction(max(0.0, min(1.0, allowed / total)))
     before = torch.cuda.memory_allocated()
     try:
@@ -508,7 +512,7 @@ def _measure_phase(cfg: Config, spec: dict, plan: MemoryPlan, name: str, trace_p
         why = "not even one sequence ran" if found < 1 else f"{found} ran once, then no size down to 1 ran again"
         return PhasePlan(planned.peak, planned.parts, 0, 0, fits=False), f"{name}: {why}"
     b, peak = measured
-    parts = {"trainer_measured": resident + peak, **beside}
+    parts = {"trainer_measured": resident + peak, **workspaces, **beside}
     note = None if b == found else f"{name}: {found} sequences ran once, then ran out of memory; {b} ran again"
     return (PhasePlan(sum(parts.values()), parts, b, b * row_width(cfg), fits=sum(parts.values()) <= plan.budget_bytes),
             note)
