@@ -239,3 +239,20 @@ def test_resume_needs_only_the_run_directory(tmp_path, data, tiny_model_dir):
         refused = subprocess.run([sys.executable, "-m", "tinyrl.cli", *args], capture_output=True, text=True,
                                  timeout=300, env=ENV)
         assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+
+
+def test_a_run_stopped_by_bad_input_leaves_no_empty_directory_and_keeps_the_users(tmp_path):
+    """`tinyrl sft --out runs/e6 --set data.train_path=mydata.jsonl` stopped with a good message,
+    exit 2, and left runs/e6/ holding only .tinyrl.lock. A directory the user made stays."""
+    (tmp_path / "mydata.jsonl").write_text('{"prompt": "1 + 1", "response": "2"}\n')
+    made, mine = tmp_path / "runs" / "e6", tmp_path / "mine"
+    mine.mkdir()
+    for out in (made, mine):
+        done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "sft", "--preset", "countdown-tiny-sft",
+                               "--out", str(out), "--set", f"data.train_path={tmp_path / 'mydata.jsonl'}"],
+                              capture_output=True, text=True, timeout=300, env=ENV, cwd=tmp_path)
+        assert done.returncode == 2 and ".jsonl" in done.stderr, done.stderr[-2000:]
+    assert not made.exists() and mine.is_dir()
+    with rundir.claim(made):  # a claim whose command wrote something keeps its directory
+        (made / "config.json").write_text("{}")
+    assert (made / "config.json").exists()

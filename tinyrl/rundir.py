@@ -57,7 +57,10 @@ def _open_dir(run_dir: Path) -> Path:
 @contextlib.contextmanager
 def claim(run_dir: Path, command: str = "train") -> Iterator[None]:
     """Own `run_dir` for the body (the command's life): exit 2 naming the holder's pid when
-    another process owns it. Re-entrant within one process (the CLI called twice in-process)."""
+    another process owns it. Re-entrant within one process (the CLI called twice in-process).
+    A directory this claim made and left holding nothing but the lock file (the command stopped
+    at a bad input before writing anything) is removed again."""
+    made = not Path(run_dir).exists()
     key = _open_dir(run_dir)
     if key in _held:
         yield
@@ -86,10 +89,25 @@ def claim(run_dir: Path, command: str = "train") -> Iterator[None]:
     try:
         yield
     finally:
-        # Unlocked by closing; the file stays (removing it would race a process opening it).
+        # Unlocked by closing; the file stays (removing it would race a process opening it),
+        # except from a directory this claim made that holds nothing else: unlinked while still
+        # locked, so a process that opened it meanwhile was refused, and one that opens it now
+        # makes a new file, which keeps the directory (rmdir fails on it).
         _held.pop(key, None)
+        if made and os.getpid() == _owner_pid(fd):
+            with contextlib.suppress(OSError):
+                if [p.name for p in key.iterdir()] == [LOCK_FILE]:
+                    path.unlink()
+                    key.rmdir()
         with contextlib.suppress(OSError):  # a forked child that got here closed it already
             os.close(fd)
+
+
+def _owner_pid(fd: int) -> int | None:
+    """The pid the lock file names (a forked child that reached the finally is not the owner)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(os.pread(fd, 64, 0).split()[0])
+    return None
 
 
 # What a run writes at the top of its directory (beside checkpoints/ and report/).
