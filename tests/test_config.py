@@ -500,3 +500,19 @@ def test_a_missing_test_file_is_said_with_the_command_that_makes_that_file(prese
     said = [p for p in problems_of(cfg) if p.startswith("data.test_path")]
     assert said == [f"data.test_path = {path or load_config(preset, check=False).data.test_path} does not exist; "
                     f"make it with `{command}` or set trainer.test_every=0"]
+
+
+def test_the_hint_names_the_preset_and_where_its_keys_can_be_fixed(tmp_path):
+    """It said "fix them in the preset file" of a shipped preset (the user's to copy, not to edit)
+    and "`tinyrl presets show NAME`" where the preset's own name belonged."""
+    from tinyrl.config import load_config
+
+    with pytest.raises(TinyRLError) as shipped:
+        load_config("countdown-tiny", ["actor.lrr=1"])
+    assert "`tinyrl presets show countdown-tiny > mine.toml`, then --preset mine.toml" in shipped.value.hint
+    assert "`tinyrl presets show countdown-tiny` lists every key" in shipped.value.hint
+    mine = tmp_path / "mine.toml"
+    mine.write_text("[actor]\nlrr = 1\n")
+    with pytest.raises(TinyRLError) as own:
+        load_config(str(mine))
+    assert f"or in {mine};" in own.value.hint and "> mine.toml" not in own.value.hint

@@ -311,10 +311,12 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
         changed = {d for d in in_file if _setting_or_none(cfg, d) != _setting_or_none(default, d)}
         notes += role_rate_notes(cfg, in_file | typed) + unread_setting_notes(cfg, changed | typed)
     if problems:
+        shipped = path in list_presets().values()  # not the user's to edit: a copy of their own is
+        where = (f"or in a preset of your own (`tinyrl presets show {preset} > mine.toml`, then --preset "
+                 f"mine.toml)" if shipped else f"or in {path}")
         raise TinyRLError(
             f"preset {cfg.preset!r} has {counted(len(problems), 'problem')}:\n" + "\n".join(f"  - {p}" for p in problems),
-            hint="fix them in the preset file or with --set key.sub=value; "
-            "`tinyrl presets show NAME` lists every key",
+            hint=f"fix them with --set key.sub=value, {where}; `tinyrl presets show {preset}` lists every key",
         )
     return cfg
 
