@@ -240,7 +240,9 @@ def _train_help() -> str:
             "`tinyrl presets show NAME` prints every key and its value.\n\n"
             "Writes RUN_DIR/config.json, metrics.jsonl (+ .parquet), samples.jsonl, timeline.jsonl and "
             "checkpoints/. Kill it any time; --resume continues at the same step with the same data. "
-            "Start from an SFT run with --set model.init_from=RUN_DIR (it is the reference too).")
+            "Start from an SFT run with --set model.init_from=RUN_DIR (it is the reference too).\n\n"
+            "Example (the CPU demo's RL step): tinyrl train --preset countdown-demo --set trainer.seed=2 "
+            "--out runs/demo-seed2")
 
 
 @app.command(help=_train_help())
@@ -273,6 +275,10 @@ def sft(
     The same loop, checkpoints, --resume, dashboard, metrics and `tinyrl report` as `train`
     (train/val loss, every trainer.test_every steps on data.test_path). Then RL from it:
     `tinyrl train --preset P --set model.init_from=RUN_DIR`; `tinyrl export RUN_DIR` merges it.
+
+    Example (your own file): tinyrl sft --preset countdown-tiny-sft --out runs/my-sft
+    --set data.train_path=mine.parquet --set data.test_path=mine_test.parquet
+    --set sft.val_generate=false
     """
     _run_command("sft", preset, _typed(overrides), out_dir, max_steps, resume, no_dashboard)
 
@@ -763,7 +769,7 @@ def doctor_cmd(
 
 @app.command("report")
 def report(
-    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="A run directory written by `tinyrl train` (holds metrics.jsonl)."),
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="A run directory written by `tinyrl train` or `tinyrl sft` (holds metrics.jsonl)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where to write (default: RUN_DIR/report)."),
 ) -> None:
     """PNG plots (reward, KL, length, memory, phase timings, validation, tool use) and summary.txt of a run."""
