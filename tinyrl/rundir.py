@@ -83,8 +83,9 @@ def claim(run_dir: Path, command: str = "train") -> Iterator[None]:
             "directory would mix their metrics and checkpoints. Nothing was changed",
             hint=f"wait for it to end, or stop it (kill {pid}; --resume continues it later), or give this "
                  "run another --out") from None
+    owner = os.getpid()  # a forked child that unwinds through the finally below is not the owner
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} tinyrl {command} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+    os.pwrite(fd, f"{owner} tinyrl {command} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
     _held[key] = fd
     try:
         yield
@@ -94,20 +95,13 @@ def claim(run_dir: Path, command: str = "train") -> Iterator[None]:
         # locked, so a process that opened it meanwhile was refused, and one that opens it now
         # makes a new file, which keeps the directory (rmdir fails on it).
         _held.pop(key, None)
-        if made and os.getpid() == _owner_pid(fd):
+        if made and os.getpid() == owner:
             with contextlib.suppress(OSError):
                 if [p.name for p in key.iterdir()] == [LOCK_FILE]:
                     path.unlink()
                     key.rmdir()
         with contextlib.suppress(OSError):  # a forked child that got here closed it already
             os.close(fd)
-
-
-def _owner_pid(fd: int) -> int | None:
-    """The pid the lock file names (a forked child that reached the finally is not the owner)."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        return int(os.pread(fd, 64, 0).split()[0])
-    return None
 
 
 # What a run writes at the top of its directory (beside checkpoints/ and report/).
