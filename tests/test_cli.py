@@ -296,10 +296,17 @@ def test_max_steps_ends_the_run_there_before_or_past_the_presets_end(tmp_path):
     more = tinyrl(*base, "--resume", "--max-steps", "3")
     assert more.returncode == 0, more.stderr
     assert [m["step"] for m in jsonl.read_records(run / "metrics.jsonl")] == [1, 2, 3]
+    logs = ("metrics.jsonl", "samples.jsonl", "timeline.jsonl", "metrics.parquet")
+    before = {name: (run / name).read_bytes() for name in logs}
     behind = tinyrl(*base, "--resume", "--max-steps", "2")  # an end behind the checkpoint: said, not silent
     assert behind.returncode == 0 and "run finished at step 3 (it was there already: the end, step 2, is behind " \
         "it; nothing was trained)" in " ".join(behind.stdout.split()), behind.stdout
-    assert [m["step"] for m in jsonl.read_records(run / "metrics.jsonl")] == [1, 2, 3]
+    assert {name: (run / name).read_bytes() for name in logs} == before  # nothing trained, no log changed
+    # each saved step's checkpoint keeps its row through both resumes (a resume from step N cut the
+    # row of N's checkpoint, filed under N + 1, until 2026-11-28)
+    timeline = jsonl.read_records(run / "timeline.jsonl")
+    assert [r["step"] for r in timeline if r["phase"] == "checkpoint"] == [2, 3]
+    assert {r["step"] for r in timeline if r["phase"] == "rollout"} == {1, 2, 3}
 
 
 def test_resume_of_a_directory_without_a_run_writes_nothing(tmp_path):

@@ -28,6 +28,7 @@ class Phase(str, Enum):
 
 STEP_PHASES = (Phase.SYNC, Phase.ROLLOUT, Phase.REWARD, Phase.FORWARD, Phase.ADVANTAGES,
                Phase.ACTOR_UPDATE, Phase.CRITIC_UPDATE)
+BETWEEN_STEPS = (Phase.VALIDATE, Phase.CHECKPOINT)  # after step N: the run log files them under N
 # The phases whose memory the plan checks (each gets the card in turn) and that have a
 # micro-batch token budget (all but ROLLOUT).
 PLANNED_PHASES = (Phase.ROLLOUT, Phase.FORWARD, Phase.ACTOR_UPDATE, Phase.CRITIC_UPDATE)

@@ -38,7 +38,7 @@ from tinyrl.learners import make_learners
 from tinyrl.memory.from_config import row_width
 from tinyrl.microbatch import BudgetKeeper
 from tinyrl.models import Batch, PolicyModels
-from tinyrl.phases import Phase
+from tinyrl.phases import BETWEEN_STEPS, Phase
 from tinyrl.rl import advantages as adv
 from tinyrl.rl import kl as klmod
 from tinyrl.rl import losses
@@ -169,7 +169,10 @@ class Trainer:
         closed = self.run.close_phase()  # the previous phase's peak (tinyrl.runlog)
         if closed is not None and closed["step"] == self.step + 1:
             self._phase_memory[f"memory/phase/{closed['phase']}_peak_bytes"] = closed["peak_allocated_bytes"]
-        record = self.run.phase(self.step + 1, name)
+        # A step's phases carry the step under way; VALIDATE and CHECKPOINT come after step N and
+        # carry N, as its metrics line does. Tagged N + 1 (until 2026-11-28), a resume from step N
+        # cut the rows of the checkpoint it resumed from out of timeline.jsonl (truncate_after).
+        record = self.run.phase(self.step if name in BETWEEN_STEPS else self.step + 1, name)
         self._phase_memory[f"memory/phase/{name}_bytes"] = record["memory_bytes"]
         if self.dash is not None:
             self.dash.set_phase(name)
