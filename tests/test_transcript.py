@@ -49,7 +49,8 @@ def test_a_tool_episode_is_kept_whole_turns_in_order_with_its_calls(tok):
     rec = json.loads(json.dumps(written[0]))  # as a reader of samples.jsonl gets it
     assert rec["turns"] == [{"role": role, "text": text, "tokens": t.end - t.start}
                             for (role, text), t in zip(TURNS, ep.turns)]
-    assert rec["tool_calls"] == [{"name": "code_interpreter", "status": "ok", "seconds": 0.123, "turn": 0}]
+    assert rec["tool_calls"] == [{"name": "code_interpreter", "status": "ok", "seconds": 0.123, "turn": 0,
+                                 "message": ""}]
     assert rec["stop_reason"] == "stop" and rec["step"] == 7 and rec["reward"] == 1.0
     # today's fields stay, and the turns joined are the completion the reward read
     assert rec["completion"] == "".join(t["text"] for t in rec["turns"])

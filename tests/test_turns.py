@@ -163,6 +163,7 @@ def test_bad_calls_become_error_tool_turns(tok, chat):
         assert words in tok.decode(e.response_ids[tool.start:tool.end]) and "[error: " in tok.decode(
             e.response_ids[tool.start:tool.end])
         assert e.tool_calls[0].seconds == 0.0  # nothing ran
+        assert words in e.tool_calls[0].message  # the record says why too (samples.jsonl)
     m = episode_metrics(res.episodes)
     assert (m["tools/calls"], m["tools/errors"], m["tools/timeouts"]) == (6.0, 6.0, 0.0)
 
@@ -178,6 +179,7 @@ def test_calls_past_the_limit_are_not_run(tok, chat):
     second = e.turns[3]
     text = tok.decode(e.response_ids[second.start:second.end])
     assert text.count("rollout.max_tool_calls") == 2 and "a\n" in text
+    assert ["rollout.max_tool_calls" in c.message for c in e.tool_calls] == [False] * 4 + [True] * 2
 
 
 def test_parse_keeps_calls_in_order_and_never_raises():

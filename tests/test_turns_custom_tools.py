@@ -16,8 +16,9 @@ from transformers import AutoTokenizer
 
 from helpers.hermes_template import HERMES_TEMPLATE
 from helpers.scripted_engine import ScriptedEngine
-from tinyrl.rollout.base import SamplingSettings
+from tinyrl.rollout.base import TOOL_MESSAGE_CHARS, SamplingSettings
 from tinyrl.rollout.chat import ToolChat
+from tinyrl.rollout.transcript import transcript
 from tinyrl.rollout.turns import EpisodeLimits, episode_metrics, run_episodes
 from tinyrl.tools import TOOLS, Tool, ToolResult, call_tool
 
@@ -36,9 +37,9 @@ def _ok(text: str, seconds: float = 0.0) -> ToolResult:
                       seconds=seconds, message="exit code 0", network="", pid_namespace=False)
 
 
-def _episodes(chat, run, *, k=1, limits=EpisodeLimits(tool_timeout_s=5.0), grace_s=2.0):
+def _episodes(chat, run, *, k=1, limits=EpisodeLimits(tool_timeout_s=5.0), grace_s=2.0, budget=400):
     """k prompts, one episode each: turn 1 calls the tool with code "<prompt index>", then an
-    answer. -> the episodes"""
+    answer, within `budget` tokens (rollout.max_response_length). -> the episodes"""
     def script(context, j):
         if "<tool_response>" in context:
             return "<answer> done </answer>"
@@ -48,7 +49,7 @@ def _episodes(chat, run, *, k=1, limits=EpisodeLimits(tool_timeout_s=5.0), grace
     msgs = [[{"role": "user", "content": f"task {i}: go"}] for i in range(k)]
     tool = Tool("code_interpreter", SCHEMA, run, grace_s=grace_s)
     res = run_episodes(ScriptedEngine(chat.tokenizer, script), [chat.render(m, generation_prompt=True) for m in msgs],
-                       SamplingSettings(n=1, max_new_tokens=400, seed=1), chat=chat,
+                       SamplingSettings(n=1, max_new_tokens=budget, seed=1), chat=chat,
                        tools={"code_interpreter": tool}, limits=limits, messages=msgs)
     return res.episodes
 
@@ -73,6 +74,30 @@ def test_a_tool_that_raises_becomes_an_error_turn(chat):
     assert [c.status for c in e.tool_calls] == ["error"]
     assert "[error: tool 'code_interpreter' raised RuntimeError: my tool's backend is down]" in _tool_text(chat, e)
     assert episode_metrics([e])["tools/errors"] == 1.0
+
+
+def test_a_failed_calls_message_is_kept_when_its_tool_turn_does_not_fit(chat):
+    """A budget that leaves no room for the error turn (countdown-tools-demo's 160 tokens, a tool
+    whose run raises): the turn is not appended, so the call's own record must say why it failed,
+    in the episode and in what samples.jsonl keeps of it (transcript); the message is cut."""
+    def run(arguments, create_kwargs, **limits):
+        raise RuntimeError("my tool's backend is down " + "x" * 500)
+
+    (whole,) = _episodes(chat, run)
+    first = whole.turns[0].end                # turn 1's tokens: the call
+    (e,) = _episodes(chat, run, budget=first + 5)
+    assert [t.role for t in e.turns] == ["assistant"] and e.stop_reason == "length"
+    (call,) = e.tool_calls
+    assert call.status == "error"
+    assert call.message.startswith("error: tool 'code_interpreter' raised RuntimeError: my tool's backend is down x")
+    assert len(call.message) == TOOL_MESSAGE_CHARS
+    assert transcript(chat.tokenizer, e)["tool_calls"][0]["message"] == call.message
+    assert [c.message for c in whole.tool_calls] == [call.message]  # the same when the turn fits
+
+
+def test_an_ok_calls_record_has_no_message(chat):
+    (e,) = _episodes(chat, lambda arguments, create_kwargs, **limits: _ok("7\n"))
+    assert [(c.status, c.message) for c in e.tool_calls] == [("ok", "")]
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])

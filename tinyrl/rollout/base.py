@@ -46,6 +46,8 @@ STOP_REASONS = ("stop", "length", "max_turns")  # EOS / max_new_tokens / the tur
 # what happened (never an exception): the code failed or ran too long, or the call itself was
 # malformed (not JSON / no such tool / bad arguments), or it went past rollout.max_tool_calls.
 TOOL_CALL_STATUSES = ("ok", "error", "timeout", "bad_call", "unknown_tool", "over_limit")
+# ToolCall.message's length at most: the head of what the tool turn said (an exception's text can be long)
+TOOL_MESSAGE_CHARS = 200
 
 # How an episode with tools compares with a full re-render of its conversation (prompt messages,
 # each assistant turn's text, the tool messages; tinyrl.rollout.chat.ToolChat.rerender).
@@ -64,6 +66,11 @@ class ToolCall:
     status: str                   # one of TOOL_CALL_STATUSES
     seconds: float                # wall clock of the run (0.0 when nothing ran)
     turn: int                     # index into Episode.turns of the assistant turn that made it
+    # why a call that is not "ok" failed, as its tool turn says it (ToolResult.message: "error: tool
+    # 'x' raised RuntimeError: ...", "exit code 1: ...", "timed out: ..."; a call not run: what was
+    # wrong), its first TOOL_MESSAGE_CHARS characters; kept when the budget leaves no room for the
+    # tool turn, so samples.jsonl always says it. "" for an ok call
+    message: str = ""
 
 
 @dataclass

@@ -15,8 +15,9 @@ from tinyrl.rollout.base import Episode
 
 
 def transcript(tokenizer, episode: Episode) -> dict:
-    """-> {"turns": [{"role", "text", "tokens"}], "tool_calls": [{"name", "status", "seconds", "turn"}],
-    "stop_reason", "rerender"}; `turn` of a call indexes "turns" (the assistant turn that made it);
+    """-> {"turns": [{"role", "text", "tokens"}], "tool_calls": [{"name", "status", "seconds", "turn",
+    "message"}], "stop_reason", "rerender"}; `turn` of a call indexes "turns" (the assistant turn that
+    made it), `message` says why a call that is not ok failed (ToolCall.message);
     "rerender" is Episode.rerender ("" where no re-render was made)."""
     spans = [episode.response_ids[t.start:t.end] for t in episode.turns]
     texts = tokenizer.batch_decode(spans, skip_special_tokens=True) if spans else []

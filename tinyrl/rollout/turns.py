@@ -51,7 +51,7 @@ from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 
-from tinyrl.rollout.base import Episode, RolloutResult, SamplingSettings, ToolCall, Turn
+from tinyrl.rollout.base import TOOL_MESSAGE_CHARS, Episode, RolloutResult, SamplingSettings, ToolCall, Turn
 from tinyrl.rollout.chat import ToolChat
 from tinyrl.rollout.hermes import ParsedCall, has_tool_call, parse_tool_calls
 
@@ -148,6 +148,7 @@ class _Outcome:
     text: str
     seconds: float = 0.0
     name: str = ""
+    message: str = ""   # ToolCall.message, uncut
 
 
 def run_episodes(engine, prompt_ids: list[list[int]], sampling: SamplingSettings, *, chat: ToolChat,
@@ -259,10 +260,11 @@ def _submit_calls(pool: ThreadPoolExecutor, live: _Live, calls: list[ParsedCall]
     row: list[tuple[str, object]] = []
     for call in calls:
         if call.status:
-            row.append((call.name, _Outcome(call.status, call.error_turn)))
+            row.append((call.name, _Outcome(call.status, call.error_turn, message=call.problem)))
         elif used >= limits.max_tool_calls:
-            row.append((call.name, _Outcome("over_limit", f"[error: this episode already made "
-                        f"{limits.max_tool_calls} tool calls (rollout.max_tool_calls); this call was not run]")))
+            over = (f"this episode already made {limits.max_tool_calls} tool calls (rollout.max_tool_calls); "
+                    "this call was not run")
+            row.append((call.name, _Outcome("over_limit", f"[error: {over}]", message=over)))
         else:
             used += 1
             create = (tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
@@ -301,7 +303,8 @@ def _grow(pending: dict, ready: list[tuple[_Live, list]], chat: ToolChat, budget
         del pending[live.key]
         results = _outcomes(row, chat.tokenizer, limits)
         made = len(live.turns) - 1  # the assistant turn that made these calls
-        live.tool_calls += [ToolCall(r.name, r.status, r.seconds, made) for r in results]
+        live.tool_calls += [ToolCall(r.name, r.status, r.seconds, made, r.message[:TOOL_MESSAGE_CHARS])
+                            for r in results]
         tokens = chat.tool_turn_ids([r.text for r in results])
         if len(live.ids) + len(tokens) >= budget:  # no room left to answer: the budget ends it
             live.stop_reason = "length"
@@ -319,7 +322,8 @@ def _outcomes(row: list[tuple[str, object]], tokenizer, limits: EpisodeLimits) -
 def _result(result, name: str, tokenizer, max_tokens: int) -> _Outcome:
     from tinyrl.tools import render
 
-    return _Outcome(result.status, cut_to_tokens(render(result), tokenizer, max_tokens), result.seconds, name)
+    return _Outcome(result.status, cut_to_tokens(render(result), tokenizer, max_tokens), result.seconds, name,
+                    message="" if result.status == "ok" else result.message)
 
 
 def cut_to_tokens(text: str, tokenizer, max_tokens: int) -> str:
