@@ -20,7 +20,7 @@ from tinyrl.rollout.base import TOOL_MESSAGE_CHARS, SamplingSettings
 from tinyrl.rollout.chat import ToolChat
 from tinyrl.rollout.transcript import transcript
 from tinyrl.rollout.turns import EpisodeLimits, episode_metrics, run_episodes
-from tinyrl.tools import TOOLS, Tool, ToolResult, call_tool
+from tinyrl.tools import TOOLS, Tool, ToolResult, call_tool, render
 
 SCHEMA = TOOLS["code_interpreter"].schema
 
@@ -32,9 +32,8 @@ def chat(tiny_model_dir):
     return ToolChat(tok, [SCHEMA], [tok.eos_token_id])
 
 
-def _ok(text: str, seconds: float = 0.0) -> ToolResult:
-    return ToolResult(stdout=text, stderr="", exit_code=0, timed_out=False, killed_by=None, truncated=False,
-                      seconds=seconds, message="exit code 0", network="", pid_namespace=False)
+def _ok(text: str) -> ToolResult:
+    return ToolResult(stdout=text, stderr="", exit_code=0)
 
 
 def _episodes(chat, run, *, k=1, limits=EpisodeLimits(tool_timeout_s=5.0), grace_s=2.0, budget=400):
@@ -150,6 +149,19 @@ def test_a_hung_tool_times_out_and_leaves_the_pool_to_the_next_call(chat):
     assert "fine" in _tool_text(chat, second)
     assert first.tool_calls[0].seconds >= 0.3 + 0.2 and second.tool_calls[0].seconds >= 0.05
     assert episode_metrics([first, second])["tools/timeouts"] == 1.0
+
+
+def test_a_tools_own_result_needs_only_its_output_and_exit_code():
+    """ToolResult's sandbox-only fields (timed_out, killed_by, ..., pid_namespace) default to a
+    call that simply finished; a failing tool that gave no message still says its exit code."""
+    def run(arguments, create_kwargs, **limits):
+        code = int(arguments["code"])
+        return ToolResult(stdout=f"out {code}\n", stderr="oops\n" if code else "", exit_code=code)
+
+    ok = call_tool(Tool("t", SCHEMA, run), {"code": "0"}, {}, timeout_s=1.0, memory_mb=256)
+    failed = call_tool(Tool("t", SCHEMA, run), {"code": "3"}, {}, timeout_s=1.0, memory_mb=256)
+    assert (ok.status, render(ok), ok.message) == ("ok", "out 0", "exit code 0")
+    assert (failed.status, render(failed), failed.message) == ("error", "out 3\noops\n[exit code 3]", "exit code 3")
 
 
 def test_call_tool_keeps_a_tools_own_result_and_gives_its_limits():

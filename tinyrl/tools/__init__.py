@@ -118,8 +118,7 @@ def call_tool(tool: Tool, arguments: dict[str, Any], create_kwargs: dict[str, An
 
 def _failed(message: str, seconds: float, timed_out: bool = False) -> ToolResult:
     """The result of a call that gave none of its own: `message` is its tool turn (render)."""
-    return ToolResult(stdout="", stderr="", exit_code=-1, timed_out=timed_out, killed_by=None, truncated=False,
-                      seconds=seconds, message=message, network="unknown", pid_namespace=False)
+    return ToolResult(stdout="", stderr="", exit_code=-1, timed_out=timed_out, seconds=seconds, message=message)
 
 
 def render(result: ToolResult) -> str:

@@ -50,19 +50,27 @@ _SIGNAL_WHY = {
 
 @dataclass(frozen=True)
 class ToolResult:
+    """What a tool call gave: the sandbox's full account of a run, or a tool of your own's
+    `ToolResult(stdout=..., stderr=..., exit_code=...)`: the fields after exit_code are the
+    sandbox's and default to a call that simply finished (README, "Your own tools")."""
+
     stdout: str
     stderr: str
     exit_code: int            # the process's exit status; -N when signal N ended it
-    timed_out: bool           # the wall clock ran out and the call was killed
-    killed_by: str | None     # signal name when a signal ended it (SIGKILL after a timeout)
-    truncated: bool           # stdout or stderr was cut to `max_output_bytes`
-    seconds: float            # wall clock of the call, launcher start to cleanup done
-    message: str              # one line for the model's tool turn: what happened
-    network: str              # "isolated", or why not
-    pid_namespace: bool       # the code ran in its own pid namespace
+    timed_out: bool = False   # the wall clock ran out and the call was killed
+    killed_by: str | None = None  # signal name when a signal ended it (SIGKILL after a timeout)
+    truncated: bool = False   # stdout or stderr was cut to `max_output_bytes`
+    seconds: float = 0.0      # wall clock of the call, launcher start to cleanup done
+    message: str = ""         # one line for the model's tool turn: what happened (default "exit code N")
+    network: str = ""         # "isolated", or why not ("" : not the sandbox's run)
+    pid_namespace: bool = False   # the code ran in its own pid namespace
     # processes the code left behind that the cleanup killed: the call's processes alive when the
     # code ended or the clock ran out, the code's own process not counted (README)
     leftover_killed: int = 0
+
+    def __post_init__(self):
+        if not self.message:  # a tool of one's own that gave none: its tool turn still says what happened
+            object.__setattr__(self, "message", f"exit code {self.exit_code}")
 
     @property
     def ok(self) -> bool:
