@@ -178,3 +178,72 @@ def test_call_tool_keeps_a_tools_own_result_and_gives_its_limits():
     assert (result.stdout, result.stderr, result.exit_code, result.message, result.status) == (
         "out\n", "err\n", 3, "exit code 3", "error")
     assert result.seconds > 0.0
+
+
+def _readme_own_tool_script() -> str:
+    """README's example of a tool of one's own ("Your own tools"): the script, exactly as shown."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("**Your own tools.**", 1)[1]
+    return section.split("```python\n", 1)[1].split("\n```", 1)[0] + "\n"
+
+
+@pytest.fixture()
+def readme_tool():
+    """README's script run as a module (not __main__): its tool and its task's edit, undone after."""
+    from tinyrl.tasks import all_tasks
+
+    tools, tasks = dict(TOOLS), dict(all_tasks())
+    try:
+        exec(compile(_readme_own_tool_script(), "my_tinyrl.py", "exec"), {"__name__": "my_tinyrl"})
+        yield
+    finally:
+        TOOLS.clear(), TOOLS.update(tools)
+        all_tasks().clear(), all_tasks().update(tasks)
+
+
+def test_readmes_own_tool_is_offered_by_its_task_and_called_in_an_episode(chat, readme_tool):
+    """Task.tools is not a config key and `tinyrl` imports no module of the user's: README's
+    script registers the tool and adds it to a task in the process. What the trainer rolls out
+    with (ToolRollout of the task's tools, as Trainer does) offers it and calls it."""
+    from tinyrl.config import RolloutConfig
+    from tinyrl.rollout.turns import ToolRollout
+    from tinyrl.tasks import get_task, task_problems
+
+    result = call_tool(TOOLS["add"], {"a": 2, "b": 3.5}, {}, timeout_s=1.0, memory_mb=256)
+    assert (result.status, render(result)) == ("ok", "5.5")
+    assert "add" in get_task("arith").tools
+
+    def script(context, j):
+        if "<tool_response>" in context:
+            return "<answer> done </answer>"
+        return "<tool_call>\n" + json.dumps({"name": "add", "arguments": {"a": 20, "b": 22}}) + "\n</tool_call>"
+
+    engine = ScriptedEngine(chat.tokenizer, script)
+    rollout = ToolRollout(get_task("arith").tools, chat.tokenizer, engine, RolloutConfig())
+    msgs = [{"role": "user", "content": "task 0: add"}]
+    assert '"name": "add"' in chat.tokenizer.decode(rollout.chat.render(msgs, generation_prompt=True))
+    (e,) = run_episodes(engine, [rollout.chat.render(msgs, generation_prompt=True)],
+                        SamplingSettings(n=1, max_new_tokens=400, seed=1), chat=rollout.chat,
+                        tools=rollout.tools, limits=rollout.limits, messages=[msgs]).episodes
+    assert [(c.name, c.status) for c in e.tool_calls] == [("add", "ok")]
+    assert "42" in _tool_text(chat, e) and e.stop_reason == "stop"
+
+
+def test_readmes_own_tool_script_runs_tinyrl_commands(tmp_path):
+    """`python my_tinyrl.py COMMAND ...` is `tinyrl COMMAND ...` with the tool: the config check
+    (which refuses a task's tool that tinyrl.tools.TOOLS lacks) passes for the tool demo's preset."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "my_tinyrl.py"
+    script.write_text(_readme_own_tool_script())
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(script), "estimate-cost", "--preset", "countdown-tools-demo", "--json"],
+                          cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)
