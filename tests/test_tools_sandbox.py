@@ -179,6 +179,15 @@ def test_bad_limits_raise_every_problem_at_once():
     assert "timeout_s" in e.value.message and "memory_mb" in e.value.message and e.value.hint
 
 
+@pytest.mark.parametrize("code, setup, said", [(None, "", "code is a NoneType"), (b"print(1)", "", "code is a bytes"),
+                                               ("print(a)", None, "setup a NoneType")])
+def test_code_that_is_not_a_str_is_refused_with_a_reason(code, setup, said):
+    """run_code(None) ran, and came back as an unexplained "exit code 125"."""
+    with pytest.raises(TinyRLError, match=said) as e:
+        run_code(code, setup=setup)
+    assert "as a str" in e.value.message and e.value.hint
+
+
 # ---- hostile snippets -------------------------------------------------------------------
 
 FORK_BOMB = """

@@ -310,6 +310,9 @@ def run_code(code: str, timeout_s: float = 10.0, memory_mb: int = 1024, *,
     `isolate`: new network, pid and mount namespaces where the OS allows (no network, nothing
     outside reachable by kill, private size-capped /tmp); `result.network` says what held.
     """
+    if not isinstance(code, str) or not isinstance(setup, str):  # None ran as "exit code 125", unexplained
+        raise TinyRLError(f"run_code takes Python source as a str: code is a {type(code).__name__}, setup a "
+                          f"{type(setup).__name__}", hint="pass the program's text, e.g. run_code(\"print(6 * 7)\")")
     _check(timeout_s, memory_mb, max_output_bytes, max_processes)
     start = time.monotonic()
     as_root = os.geteuid() == 0
