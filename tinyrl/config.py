@@ -1028,6 +1028,12 @@ def resolve_path(path: str) -> Path:
     p = Path(path).expanduser()
     if p.is_absolute() or p.exists():
         return p
-    shipped = REPO_ROOT / p
+    return shipped_path(p) or p
+
+
+def shipped_path(path: str | Path) -> Path | None:
+    """The file tinyrl ships under this relative path (REPO_ROOT/data/..., REPO_ROOT/presets/...),
+    as resolve_path finds it where the path is not found from the working directory; else None."""
+    shipped = REPO_ROOT / Path(path).expanduser()
     found = shipped.exists() and any(shipped.resolve().is_relative_to(d.resolve()) for d in (DATA_DIR, PRESETS_DIR))
-    return shipped if found else p
+    return shipped if found else None
