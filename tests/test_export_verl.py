@@ -841,6 +841,63 @@ def test_from_run_reads_the_runs_relative_paths_from_where_it_was_started(tmp_pa
     assert done.returncode == 0 and json.loads(done.stdout)["prompts_per_epoch"] == 64, done.stderr  # not 8,192 made
 
 
+def test_from_run_takes_the_runs_own_files_whatever_this_directory_holds_under_their_names(tmp_path, monkeypatch):
+    """A run started in dp with data.train_path=mydata/train.parquet and reward.fn=my_reward.py:score,
+    read by `--from-run ../dp/runs/dp` from a sibling dp2 holding its OWN mydata/train.parquet and
+    my_reward.py: export-verl exported dp2's 100 rows and copied dp2's reward, and estimate-cost
+    counted dp2's rows, exit 0 without a word (a relative path went to run.json's cwd only when it
+    was not found from here). Generated data (runs/data/...) the same. A run's file that is no
+    longer where the run started is taken from here only with a note naming the file used."""
+    import pandas as pd
+
+    from tinyrl.rundir import start_run
+
+    shipped = pd.read_parquet(Path(__file__).resolve().parent.parent / "data" / "countdown" / "test.parquet")
+    generated = "runs/data/countdown-tiny/settings-0123456789ab/train.parquet"
+    dp, dp2 = tmp_path / "dp", tmp_path / "dp2"
+    for where, rows, score in ((dp, 64, "1.0"), (dp2, 100, "0.0")):
+        for name in ("mydata/train.parquet", generated):
+            (where / name).parent.mkdir(parents=True, exist_ok=True)
+            shipped[:rows].to_parquet(where / name)
+        (where / "my_reward.py").write_text(f"def score(completion, row):\n    return {score}\n")
+    runs = {}
+    for name, train in (("dp", "mydata/train.parquet"), ("gen", generated)):
+        cfg = load_config("countdown-tiny", [f"data.train_path={dp / train}", f"reward.fn={dp / 'my_reward.py'}:score",
+                                             "trainer.test_every=0"])
+        cfg.data.train_path, cfg.reward.fn = train, "my_reward.py:score"  # as `--set` gave them in dp
+        run = runs[name] = dp / "runs" / name
+        run.mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps(cfg.to_dict()))
+        steps = (json.dumps({"step": i, "timing/step": 2.0}) + "\n" for i in range(1, 5))
+        (run / "metrics.jsonl").write_text("".join(steps))
+        monkeypatch.chdir(dp)  # where `tinyrl train` ran
+        start_run(run)
+    monkeypatch.chdir(tmp_path)
+
+    def tinyrl(*args):
+        done = subprocess.run([sys.executable, "-m", "tinyrl.cli", *args], capture_output=True, text=True, timeout=120,
+                              cwd=dp2, env={**os.environ, "COLUMNS": "300"})
+        assert done.returncode == 0, done.stderr
+        return done.stdout, " ".join(done.stderr.split())
+
+    for name in runs:
+        _, said = tinyrl("export-verl", "--from-run", f"../dp/runs/{name}", "--gpus", "2", "--out", f"verl-{name}")
+        assert len(pd.read_parquet(dp2 / f"verl-{name}" / "data" / "train.parquet")) == 64, name  # dp's, not dp2's 100
+        assert (dp2 / f"verl-{name}" / "user_reward" / "my_reward.py").read_text() == (dp / "my_reward.py").read_text()
+        assert "instead" not in said, said  # the run's own files: nothing to say
+        out, _ = tinyrl("estimate-cost", "--from-run", f"../dp/runs/{name}", "--json")
+        assert json.loads(out)["prompts_per_epoch"] == 64, name
+    # the run's data file is gone from where it started (its directory moved to another machine, say):
+    # this directory's file of that name is used, and said
+    (dp / "mydata" / "train.parquet").unlink()
+    _, said = tinyrl("export-verl", "--from-run", "../dp/runs/dp", "--out", "verl-moved")
+    assert len(pd.read_parquet(dp2 / "verl-moved" / "data" / "train.parquet")) == 100
+    assert (f"data.train_path = mydata/train.parquet is not in {dp}, where the run was started: read "
+            f"{dp2 / 'mydata' / 'train.parquet'} from here instead") in said, said
+    out, said = tinyrl("estimate-cost", "--from-run", "../dp/runs/dp", "--json")
+    assert json.loads(out)["prompts_per_epoch"] == 100 and f"read {dp2 / 'mydata' / 'train.parquet'}" in said, said
+
+
 def test_an_actor_given_for_a_run_that_started_from_another_says_which_reference_tinyrl_had(tmp_path):
     """With --actor, the script's header said "tinyrl's reference was the base" of a run whose
     reference was its model.init_from, "the critic starts afresh" of GRPO, which has none, and

@@ -422,7 +422,7 @@ def estimate_cost(
         cfg = config_from_dict(run.config)
         from tinyrl.rundir import rebase_paths
 
-        rebase_paths(cfg, run.run_dir)  # its data file, as seen from where the run was started
+        rebase_paths(cfg, run.run_dir)  # its data file, read from where the run was started
         notes.append(f"config (batch size, data, cost defaults) from {run.run_dir / 'config.json'}")
     elif run is not None and run.config is not None:  # --preset P --from-run RUN: RUN's seconds priced as P's steps
         ran = config_from_dict(run.config)

@@ -179,8 +179,8 @@ def parse_data_args(items: list[str]) -> list[tuple[str, Path]]:
 
 
 def run_config(run_dir: Path):
-    """The Config a run directory was trained with (its config.json), its relative paths as seen
-    from the directory the run was started in when they are not found from here (rebase_paths)."""
+    """The Config a run directory was trained with (its config.json), its relative paths read from
+    the directory the run was started in, whatever this one holds under their names (rebase_paths)."""
     from tinyrl.config import config_from_dict
     from tinyrl.rundir import rebase_paths
 

@@ -209,21 +209,22 @@ def start_dir(run_dir: Path) -> Path | None:
 
 
 def _map_paths(cfg, fn) -> None:
-    """fn(value) -> value over every setting that names a file or directory: the data files,
-    model.init_from, model.name (a local model), a chat template file, a reward file."""
+    """fn(value, setting) -> value over every setting that names a file or directory: the data
+    files, model.init_from, model.name (a local model), a chat template file, a reward file."""
     from tinyrl.eval import parse_data_args
 
     d, m, r = cfg.data, cfg.model, cfg.reward
-    d.train_path, d.test_path = fn(d.train_path), fn(d.test_path)
-    m.init_from, m.name = fn(m.init_from), fn(m.name)
-    d.val_files = [f"{name}={fn(str(path))}" for name, path in parse_data_args(d.val_files)]
-    m.custom_chat_template = fn(m.custom_chat_template) if "{" not in m.custom_chat_template else m.custom_chat_template
+    d.train_path, d.test_path = fn(d.train_path, "data.train_path"), fn(d.test_path, "data.test_path")
+    m.init_from, m.name = fn(m.init_from, "model.init_from"), fn(m.name, "model.name")
+    d.val_files = [f"{name}={fn(str(path), 'data.val_files')}" for name, path in parse_data_args(d.val_files)]
+    if "{" not in m.custom_chat_template:  # a file's path, not the template's text
+        m.custom_chat_template = fn(m.custom_chat_template, "model.custom_chat_template")
 
-    def file_spec(spec: str) -> str:  # reward.fn = file.py:func
+    def file_spec(spec: str, setting: str) -> str:  # reward.fn = file.py:func
         where, _, func = spec.rpartition(":")
-        return f"{fn(where)}:{func}" if where.endswith(".py") else spec
+        return f"{fn(where, setting)}:{func}" if where.endswith(".py") else spec
 
-    r.fn, r.extra_fns = file_spec(r.fn), [file_spec(s) for s in r.extra_fns]
+    r.fn, r.extra_fns = file_spec(r.fn, "reward.fn"), [file_spec(s, "reward.extra_fns") for s in r.extra_fns]
 
 
 def _elsewhere(run_dir: Path) -> Path | None:
@@ -232,13 +233,28 @@ def _elsewhere(run_dir: Path) -> Path | None:
     return None if start is None or start.resolve() == Path.cwd().resolve() else start
 
 
-def _from_start(value: str, start: Path) -> str:
-    """`value` as seen from `start` (start/value) when it is not found from here but is there."""
-    from tinyrl.config import resolve_path
+def _from_start(value: str, start: Path, note=None, setting: str = "") -> str:
+    """One of the run's relative paths as the run read it, whatever this directory holds under
+    that name: start/value (start: the directory the run was started in), else the file tinyrl
+    ships under it (config.resolve_path's rule, as the run applied it there). When neither is
+    there any more (the file deleted since, the run directory copied to another machine), the
+    file of that name found from here is the one read, and note(...) says so (not when note is
+    None: seen_from_here only names it); nowhere at all, the value is kept for the reader's own
+    'not found'."""
+    from tinyrl.config import resolve_path, shipped_path
 
-    if not value or resolve_path(value).exists() or Path(value).expanduser().is_absolute():
+    path = Path(value).expanduser() if value else None
+    if path is None or path.is_absolute():
         return value
-    return str(start / value) if (start / value).exists() else value
+    if (start / path).exists():
+        return str(start / path)
+    if (shipped := shipped_path(path)) is not None:
+        return str(shipped)
+    here = resolve_path(value)
+    if note is not None and here.exists():
+        note(f"{setting} = {value} is not in {start}, where the run was started: read {here.resolve()} from here "
+             "instead, which may not be the file the run read")
+    return value
 
 
 def seen_from_here(value: str, run_dir: Path) -> str:
@@ -248,13 +264,22 @@ def seen_from_here(value: str, run_dir: Path) -> str:
 
 
 def rebase_paths(cfg, run_dir: Path) -> None:
-    """The run's relative paths (data files, model.init_from, a local model, a reward file) as seen
-    from the directory it was started in, when they are not found from here: `export-verl
-    --from-run` from another directory said the SFT run the run started from did not exist, and
-    `estimate-cost --from-run` counted the preset's row count instead of the data file's."""
+    """The run's relative paths (data files, model.init_from, a local model, a chat template, a
+    reward file) as the run read them: from the directory it was started in (run.json's cwd),
+    whatever this directory holds under the same names (_from_start). For every reader of a
+    finished run's own files: export, eval, `export-verl --from-run`, `estimate-cost --from-run`.
+    A file no longer there is read from here, said on stderr (a warning of this module's logger).
+    Until 2026-11-28 a path went to the start only when it was not found from here: from a sibling
+    directory holding its own mydata/train.parquet and my_reward.py, export-verl exported those
+    and estimate-cost counted their rows, exit 0 without a word."""
+    import logging
+
     start = _elsewhere(run_dir)
     if start is not None:
-        _map_paths(cfg, lambda value: _from_start(value, start))
+        def note(line: str) -> None:
+            logging.getLogger(__name__).warning("%s: %s", run_dir, line)
+
+        _map_paths(cfg, lambda value, setting: _from_start(value, start, note, setting))
 
 
 def check_resume_here(run_dir: Path, resume_cmd: str) -> None:
@@ -276,7 +301,7 @@ def check_resume_here(run_dir: Path, resume_cmd: str) -> None:
         return  # the resume's own checks say what is wrong with it
     moved: list[str] = []
 
-    def differs(value: str) -> str:
+    def differs(value: str, _setting: str) -> str:
         path = Path(value).expanduser() if value else None
         if path is not None and not path.is_absolute() and (start / path).exists():
             here = resolve_path(value)
