@@ -298,6 +298,29 @@ def test_bad_input_exits_2_with_a_message(monkeypatch, capsys, tmp_path, args, w
     assert words in " ".join(stderr.replace("│", " ").split())   # the panel wraps long lines
 
 
+def test_a_run_that_stopped_before_step_1_is_said_to_have_no_steps_yet(monkeypatch, capsys, tmp_path):
+    """--from-run on a run directory with config.json and run.json but no metrics.jsonl (or no timed
+    step in it) said `metrics.jsonl not found ... pass the run's own directory`: it is that directory.
+    A folder that is not a run's still gets that hint."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name, metrics in (("nometrics", None), ("nosteps", '{"step": 0, "val/score": 0.1}\n')):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.json").write_text(json.dumps({"preset": "countdown-tiny", "trainer": {"max_steps": 5}}))
+        (run / "run.json").write_text(json.dumps({"run_id": "abc"}))
+        if metrics is not None:
+            (run / "metrics.jsonl").write_text(metrics)
+        code, stdout, stderr = cli(monkeypatch, capsys, "estimate-cost", "--from-run", str(run))
+        said = " ".join(stderr.replace("│", " ").split())
+        assert code == 2 and stdout == "" and "has no finished step yet" in said, said
+        assert "let it train 3+ steps" in said and "--sec-per-step" in said and "--preset NAME" in said
+        assert "pass the run's own directory" not in said and "not found" not in said
+    code, _, stderr = cli(monkeypatch, capsys, "estimate-cost", "--from-run", str(bare))
+    said = " ".join(stderr.replace("│", " ").split())
+    assert code == 2 and "not found" in said and "pass the run's own directory" in said
+
+
 def test_library_raises_the_one_error_type():
     with pytest.raises(TinyRLError, match="--epochs"):
         estimate_cost(load_config("countdown-4090"), sec_per_step=1.0, epochs=0)

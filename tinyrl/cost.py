@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from tinyrl import rundir
 from tinyrl.config import Config, DataConfig, has_critic, resolve_path
 from tinyrl.errors import TinyRLError
 from tinyrl.roofline import (Assumptions, Card, DoesNotFit, ModelShape, Roofline, Workload, estimate_sft_step,
@@ -84,7 +85,10 @@ def read_run(run_dir: str | Path) -> RunTiming:
         raise TinyRLError(f"run directory {run} does not exist",
                           hint="give the directory a `tinyrl train` run wrote (it holds metrics.jsonl)")
     metrics = run / "metrics.jsonl"
+    is_run = rundir.is_run_dir(run) or (run / rundir.RUN_FILE).is_file()
     if not metrics.is_file():
+        if is_run:  # it stopped before step 1: it is the run's directory, with nothing timed in it yet
+            raise _no_steps_yet(run)
         raise TinyRLError(f"{metrics} not found", hint="pass the run's own directory (runs/NAME), "
                           "or use --sec-per-step S / the roofline (leave out --from-run)")
     rows = []
@@ -100,6 +104,8 @@ def read_run(run_dir: str | Path) -> RunTiming:
         if isinstance(row, dict) and all(isinstance(row.get(k), (int, float)) for k in ("step", "timing/step")):
             rows.append(row)
     steady, warm = steady_steps(rows)
+    if not rows and is_run:
+        raise _no_steps_yet(run)
     if len(steady) < MIN_STEADY_STEPS:
         raise TinyRLError(
             f"{metrics} has {len(rows)} timed step(s); after leaving out {len(warm)} warm-up step(s) "
@@ -115,6 +121,13 @@ def read_run(run_dir: str | Path) -> RunTiming:
     return RunTiming(run, float(statistics.median(r["timing/step"] for r in steady)), phases,
                      len(steady), warm, config, last.get("memory/kind"),
                      int(total) if isinstance(total, (int, float)) else None)
+
+
+def _no_steps_yet(run: Path) -> TinyRLError:
+    return TinyRLError(
+        f"the run {run} has no finished step yet (it stopped before step 1), so there is no step time to price",
+        hint=f"let it train {WARMUP_STEPS + MIN_STEADY_STEPS}+ steps (the first is warm-up) and try again, or "
+             "price without it: --sec-per-step S (seconds measured elsewhere), or --preset NAME alone (the roofline)")
 
 
 def config_from_dict(raw: dict) -> Config:
