@@ -276,3 +276,22 @@ def test_a_failure_in_the_workers_own_code_is_said_as_such_and_the_worker_lives_
     with pytest.raises(TinyRLError, match="could not receive a sample for .*ZeroDivisionError"):
         fn("x", {"row": _Unrebuildable()})
     assert fn("x", EXAMPLE) == 0.25 and fn._proc is not None and fn._proc.pid == pid
+
+
+def test_a_reward_that_does_not_load_writes_no_prints_file(tmp_path, capfd):
+    """The prints file was opened before the module imported: a start stopped by an import error
+    (or a function of the wrong shape) left an empty reward_prints.log in the run directory, which
+    then was not removed (tinyrl.rundir.claim removes one holding only its lock). It is opened once
+    the function has loaded; what the module prints while it imports goes to stderr."""
+    log = tmp_path / "run" / "reward_prints.log"
+    log.parent.mkdir()
+    broken = write(tmp_path, "print('importing broken')\nimport tinyrl_no_such_module_xyz\n", name="broken.py")
+    shape = write(tmp_path, "def score(x):\n    return 1.0\n", name="shape.py")
+    for spec in (f"{broken}:score", f"{shape}:score"):
+        with pytest.raises(TinyRLError):
+            load_reward_fn(spec, prints_to=log)
+        assert not log.exists()
+    assert "importing broken" in capfd.readouterr().err
+    loud = write(tmp_path, "print('importing loud')\ndef score(completion, example):\n    return 1.0\n", name="loud.py")
+    assert load_reward_fn(f"{loud}:score", prints_to=log)("x", {}) == 1.0
+    assert "importing loud" in capfd.readouterr().err

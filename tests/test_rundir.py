@@ -256,3 +256,33 @@ def test_a_run_stopped_by_bad_input_leaves_no_empty_directory_and_keeps_the_user
     with rundir.claim(made):  # a claim whose command wrote something keeps its directory
         (made / "config.json").write_text("{}")
     assert (made / "config.json").exists()
+
+
+def test_a_start_stopped_at_the_users_reward_leaves_nothing(tmp_path):
+    """`--out runs/y --set reward.fn=imp.py:score` with an import error or a function of the
+    wrong shape stopped with exit 2 and left runs/y/ holding .tinyrl.lock and an empty
+    reward_prints.log, opened before the function loaded (then kept, as not the lock's alone),
+    and runs/ above it. The prints file is opened once the function has loaded; the claim removes
+    the folders it made."""
+    (tmp_path / "imp.py").write_text("print('importing imp')\nimport nonexistent_mod\n"
+                                     "def score(completion, example):\n    return 1.0\n")
+    (tmp_path / "arity.py").write_text("def score(x):\n    return 1.0\n")
+    for spec, said in (("imp.py:score", "nonexistent_mod"), ("arity.py:score", "arity.py:score")):
+        done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "train", "--preset", "countdown-tiny",
+                               "--out", "runs/y", "--no-dashboard", "--set", f"reward.fn={spec}"],
+                              capture_output=True, text=True, timeout=300, env=ENV, cwd=tmp_path)
+        assert done.returncode == 2 and said in done.stderr, done.stderr[-2000:]
+        assert not (tmp_path / "runs").exists(), sorted(str(p) for p in (tmp_path / "runs").rglob("*"))
+        if spec.startswith("imp"):  # what the module printed before it failed: shown, not in a file
+            assert "importing imp" in done.stderr
+
+
+def test_a_start_refused_for_want_of_a_card_leaves_nothing(tmp_path):
+    """`tinyrl sft --preset retool-sft-4090` on a machine whose torch sees no card stopped at the
+    CUDA check (exit 2) and left an empty runs/ in the working directory (the default --out
+    runs/NAME: its run directory was removed, the folder above it not)."""
+    env = {**ENV, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}  # the refusal on any machine
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "sft", "--preset", "retool-sft-4090"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 2 and "sees no CUDA card" in " ".join(done.stderr.split()), done.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []

@@ -59,8 +59,9 @@ def claim(run_dir: Path, command: str = "train") -> Iterator[None]:
     """Own `run_dir` for the body (the command's life): exit 2 naming the holder's pid when
     another process owns it. Re-entrant within one process (the CLI called twice in-process).
     A directory this claim made and left holding nothing but the lock file (the command stopped
-    at a bad input before writing anything) is removed again."""
-    made = not Path(run_dir).exists()
+    at a bad input before writing anything) is removed again, with the folders above it that it
+    made and that are empty then (`runs/` of a first `--out runs/NAME`)."""
+    made = [d for d in (Path(run_dir).absolute(), *Path(run_dir).absolute().parents) if not d.exists()]
     key = _open_dir(run_dir)
     if key in _held:
         yield
@@ -100,6 +101,8 @@ def claim(run_dir: Path, command: str = "train") -> Iterator[None]:
                 if [p.name for p in key.iterdir()] == [LOCK_FILE]:
                     path.unlink()
                     key.rmdir()
+                    for parent in made[1:]:  # up to the first that is not empty (rmdir fails: kept)
+                        parent.rmdir()
         with contextlib.suppress(OSError):  # a forked child that got here closed it already
             os.close(fd)
 

@@ -20,7 +20,10 @@ What the function prints (its stdout) never reaches the trainer's stdout, where 
 dashboard draws (a 100 kB print per call filled the user's log and would tear the screen): it
 goes to RUN_DIR/reward_prints.log (`prints_to`; appended, so a resumed run adds to it), at most
 MAX_PRINTS characters of Python output per worker, then one line saying the rest was dropped;
-without a run directory (a test, a direct call) to stderr. Its stderr (warnings, tracebacks,
+without a run directory (a test, a direct call) to stderr. That file is opened once the function
+has loaded: what its module prints while it imports goes to stderr (shown before any model loads),
+and a start that stops at the load (an import error, a function of the wrong shape) leaves no empty
+file in the run directory, which tinyrl.rundir.claim then removes again (it held only its lock). Its stderr (warnings, tracebacks,
 faulthandler's stack of a call stuck in C code) stays the trainer's stderr.
 
 Cost: a process start and the module's import once, then ~0.1 ms of pipe and pickling per call.
@@ -120,7 +123,7 @@ class WorkerReward:
             "A reward function must return a number: os._exit(), a crash in C code or a kill ends the "
             "process it runs in",
             hint=f"fix {self.spec} (call it on that row to reproduce; its errors, if any, are above"
-                 f"{f', its prints in {self.prints_to}' if self.prints_to else ''}); the "
+                 f"{f', its prints in {self.prints_to}' if self.prints_to and sample else ''}); the "
                  "checkpoints on disk are kept: --resume continues once it is fixed")
 
 
@@ -186,6 +189,8 @@ class _Bounded(io.TextIOBase):
 def _send_prints(prints_to: str | None) -> None:
     """The worker's stdout (fd 1: print, and C code or programs it starts) to `prints_to`, or to
     stderr when there is none (or it cannot be opened: said there)."""
+    if isinstance(sys.stdout, _Bounded):  # from stderr to the file: what is buffered goes first
+        sys.stdout.flush()
     target = 2
     if prints_to is not None:
         try:
@@ -196,14 +201,15 @@ def _send_prints(prints_to: str | None) -> None:
     os.dup2(target, 1)
     if target != 2:
         os.close(target)
-    sys.stdout = _Bounded(open(1, "w", buffering=1, closefd=False), MAX_PRINTS)
+    if not isinstance(sys.stdout, _Bounded):  # one bound for the worker's life
+        sys.stdout = _Bounded(open(1, "w", buffering=1, closefd=False), MAX_PRINTS)
 
 
 def serve(fd: int, prints_to: str | None = None) -> None:
     """The worker's loop: ("load", spec, timeout_s), then ("call", completion, example, episode) ..."""
     from tinyrl.rewards.registry import _wrap, check_call_shape, reads_episode, resolve_user_fn
 
-    _send_prints(prints_to)
+    _send_prints(None)  # until the function has loaded (the module docstring): then prints_to
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     conn = Connection(fd)
@@ -223,6 +229,7 @@ def serve(fd: int, prints_to: str | None = None) -> None:
                     check_call_shape(user_fn, spec)
                     fn = _wrap(user_fn, spec, timeout_s)
                     reply = ("ready", reads_episode(user_fn))
+                    _send_prints(prints_to)
                 else:
                     _, completion, example, episode = message
                     reply = ("ok", fn(completion, example, episode))
