@@ -240,6 +240,24 @@ def test_a_users_function_gets_the_episode_when_it_asks(tmp_path):
     assert scores.parts["tools_used"] == [2.0, -1.0] and scores.parts["plain"] == [0.5, 0.5]
 
 
+def test_a_reward_error_on_a_row_names_the_file_the_row_is_in(tmp_path):
+    """'reward function raises.py:score on row index 3294 (train) ... call it on that row of the
+    data': which data? score_batch is given the file the trainer read the rows from."""
+    from tinyrl.tasks.rewards import reward_set
+
+    path = write(tmp_path, "def score(completion, example):\n    raise ValueError('no')\n")
+    rs = reward_set([f"{path}:score"], [], None)
+    row = {"extra_info": {"index": 3294, "split": "train"}}
+    data = tmp_path / "runs" / "data" / "train.parquet"
+    with pytest.raises(TinyRLError) as info:
+        rs.score_batch(["x"], [row], data=data)
+    assert "on row index 3294 (train)" in info.value.message and info.value.message.endswith(f"(the row is in {data})")
+    assert isinstance(info.value.__cause__, ValueError) and info.value.hint.startswith(f"fix {path}:score")
+    with pytest.raises(TinyRLError) as info:  # no file known (a direct call): said as before
+        rs.score_batch(["x"], [row])
+    assert "the row is in" not in info.value.message
+
+
 class _Unrebuildable:
     """A value whose unpickling raises (ZeroDivisionError) in the process that receives it."""
 

@@ -151,16 +151,25 @@ def test_user_rewards_that_break_the_run_stop_it_loudly(tmp_path, data, tiny_mod
             if os.path.exists({str(out / 'checkpoints' / 'step_0000001')!r}):
                 os._exit(0)
             return 0.5
+        def raises(completion, example):
+            raise ValueError("no score for this one")
     """))
     huge = run(data, tmp_path / "huge", "--max-steps", "2", sets=(f"reward.fn={rewards}:huge",))
     err = " ".join(huge.stderr.replace("│", " ").split())
     assert huge.returncode == 2 and f"{rewards}:huge" in err and "beyond the bound" in err, err[-3000:]
     assert "run finished" not in huge.stdout and "Traceback" not in err
+    assert f"(the row is in {data})" in err  # "row index 3294 (train)": of which file
+
+    raises = run(data, tmp_path / "raises", "--max-steps", "1", sets=(f"reward.fn={rewards}:raises",))
+    err = " ".join(raises.stderr.replace("│", " ").split())
+    assert raises.returncode == 2 and f"{rewards}:raises on row index " in err, err[-3000:]
+    assert "raised ValueError: no score for this one" in err and f"(the row is in {data})" in err
 
     quits = run(data, out, "--max-steps", "3", sets=(f"reward.fn={rewards}:quits",))
     err = " ".join(quits.stderr.replace("│", " ").split())
     assert quits.returncode == 2, (quits.returncode, err[-3000:])
     assert f"{rewards}:quits" in err and "ended its worker process without returning" in err and "exit code 0" in err
+    assert f"(the row is in {data})" in err
     assert "run finished" not in quits.stdout
     from tinyrl import checkpoint as ckpt
 

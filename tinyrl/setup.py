@@ -42,6 +42,8 @@ class RunInputs:
     reward_fn: Any                   # tinyrl.tasks.rewards.RewardSet: callable (completion, row) -> float
     val_sets: list = field(default_factory=list)  # data.val_files: (name, prompts, rows)
     tools: tuple[str, ...] = ()      # the task's tools (tinyrl.tools.TOOLS names): rollouts are episodes
+    train_file: Path | None = None   # the files train_rows and test_rows were read from: a reward's
+    test_file: Path | None = None    # error on a row names it (RewardSet.score_batch)
 
 
 def pick_device(name: str) -> torch.device:
@@ -485,7 +487,7 @@ def prepare_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = Fals
     tools = get_task(cfg.task.name).tools
     chat = dict(chat=cfg.data.chat_template, tools=tools, room=prompt_room(cfg))
     train_prompts, train_rows = tokenize_rows(train_path, tok, cfg.data.max_prompt_length, **chat)
-    test_prompts, test_rows = [], []
+    test_prompts, test_rows, test_path = [], [], None
     if cfg.trainer.test_every:
         test_path = resolve_path(cfg.data.test_path)
         test_prompts, test_rows = tokenize_rows(test_path, tok, cfg.data.max_prompt_length,
@@ -499,4 +501,4 @@ def prepare_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = Fals
                                           max_rows=cfg.data.max_test_prompts, **chat)
             val_sets.append((name, prompts, rows))
     return RunInputs(device, model_path, tok, tok.pad_token_id, train_prompts, train_rows,
-                     test_prompts, test_rows, reward_fn, val_sets, tools)
+                     test_prompts, test_rows, reward_fn, val_sets, tools, train_path, test_path)

@@ -299,7 +299,8 @@ class Trainer:
             texts = response_texts(self.inputs.tokenizer, episodes)
             if scored is None:  # dynamic sampling scored them already, round by round
                 examples = [self.inputs.train_rows[rows[e.prompt_index]] for e in episodes]
-                scored = self.inputs.reward_fn.score_batch(texts, examples, episodes=episodes)  # tinyrl.tasks.rewards
+                scored = self.inputs.reward_fn.score_batch(texts, examples, episodes=episodes,  # tinyrl.tasks.rewards
+                                                           data=self.inputs.train_file)
             scores = torch.tensor(scored.total, dtype=torch.float32).to(self.device)
             if cfg.algorithm.overlong_buffer:
                 from tinyrl.rl.shaping import overlong_penalty
@@ -399,7 +400,7 @@ class Trainer:
             with timed(Phase.REWARD):
                 return self.inputs.reward_fn.score_batch(response_texts(self.inputs.tokenizer, episodes),
                                                          [self.inputs.train_rows[these[e.prompt_index]] for e in episodes],
-                                                         episodes=episodes)
+                                                         episodes=episodes, data=self.inputs.train_file)
 
         rolled_out = set(rows)
 
@@ -549,7 +550,8 @@ class Trainer:
             n=1, greedy=True, temperature=1.0, max_new_tokens=self.cfg.rollout.max_response_length))
         self.engine.sleep()
         scored = self.inputs.reward_fn.score_batch(response_texts(self.inputs.tokenizer, res.episodes),
-                                                   [rows[e.prompt_index] for e in res.episodes], episodes=res.episodes)
+                                                   [rows[e.prompt_index] for e in res.episodes], episodes=res.episodes,
+                                                   data=self.inputs.test_file)
         out = {"val/score": scored.metrics()["reward/accuracy"],
                "val/reward_mean": sum(scored.total) / len(scored.total)}
         if self.tool_rollout is not None:  # episodes with a tool call that ran and exited 0

@@ -104,7 +104,7 @@ def _wrap(fn: Callable, label: str, timeout_s: float) -> RewardFn:
         # stop tinyrl (a real Ctrl-C is handled by tinyrl.interrupts and never reaches here as one).
         except (Exception, SystemExit, KeyboardInterrupt) as e:
             raise TinyRLError(f"{what()} raised {type(e).__name__}: {e}",
-                              hint=f"fix {label}; call it on that row of the data to reproduce") from e
+                              hint=f"fix {label}; call it on that row to reproduce") from e
         # bool is an int in Python, but True is not a score: a forgotten `return x == y` is a bug.
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not _finite(value):
             raise TinyRLError(

@@ -89,7 +89,7 @@ class SFTTrainer(Trainer):
                                       max_rows=cfg.data.max_test_prompts, chat=cfg.data.chat_template,
                                       room=prompt_room(cfg))
         self.inputs = RunInputs(self.device, self.model_path, self.tokenizer, self.pad_id, [], [], prompts, rows,
-                                build_rewards(cfg, run_dir))
+                                build_rewards(cfg, run_dir), test_file=test_path)
         return make_engine("hf", model=self.models.actor, tokenizer=self.tokenizer, device=self.device)
 
     # ------------------------------------------------------------------ the Trainer's hooks

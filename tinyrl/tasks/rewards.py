@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tinyrl.errors import TinyRLError
 from tinyrl.rewards.registry import missing_function, module_problem, not_a_function, parse_spec, reads_episode  # a user's WorkerReward takes episode, passes it on when wanted
 from tinyrl.tasks import all_tasks, check_rows, get_task
 from tinyrl.tasks.base import RewardFn
@@ -56,12 +57,20 @@ class RewardSet:
                for (_, fn), wants in zip(self.fns, self._with_episode)]
         return sum(w * r for w, r in zip(self.weights, raw)), raw[0] >= self.solved_at, raw
 
-    def score_batch(self, completions: list[str], rows: list[Any], episodes: list[Any] | None = None) -> Scores:
-        """`episodes` (the rollout's, in the order of `completions`) reach rewards that read them."""
+    def score_batch(self, completions: list[str], rows: list[Any], episodes: list[Any] | None = None,
+                    data: Path | None = None) -> Scores:
+        """`episodes` (the rollout's, in the order of `completions`) reach rewards that read them;
+        `data`: the file the rows were read from, named in a reward's error on one of them."""
         out = Scores(parts={name: [] for name, _ in self.fns})
         episodes = episodes if episodes is not None else [None] * len(completions)
         for completion, row, episode in zip(completions, rows, episodes):
-            total, solved, raw = self.score(completion, row, episode)
+            try:
+                total, solved, raw = self.score(completion, row, episode)
+            except TinyRLError as exc:  # "... on row index 3294 (train) ...": which data that row is in
+                if data is None:
+                    raise
+                raise TinyRLError(f"{exc.message} (the row is in {data})", hint=exc.hint,
+                                  exit_code=exc.exit_code) from exc.__cause__
             out.total.append(total)
             out.solved.append(solved)
             for (name, _), r in zip(self.fns, raw):
