@@ -272,19 +272,33 @@ def test_reward_fn_scores_exactly_like_tinyrl(reward, tmp_path):
     assert len(scores) >= 3  # the table reaches several different scores
 
 
+def wrote_line_names(stdout: str, out: Path) -> list[str]:
+    """The names export-verl's last line says it wrote in `out` ('wrote OUT/a, b and data/: run ...')."""
+    line = next(x for x in stdout.splitlines() if x.startswith("wrote "))
+    listed = line.removeprefix(f"wrote {out}/").partition(": run bash ")[0]
+    return re.split(r", | and ", listed)
+
+
 def test_out_dir_is_never_overwritten_without_flag(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
+    (tmp_path / "mine.py").write_text("def score(completion, example):\n    return 1.0\n")
     cmd = [sys.executable, "-m", "tinyrl.cli", "export-verl", "--preset", "countdown-tiny", "--out", str(out)]
     env = {**os.environ, "COLUMNS": "300"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 2 and "not empty" in done.stderr and "--overwrite" in done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
-    done = subprocess.run(cmd + ["--overwrite", "--set", "data.generate_train_size=64", "--gpus", "3"],
+    done = subprocess.run(cmd + ["--overwrite", "--set", "data.generate_train_size=64", "--gpus", "3",
+                                 "--set", f"reward.fn={tmp_path / 'mine.py'}:score"],
                           capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     assert (out / "keep.txt").read_text() == "mine" and (out / "run_verl.sh").is_file()
+    # the last line names what the export wrote (it said run_verl.sh, reward_fn.py and data/ only:
+    # not tinyrl_config.json, nor user_reward/ with a user's reward), and not the user's keep.txt
+    names = wrote_line_names(done.stdout, out)
+    assert names[0] == "run_verl.sh" and "user_reward/" in names and "tinyrl_config.json" in names, done.stdout
+    assert sorted(names) == sorted(p.name + "/" * p.is_dir() for p in out.iterdir() if p.name != "keep.txt")
     # 32 prompts over 3 GPUs: said on the console, not only in the script's header (where it alone was)
     uneven = "WARNING: trainer.train_batch_size = 32 x rollout.n = 1 sequences do not split evenly over 3 GPUs"
     assert uneven in done.stderr and uneven in (out / "run_verl.sh").read_text()
@@ -519,7 +533,9 @@ def test_a_task_with_tools_exports_verls_multi_turn_rollout(tmp_path, verl_yaml)
                            "--out", str(tmp_path / "cli")], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "COLUMNS": "300"})
     assert done.returncode == 0, done.stderr
-    assert "run_verl.sh, reward_fn.py, tool_config.yaml, tinyrl_tool.py and data/" in done.stdout, done.stdout
+    names = wrote_line_names(done.stdout, tmp_path / "cli")
+    assert "tool_config.yaml" in names and "tinyrl_tool.py" in names, done.stdout
+    assert sorted(names) == sorted(p.name + "/" * p.is_dir() for p in (tmp_path / "cli").iterdir())
     # a task without tools: no multi-turn keys, and the tool settings are still handled (no note)
     plain = export_verl(load_config("countdown-tiny", SMALL), tmp_path / "plain")
     assert "multi_turn" not in (plain / "run_verl.sh").read_text() and not (plain / "tool_config.yaml").exists()

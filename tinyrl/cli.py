@@ -546,7 +546,7 @@ def export(
 @functools.partial(_stops_cleanly, after=" while exporting the verl recipe; nothing was changed in --out "
                    "(its files move in together)")
 def export_verl_cmd(
-    out_dir: Path = typer.Option(..., "--out", help="Directory for run_verl.sh, reward_fn.py and data/."),
+    out_dir: Path = typer.Option(..., "--out", help="Directory for the recipe: run_verl.sh, reward_fn.py, data/ and what else it needs."),
     preset: Optional[str] = typer.Option(None, "--preset", "-p", help="Preset name or .toml path (or --from-run)."),
     overrides: Optional[list[str]] = SetOpt,
     from_run: Optional[Path] = typer.Option(None, "--from-run", help="Export a run's settings (RUN_DIR/config.json)."),
@@ -565,13 +565,11 @@ def export_verl_cmd(
         raise TinyRLError("give exactly one of --preset NAME or --from-run RUN_DIR",
                           hint="e.g. tinyrl export-verl --preset countdown-4090 --gpus 8 --out verl-countdown")
     cfg = config_of_run(from_run, _typed(overrides)) if from_run else load_config(preset, _typed(overrides))
+    names: list[str] = []
     path = export_verl(cfg, out_dir, gpus=gpus, nodes=nodes, overwrite=overwrite, actor=actor,
                        source=f"run {from_run}" if from_run else f"preset {cfg.preset}",
-                       warn=lambda w: err.print(w, style="yellow", highlight=False, soft_wrap=True))
-    from tinyrl.export_verl.tools import TOOL_CONFIG, TOOL_MODULE
-
-    tool_files = [f", {name}" for name in (TOOL_CONFIG, f"{TOOL_MODULE}.py") if (path / name).is_file()]
-    out.print(f"wrote {path}/run_verl.sh, reward_fn.py{''.join(tool_files)} and data/: run [bold]bash "
+                       warn=lambda w: err.print(w, style="yellow", highlight=False, soft_wrap=True), wrote=names.extend)
+    out.print(f"wrote {path}/{', '.join(names[:-1])} and {names[-1]}: run [bold]bash "
               f"{path}/run_verl.sh[/] where verl is installed", soft_wrap=True)
 
 

@@ -102,9 +102,11 @@ def _check_actor_base(actor: Path, base: str) -> None:
 
 
 def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite: bool = False,
-                actor: Path | None = None, source: str = "", warn: Callable[[str], None] | None = None) -> Path:
+                actor: Path | None = None, source: str = "", warn: Callable[[str], None] | None = None,
+                wrote: Callable[[list[str]], None] | None = None) -> Path:
     """Write the verl recipe into `out`; `warn` hears what would stop or mislead verl (it is in the
-    script's header too)."""
+    script's header too), `wrote` the names this export put at the top of `out` (folders end in /):
+    run_verl.sh first, then the other files, then the folders, each in name order."""
     if gpus < 1 or nodes < 1:
         raise TinyRLError(f"--gpus {gpus} --nodes {nodes}: both must be at least 1", hint="e.g. --gpus 8 --nodes 1")
     if cfg.command == "sft":  # the mapping is of RL settings (main_ppo); verl's SFT trainer is another program
@@ -152,8 +154,11 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
         files.write_script(stage, mapping.overrides, header, model_notes + mapping.notes, cfg.trainer.wandb,
                            pythonpath=bool(tool_files), warnings=mapping.warnings)
         (stage / "tinyrl_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        names = [p.name + "/" * p.is_dir() for p in stage.iterdir()]  # all of it moves into --out
     for w in mapping.warnings if warn else ():
         warn(f"WARNING: {w}")
+    if wrote is not None:
+        wrote(sorted(names, key=lambda n: (n != "run_verl.sh", n.endswith("/"), n)))
     return out
 
 
