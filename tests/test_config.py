@@ -237,6 +237,11 @@ def test_list_settings_check_their_elements_and_reward_settings_their_shape(tmp_
                       ('reward.weights=["a", 1]', "reward.weights must be a list of float, got ['a', 1.0]"),
                       ('model.lora_targets="q_proj"', "model.lora_targets must be a list of str, got 'q_proj'")]:
         assert said in _problems("countdown-tiny", bad), bad
+    # a list unquoted in a shell arrives as text: the hint writes its items, not the brackets in them
+    # (it wrote ["[fmt.py:think_tags]"] until 2026-11-28, walk F)
+    for typed in ("reward.extra_fns=[fmt.py:think_tags]", "reward.extra_fns=fmt.py:think_tags",
+                  "reward.extra_fns=[ fmt.py:think_tags ,]"):
+        assert """'reward.extra_fns=["fmt.py:think_tags"]'""" in _problems("countdown-tiny", typed), typed
     message = _problems("countdown-tiny", 'reward.extra_fns=["countdown", "nofile.py:f"]', "reward.weights=[nan, 1, 1]",
                         "reward.timeout_s=1e10", "rollout.tool_timeout_s=1e7", "rollout.tool_memory_mb=10",
                         "reward.fn=Task", "trainer.memory_budget_gib=-1")

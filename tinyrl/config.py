@@ -669,7 +669,12 @@ def _set_typed(obj: Any, key: str, value: Any, dotted: str) -> str | None:
 
 def _as_list_hint(dotted: str, value: Any) -> str:
     """How to write the list that a single value (or "a,b" text) was given for."""
-    items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else [value]
+    if isinstance(value, str):  # `[a.py:f]` unquoted in a shell is text too: its brackets are not the item's
+        inner = value.strip()
+        inner = inner[1:-1] if inner.startswith("[") and inner.endswith("]") else inner
+        items = [v.strip().strip("'\"") for v in inner.split(",") if v.strip().strip("'\"")]
+    else:
+        items = [value]
     text = json.dumps(items)  # a JSON list of strings or numbers is a TOML list too
     return f"; write {dotted.rsplit('.', 1)[-1]} = {text} (with --set: '{dotted}={text}')"
 
