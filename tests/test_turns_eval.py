@@ -61,6 +61,7 @@ def test_eval_keeps_whole_episodes(tmp_path, tiny_model_dir, monkeypatch, math_w
     summary, out = ev.evaluate(str(model), [f"gen={test}"], task_name="math", n=2, ks=[1, 2], engine="hf",
                                out_dir=tmp_path / "plain", progress=False, tools=False, chat_template=False)
     assert "tools" not in summary and "tools/calls" not in summary["files"]["gen"]
+    assert "tools (code_interpreter) were left out (--no-tools)" in summary["tools_left_out"]  # said, with why
     assert not any("code_interpreter" in c for c in seen)
     plain = [json.loads(line) for line in (out / "eval_samples.jsonl").read_text().splitlines()]
     assert "turns" not in plain[0]

@@ -317,6 +317,8 @@ def test_eval_of_an_unknown_model_id_says_so(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # nothing called nobody/ here: taken as a Hugging Face id (offline)
     text = one_screen(tinyrl("eval", "nobody/no-such-model", "--data", str(TEST_DATA), "--n", "0"))
     assert "--task is needed for nobody/no-such-model, which is no directory here" in text
+    # a mistyped run directory where no runs/ exists reads as an id too: the hint says none is there
+    assert f"if you meant a run or model directory: none is at {tmp_path / 'nobody' / 'no-such-model'}" in text
     text = one_screen(tinyrl("eval", "nobody/no-such-model", "--data", str(TEST_DATA), "--n", "0",
                              "--task", "countdown"))
     assert "nobody/no-such-model: no such directory here, and no Hugging Face model" in text

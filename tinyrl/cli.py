@@ -671,6 +671,8 @@ def eval_cmd(
     out.print(eval_table(summary))
     if "judged_by" in summary:
         out.print(f"judged by {summary['judged_by']}", highlight=False, soft_wrap=True)
+    if "tools_left_out" in summary:
+        out.print(f"note: {summary['tools_left_out']}", highlight=False, soft_wrap=True)
     out.print(f"wrote {where / 'eval.json'} and {where / 'eval_samples.jsonl'}", highlight=False, soft_wrap=True)
 
 

@@ -356,7 +356,9 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     elif cfg is None and exported_task is None:
         what = "a model directory" if path.exists() else \
             f"{target}, which is no directory here and is taken as a Hugging Face model id"
-        raise TinyRLError(f"--task is needed for {what}", hint="e.g. --task math (`tinyrl tasks`)")
+        # a run directory mistyped where no runs/ is either reads as an id: say where none was found
+        raise TinyRLError(f"--task is needed for {what}", hint="e.g. --task math (`tinyrl tasks`)" + (
+            "" if path.exists() else f"; if you meant a run or model directory: none is at {path.absolute()}"))
     task = get_task(task_cfg.name)
     judge_spec = _judge_spec(reward, cfg)
     own_fn = cfg is not None and cfg.reward.fn not in ("task", task_cfg.name) and judge_spec is None
@@ -444,6 +446,10 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
                          for r, (_, p), (_, _, rows) in zip(results, files, loaded)}}
     if with_tools:
         summary["tools"] = list(task.tools)
+    elif task.tools:  # a tool-trained run read 0% here, every completion a bare "</answer>", nothing said
+        summary["tools_left_out"] = (f"the {task.name} task's tools ({', '.join(task.tools)}) were left out "
+                                     "(--no-tools): its prompts list none and no tool output comes back, so a "
+                                     "model trained to call them can score near 0")
     if judge_spec is not None:
         summary["judged_by"] = (f"{judge_spec} (--reward{' run' if reward == 'run' else ''}; solved: a score >= 1; "
                                 "no maj@k: a reward function extracts no answer to vote on)")
