@@ -284,6 +284,14 @@ def test_a_start_stopped_at_the_users_reward_leaves_nothing(tmp_path):
         assert not (tmp_path / "runs").exists(), sorted(str(p) for p in (tmp_path / "runs").rglob("*"))
         if spec.startswith("imp"):  # what the module printed before it failed: shown, not in a file
             assert "importing imp" in done.stderr
+    # a reward that loaded, then an input check that stopped the start: its prints file was opened
+    # (empty) and kept runs/y/ beside the lock until 2026-11-28; the generated data stays, for reuse
+    (tmp_path / "ok.py").write_text("def score(completion, example):\n    return 1.0\n")
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "train", "--preset", "countdown-tiny", "--out", "runs/y",
+                           "--no-dashboard", "--set", "reward.fn=ok.py:score", "--set", "data.max_prompt_length=8"],
+                          capture_output=True, text=True, timeout=300, env=ENV, cwd=tmp_path)
+    assert done.returncode == 2 and "data.max_prompt_length = 8" in " ".join(done.stderr.split()), done.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["data"]
 
 
 def test_a_start_refused_for_want_of_a_card_leaves_nothing(tmp_path):

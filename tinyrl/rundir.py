@@ -58,9 +58,10 @@ def _open_dir(run_dir: Path) -> Path:
 def claim(run_dir: Path, command: str = "train") -> Iterator[None]:
     """Own `run_dir` for the body (the command's life): exit 2 naming the holder's pid when
     another process owns it. Re-entrant within one process (the CLI called twice in-process).
-    A directory this claim made and left holding nothing but the lock file (the command stopped
-    at a bad input before writing anything) is removed again, with the folders above it that it
-    made and that are empty then (`runs/` of a first `--out runs/NAME`)."""
+    A directory this claim made and left holding nothing but the lock file and empty files (the
+    command stopped at a bad input before writing anything) is removed again, with the folders
+    above it that it made and that are empty then (`runs/` of a first `--out runs/NAME`). Whatever
+    is in a directory this claim made was put there while it held the lock: this run's own."""
     made = [d for d in (Path(run_dir).absolute(), *Path(run_dir).absolute().parents) if not d.exists()]
     key = _open_dir(run_dir)
     if key in _held:
@@ -98,7 +99,12 @@ def claim(run_dir: Path, command: str = "train") -> Iterator[None]:
         _held.pop(key, None)
         if made and os.getpid() == owner:
             with contextlib.suppress(OSError):
-                if [p.name for p in key.iterdir()] == [LOCK_FILE]:
+                # beside the lock, only files this run opened and left empty (reward_prints.log,
+                # opened once the reward loaded, when a later input check stopped the start)
+                left = [p for p in key.iterdir() if p.name != LOCK_FILE]
+                if all(p.is_file() and not p.is_symlink() and p.stat().st_size == 0 for p in left):
+                    for p in left:
+                        p.unlink()
                     path.unlink()
                     key.rmdir()
                     for parent in made[1:]:  # up to the first that is not empty (rmdir fails: kept)
