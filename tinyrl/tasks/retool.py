@@ -253,7 +253,8 @@ def _write(table: Any, path: Path) -> None:
 def data_command(
     out_dir: Path = option(..., "--out", help="Output directory."),
     source: Optional[str] = option(None, "--from", help="A file (.parquet/.jsonl/.json/.csv) or hf:NAME[:split] "
-                                   "(e.g. hf:BytedTsinghua-SIA/DAPO-Math-17k, or with --sft "
+                                   "(hf:NAME:CONFIG:SPLIT for a data set with configurations; "
+                                   "e.g. hf:BytedTsinghua-SIA/DAPO-Math-17k, or with --sft "
                                    "hf:JoeYing/ReTool-SFT); without it, generated problems (train + test)."),
     sft: bool = option(False, "--sft", help="ReTool-SFT traces -> messages + tools for `tinyrl sft` "
                        "(without it: maths problems -> RL prompts with the ReTool system prompt)."),
