@@ -142,7 +142,7 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
                   "(verl/trainer/config/_generated_ppo_trainer.yaml); other verl versions may rename some.",
                   *install_lines(cfg),
                   "Extra arguments are passed to verl: ./run_verl.sh trainer.total_epochs=3",
-                  f"Data: data/ ({steps} steps per epoch at this batch size); reward: reward_fn.py ({cfg.reward.fn})."]
+                  f"Data: data/ ({counted(steps, 'step')} per epoch at this batch size); reward: reward_fn.py ({cfg.reward.fn})."]
         if whole_row:
             header.append("The reward reads whole rows: they ride along as JSON in extra_info.tinyrl_row.")
         if tool_files:
