@@ -513,3 +513,45 @@ def test_a_closed_stdout_is_no_traceback(tmp_path):
     err = proc.communicate(timeout=300)[1]
     assert proc.returncode == 0 and "Traceback" not in err, err
     assert (run / "report" / "summary.txt").is_file()
+
+
+def _hold_lock(run_dir: Path) -> subprocess.Popen:
+    """Another process holding `run_dir`'s lock with the project's own rundir.claim (as `tinyrl
+    train` does) until its stdin closes; returned once the lock is held."""
+    code = ("import sys; from pathlib import Path; from tinyrl import rundir\n"
+            "with rundir.claim(Path(sys.argv[1]), 'train'):\n"
+            "    print('held', flush=True); sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_run_under_way_is_said_so_not_called_stopped_or_final(tmp_path):
+    """A walk: `tinyrl report` on a run before its step 1 ended said "no metrics file ... give the
+    run directory that tinyrl train wrote" (or, with an empty metrics.jsonl, that the run stopped
+    before its first step); during the run, summary.txt said "final val score: none" and nothing
+    said the run was still going. A real lock, held by another process's rundir.claim."""
+    from tinyrl.rundir import other_holder
+
+    run = tmp_path / "run"
+    holder = _hold_lock(run)
+    try:
+        assert other_holder(run).startswith(f"{holder.pid} tinyrl train since ")
+        with pytest.raises(TinyRLError, match="is a run under way") as exc:
+            write_report(run)  # no metrics.jsonl yet (nor config.json)
+        assert f"pid {holder.pid}" in exc.value.message and "after step 1" in exc.value.hint
+        (run / "metrics.jsonl").write_text("")
+        with pytest.raises(TinyRLError, match="is a run under way") as exc:
+            write_report(run)
+        make_run(run, steps=3, val_every=5)  # 3 steps logged, no validation yet
+        summary = (run / "report" / "summary.txt").read_text() if write_report(run) else ""
+        assert f"run in progress (pid {holder.pid}, tinyrl train since " in summary
+        assert "3 steps so far" in summary and "final val" not in summary
+        assert "latest val score: none (no validation step so far)" in summary
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert other_holder(run) is None  # it ended: the lock file stays, held by no one
+    summary = (run / "report" / "summary.txt").read_text() if write_report(run) else ""
+    assert "in progress" not in summary and "final val score: none (no validation steps)" in summary

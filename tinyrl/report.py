@@ -24,8 +24,9 @@ from tinyrl.dashboard import PHASES, TOOL_METRICS, memory_label, val_files, val_
 from tinyrl.errors import TinyRLError
 from tinyrl.jsonl import read_records
 from tinyrl.memory import versus
+from tinyrl.rundir import other_holder
 from tinyrl.writable import make_dir, staged
-from tinyrl.words import step_ranges
+from tinyrl.words import counted, step_ranges
 
 GIB = 1024**3
 # What val/score is (trainer.validate): the task's "solved" share of greedy completions of the
@@ -53,17 +54,33 @@ def _refuse_a_model_directory(path: Path) -> None:
                       "(as written at the export, relative to where it ran)")
 
 
+def _who(holder: str) -> str:
+    """A lock file's "12345 tinyrl train since ..." said as "pid 12345, tinyrl train since ..."."""
+    pid, _, what = holder.partition(" ")
+    return f"pid {pid}, {what}" if what else f"pid {pid}"
+
+
+def _under_way(run_dir: Path, holder: str) -> TinyRLError:
+    return TinyRLError(f"{run_dir} is a run under way ({_who(holder)}) with no finished step yet",
+                       hint="a run logs each step as it ends: try again after step 1")
+
+
 def load_metrics(run_dir: Path, notes: list[str]) -> list[dict]:
-    """Step records sorted by step; a step logged twice (a resumed run redoes it) keeps the last."""
+    """Step records sorted by step; a step logged twice (a resumed run redoes it) keeps the last.
+    A run still under way (another process holds its lock) and without a step is said so."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         _refuse_a_model_directory(run_dir)  # its config.json is the model's, not a run's
+        if holder := other_holder(run_dir):
+            raise _under_way(run_dir, holder)
         if (run_dir / "config.json").is_file():  # a run that has not finished a step yet
             raise TinyRLError(f"{run_dir} has no step logged yet (no metrics.jsonl)",
                               hint="a run logs each step as it ends: report it after its first step")
         raise TinyRLError(f"no metrics file: {path}",
-                          hint="give the run directory that `tinyrl train` wrote (it holds metrics.jsonl)")
+                          hint="give the run directory that `tinyrl train` or `tinyrl sft` wrote (it holds metrics.jsonl)")
     records = read_records(path, notes)
+    if not records and (holder := other_holder(run_dir)):
+        raise _under_way(run_dir, holder)
     if not records:
         raise TinyRLError(f"{path} has no step records",
                           hint="the run stopped before its first step finished; train for at least one step")
@@ -405,10 +422,15 @@ def tools_summary(recs: list[dict]) -> list[str]:
     return lines
 
 
+def _trained(recs: list[dict]) -> list[float]:
+    """The steps that trained: not trainer.val_before_train's step 0 (validation figures only)."""
+    return [r["step"] for r in recs if any(not k.startswith("val/") for k in r if k != "step")]
+
+
 def steps_line(recs: list[dict]) -> str:
     """How many steps the run trained: trainer.val_before_train's step-0 record (validation
     figures only) is said apart, where it made the demo's 60 steps "61 recorded, step 0 to 60"."""
-    steps = [r["step"] for r in recs if any(not k.startswith("val/") for k in r if k != "step")]
+    steps = _trained(recs)
     before = " (and a validation before training, step 0)" if any(r["step"] == 0 for r in recs) else ""
     if not steps:
         return f"steps: none trained{before}"
@@ -442,18 +464,25 @@ def step_time_line(recs: list[dict], run_dir: Path | None) -> str:
     return f"median step time: {statistics.median(st):.2f} s over all {len(st)} steps (too few to leave out warm-up)"
 
 
-def summarize(recs: list[dict], config: dict | None, run_dir: Path | None = None) -> list[str]:
+def summarize(recs: list[dict], config: dict | None, run_dir: Path | None = None,
+              live: str | None = None) -> list[str]:
+    """The summary's lines; `live`: the lock holder of a run still under way (rundir.other_holder),
+    whose figures are its latest so far, not final."""
     lines = []
     if config:
         lines.append(f"preset: {config.get('preset', '–')}  model: {config.get('model', {}).get('name', '–')}"
                      if isinstance(config.get("model"), dict) else f"preset: {config.get('preset', '–')}")
+    if live:
+        lines.append(f"run in progress ({_who(live)}): {counted(len(_trained(recs)), 'step')} so far; "
+                     "the figures below are its latest, not final")
     lines.append(steps_line(recs))
+    final = "latest" if live else "final"
     xs, rw = series(recs, "reward/mean")
     sx, sl = series(recs, "sft/loss")
     if sl:  # `tinyrl sft`: losses, not rewards
         vx, vl = series(recs, "val/loss")
         lines.append(f"sft/loss: first {sl[0]:.4f} (step {sx[0]:g}), last {sl[-1]:.4f} (step {sx[-1]:g})")
-        lines.append(f"final val loss: {vl[-1]:.4f} (step {vx[-1]:g})" if vl else "final val loss: none")
+        lines.append(f"{final} val loss: {vl[-1]:.4f} (step {vx[-1]:g})" if vl else f"{final} val loss: none")
     elif rw:
         best = max(range(len(rw)), key=rw.__getitem__)
         lines.append(f"reward/mean: first {rw[0]:.4f} (step {xs[0]:g}), last {rw[-1]:.4f} (step {xs[-1]:g}), "
@@ -462,9 +491,9 @@ def summarize(recs: list[dict], config: dict | None, run_dir: Path | None = None
         lines.append("reward/mean: not recorded")
     vx, val = series(recs, "val/score")
     if val:  # an SFT run's too (sft.val_generate: the demo's accuracy before RL)
-        lines.append(f"final val score: {val[-1]:.4f} (step {vx[-1]:g})")
+        lines.append(f"{final} val score: {val[-1]:.4f} (step {vx[-1]:g})")
     elif not sl:
-        lines.append("final val score: none (no validation steps)")
+        lines.append(f"{final} val score: none (no validation step{' so far' if live else 's'})")
     lines += val_summary(recs)
     lines += tools_summary(recs)
     change = accuracy_change(recs)
@@ -547,6 +576,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
         raise TinyRLError(f"run directory {what}: {run_dir}", hint="e.g. tinyrl report runs/<run name>")
     notes: list[str] = []
     recs = load_metrics(run_dir, notes)
+    live = other_holder(run_dir)  # a run under way: its figures are the latest, not final
     figures = _figure_module()  # no matplotlib: said before a directory is made
     own = run_dir / "report"
     if out_dir is not None and Path(out_dir).resolve() != own.resolve():
@@ -556,11 +586,12 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
     # Written aside and moved in together: a Ctrl-C halfway left new plots beside the last
     # report's summary.txt (or a truncated PNG); now `out` keeps the last report whole.
     with staged(out, replace=True) as stage:
-        names = _write_files(run_dir, recs, notes, stage, figures)
+        names = _write_files(run_dir, recs, notes, stage, figures, live)
     return [out / name for name in names]
 
 
-def _write_files(run_dir: Path, recs: list[dict], notes: list[str], out: Path, figures: tuple) -> list[str]:
+def _write_files(run_dir: Path, recs: list[dict], notes: list[str], out: Path, figures: tuple,
+                 live: str | None = None) -> list[str]:
     """The plots and summary.txt into `out`; their names, summary.txt last."""
     matplotlib, Figure = figures
     written, skipped = [], []
@@ -592,7 +623,8 @@ def _write_files(run_dir: Path, recs: list[dict], notes: list[str], out: Path, f
             config = json.loads((run_dir / "config.json").read_text())
         except json.JSONDecodeError:
             notes.append("config.json is not valid JSON; preset and model left out")
-    lines = [f"tinyrl report for {run_dir}", ""] + summarize(recs, config if isinstance(config, dict) else None, run_dir)
+    lines = [f"tinyrl report for {run_dir}", ""] + summarize(recs, config if isinstance(config, dict) else None, run_dir,
+                                                            live)
     vs_lines, vs_rows = memory_vs_plan(run_dir, points)
     lines += vs_lines
     if vs_rows:

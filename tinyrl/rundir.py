@@ -113,6 +113,40 @@ def claim(run_dir: Path, command: str = "train") -> Iterator[None]:
             os.close(fd)
 
 
+def other_holder(run_dir: Path) -> str | None:
+    """Who holds `run_dir`'s lock, when another live process does: its lock file's text
+    ("12345 tinyrl train since 2026-01-02 03:04:05"), else None (no run there, or it ended; the
+    file outlives it). Looks without taking the lock (a probe would refuse a `tinyrl train`
+    starting that instant): Linux lists each held flock in /proc/locks by device and inode.
+    Without /proc/locks, a shared lock taken and dropped at once answers instead."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        if path.resolve().parent in _held:  # this process's own run (the CLI after a train)
+            return None
+        st = path.stat()
+        text = path.read_text(errors="replace").strip() or "unknown"
+    except OSError:
+        return None
+    try:
+        locks = Path("/proc/locks").read_text()
+    except OSError:
+        locks = None
+    if locks is not None:
+        ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        return text if any("FLOCK" in line and ident in line.split() for line in locks.splitlines()) else None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return text
+    finally:
+        os.close(fd)  # drops the shared lock, if taken
+
+
 # What a run writes at the top of its directory (beside checkpoints/ and report/).
 RUN_FILES = ("config.json", RUN_FILE, "metrics.jsonl", "samples.jsonl", "timeline.jsonl", "metrics.parquet")
 
