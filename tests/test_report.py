@@ -555,3 +555,24 @@ def test_a_run_under_way_is_said_so_not_called_stopped_or_final(tmp_path):
     assert other_holder(run) is None  # it ended: the lock file stays, held by no one
     summary = (run / "report" / "summary.txt").read_text() if write_report(run) else ""
     assert "in progress" not in summary and "final val score: none (no validation steps)" in summary
+
+
+def test_median_throughput_leaves_out_the_warm_up_the_step_time_leaves_out(tmp_path):
+    """summary.txt's median step time left out warm-up step 1 while its median throughput took
+    every step, the slow first one's low tokens/s included: one rule for both now. Steps 1-5 at
+    100, 1000, 1100, 1200, 1300 tokens/s: steady median 1150 (all five: 1100); one step: said so."""
+    from tinyrl.report import summarize
+
+    run = tmp_path / "run"
+    run.mkdir()
+    tps = {1: 100.0, 2: 1000.0, 3: 1100.0, 4: 1200.0, 5: 1300.0}
+    recs = [{"step": s, "timing/step": 10.0 if s > 1 else 60.0, "perf/tokens_per_s": t} for s, t in tps.items()]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in recs))
+    lines = summarize(load_metrics(run, []), None, run)
+    assert "median step time: 10.00 s over 4 steps (warm-up step 1 left out, as estimate-cost --from-run does)" \
+        in lines, lines
+    assert "median throughput: 1,150 tokens/s (warm-up left out, as for the step time)" in lines, lines
+    (run / "metrics.jsonl").write_text(json.dumps(recs[0]) + "\n")
+    lines = summarize(load_metrics(run, []), None, run)
+    assert "median step time: 60.00 s over 1 step (too few to leave out warm-up)" in lines, lines
+    assert "median throughput: 100 tokens/s over 1 step (too few to leave out warm-up)" in lines, lines

@@ -442,26 +442,51 @@ def steps_line(recs: list[dict]) -> str:
     return f"steps: {len(steps)} recorded, step {steps[0]:g} to {steps[-1]:g}{gap_text}{before}"
 
 
-def step_time_line(recs: list[dict], run_dir: Path | None) -> str:
-    """The median step time `estimate-cost --from-run` prices an epoch with (the first step, and
-    the first after each resume, left out as warm-up): one figure, where the report gave the
-    median of every step beside it. Too few steps to leave any out: all of them, said so."""
+def steady_timing(run_dir: Path | None):
+    """The run's timing as `estimate-cost --from-run` prices it (tinyrl.cost.read_run: the first
+    step, and the first after each resume, left out as warm-up); None when too few steps are left
+    (or no run directory): then the report's medians are over every step, said so. The one rule
+    for which steps the report's medians (step time, throughput) leave out."""
     from tinyrl.cost import read_run
 
-    if run_dir is not None:
-        try:
-            timing = read_run(run_dir)
-        except TinyRLError:
-            timing = None
-        if timing is not None:
-            warm = ", ".join(map(str, timing.warmup_steps))
-            return (f"median step time: {timing.sec_per_step:.2f} s over {timing.steady_steps} steps "
-                    f"(warm-up step{'s' if len(timing.warmup_steps) > 1 else ''} {warm} left out, as "
-                    "estimate-cost --from-run does)")
+    if run_dir is None:
+        return None
+    try:
+        return read_run(run_dir)
+    except TinyRLError:
+        return None
+
+
+def _over_all(n: int) -> str:
+    """'over all 3 steps', 'over 1 step' (too few to leave out warm-up)."""
+    return f"over {'all ' if n > 1 else ''}{counted(n, 'step')} (too few to leave out warm-up)"
+
+
+def step_time_line(recs: list[dict], run_dir: Path | None, timing: Any = False) -> str:
+    """The median step time `estimate-cost --from-run` prices an epoch with: one figure, where the
+    report gave the median of every step beside it. `timing`: steady_timing(run_dir), if known."""
+    if timing is False:
+        timing = steady_timing(run_dir)
+    if timing is not None:
+        warm = ", ".join(map(str, timing.warmup_steps))
+        return (f"median step time: {timing.sec_per_step:.2f} s over {counted(timing.steady_steps, 'step')} "
+                f"(warm-up step{'s' if len(timing.warmup_steps) > 1 else ''} {warm} left out, as "
+                "estimate-cost --from-run does)")
     _, st = series(recs, "timing/step")
     if not st:
         return "median step time: not recorded"
-    return f"median step time: {statistics.median(st):.2f} s over all {len(st)} steps (too few to leave out warm-up)"
+    return f"median step time: {statistics.median(st):.2f} s {_over_all(len(st))}"
+
+
+def throughput_line(recs: list[dict], timing: Any) -> str | None:
+    """The median tokens/s over the same steps as the median step time: the warm-up steps that
+    steady_timing left out are left out here too (a slow first step's low figure is no steady one)."""
+    warm = set(timing.warmup_steps) if timing is not None else set()
+    _, tps = series([r for r in recs if r["step"] not in warm], "perf/tokens_per_s")
+    if not tps:
+        return None
+    over = "(warm-up left out, as for the step time)" if timing is not None else _over_all(len(tps))
+    return f"median throughput: {statistics.median(tps):,.0f} tokens/s {over}"
 
 
 def summarize(recs: list[dict], config: dict | None, run_dir: Path | None = None,
@@ -501,10 +526,10 @@ def summarize(recs: list[dict], config: dict | None, run_dir: Path | None = None
         lines.append(change)
     if val and (judge := judged_by(config)):
         lines.append(judge)
-    lines.append(step_time_line(recs, run_dir))
-    _, tps = series(recs, "perf/tokens_per_s")
-    if tps:
-        lines.append(f"median throughput: {statistics.median(tps):,.0f} tokens/s")
+    timing = steady_timing(run_dir)
+    lines.append(step_time_line(recs, run_dir, timing))
+    if throughput := throughput_line(recs, timing):
+        lines.append(throughput)
     _, peak = series(recs, "memory/peak_bytes")
     _, used = series(recs, "memory/used_bytes")
     _, total = series(recs, "memory/total_bytes")
