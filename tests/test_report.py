@@ -576,3 +576,31 @@ def test_median_throughput_leaves_out_the_warm_up_the_step_time_leaves_out(tmp_p
     lines = summarize(load_metrics(run, []), None, run)
     assert "median step time: 60.00 s over 1 step (too few to leave out warm-up)" in lines, lines
     assert "median throughput: 100 tokens/s over 1 step (too few to leave out warm-up)" in lines, lines
+
+
+def test_val_score_axis_spans_0_to_1_and_step_axes_take_whole_steps(tmp_path):
+    """val_score.png with one validation point had a y axis of -0.04..0.04 and x ticks at 2.96,
+    2.98, ...: a share of prompts is drawn on 0..1, and a step axis (every plot by step, _save)
+    ticks at whole steps only."""
+    from matplotlib.figure import Figure
+
+    from tinyrl import report
+
+    drawn = []
+
+    class Kept(Figure):  # the figure _save draws, kept to look at its axes
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            drawn.append(self)
+
+    import matplotlib
+
+    recs = [{"step": 3.0, "val/score": 0.0, "reward/mean": 0.5}]
+    for name in ("val_score.png", "reward.png"):
+        report._save(Kept, matplotlib, report.PLOTS[name][1], recs, tmp_path / name)
+    val_ax, reward_ax = (fig.axes[0] for fig in drawn)
+    low, high = val_ax.get_ylim()
+    assert low < 0.0 < 1.0 < high and high - low < 1.1, (low, high)
+    for ax in (val_ax, reward_ax):
+        ticks = list(ax.get_xticks())
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
