@@ -252,8 +252,13 @@ def test_empty_metrics_file_is_an_error_naming_it(tmp_path):
     with pytest.raises(TinyRLError, match="has no step logged yet") as exc:
         write_report(tmp_path)
     assert "after its first step" in exc.value.hint
-    with pytest.raises(TinyRLError, match="is a file, not a run directory"):
+    with pytest.raises(TinyRLError, match="config.json is a file; give the run's directory") as exc:
         write_report(tmp_path / "config.json")
+    assert exc.value.hint == "e.g. tinyrl report runs/<run name>"  # no metrics.jsonl beside it
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(TinyRLError, match="no metrics file") as exc:  # not a run's directory at all
+        write_report(tmp_path)
+    assert "`tinyrl train` or `tinyrl sft`" in exc.value.hint  # both write reports
 
 
 def test_bad_middle_line_is_an_error_but_a_cut_off_last_line_is_dropped(tmp_path):
@@ -265,7 +270,7 @@ def test_bad_middle_line_is_an_error_but_a_cut_off_last_line_is_dropped(tmp_path
     (tmp_path / "metrics.jsonl").write_text(f'{good}\n{{"step": 2, "reward/me')
     notes: list[str] = []
     assert [r["step"] for r in load_metrics(tmp_path, notes)] == [1]
-    assert notes == ["metrics.jsonl: dropped a cut-off last line (2)"]
+    assert notes == ["metrics.jsonl: dropped a cut-off last line (line 2)"]
 
 
 def test_a_resumed_run_that_redoes_a_step_keeps_the_last_record(tmp_path):
@@ -604,3 +609,18 @@ def test_val_score_axis_spans_0_to_1_and_step_axes_take_whole_steps(tmp_path):
     for ax in (val_ax, reward_ax):
         ticks = list(ax.get_xticks())
         assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def test_a_one_step_run_and_a_run_s_file_are_said_plainly(tmp_path):
+    """A walk: "steps: 1 recorded, step 1 to 1", and `tinyrl report runs/x/metrics.parquet` said
+    "run directory is a file, not a run directory" without naming the directory to give."""
+    from tinyrl.report import steps_line
+
+    assert steps_line([{"step": 1.0, "reward/mean": 0.5}]) == "steps: 1 recorded, step 1"
+    assert steps_line([{"step": 1.0, "reward/mean": 0.5}, {"step": 2.0, "reward/mean": 0.5}]) == \
+        "steps: 2 recorded, step 1 to 2"
+    make_run(tmp_path / "run", steps=2)
+    (tmp_path / "run" / "metrics.parquet").write_bytes(b"PAR1")
+    with pytest.raises(TinyRLError, match="metrics.parquet is a file; give the run's directory") as exc:
+        write_report(tmp_path / "run" / "metrics.parquet")
+    assert exc.value.hint == f"tinyrl report {tmp_path / 'run'}"

@@ -54,7 +54,7 @@ def read_records(path: Path, notes: list[str] | None = None) -> list[dict]:
         except json.JSONDecodeError as exc:
             if last:
                 if notes is not None:
-                    notes.append(f"{path.name}: dropped a cut-off last line ({n})")
+                    notes.append(f"{path.name}: dropped a cut-off last line (line {n})")
                 continue
             raise TinyRLError(f"{path} line {n} is not JSON ({exc.msg})",
                               hint="fix or delete that line; a run killed mid-write only ever cuts the last one") from exc

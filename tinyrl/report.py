@@ -445,7 +445,8 @@ def steps_line(recs: list[dict]) -> str:
     have = {int(s) for s in steps if float(s).is_integer()}
     gap = [s for s in range(int(min(steps)), int(max(steps)) + 1) if s not in have]
     gap_text = f" (no record of steps {step_ranges(gap)})" if gap else ""
-    return f"steps: {len(steps)} recorded, step {steps[0]:g} to {steps[-1]:g}{gap_text}{before}"
+    span = f"step {steps[0]:g}" if len(steps) == 1 else f"step {steps[0]:g} to {steps[-1]:g}"
+    return f"steps: {len(steps)} recorded, {span}{gap_text}{before}"
 
 
 def steady_timing(run_dir: Path | None):
@@ -602,9 +603,12 @@ def check_not_replacing(out: Path) -> None:
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Write the plots and summary.txt; returns the files written (summary.txt last)."""
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():  # a file of the run (metrics.parquet, say): its directory
+        hint = (f"tinyrl report {run_dir.parent}" if (run_dir.parent / "metrics.jsonl").is_file()
+                else "e.g. tinyrl report runs/<run name>")
+        raise TinyRLError(f"{run_dir} is a file; give the run's directory", hint=hint)
     if not run_dir.is_dir():
-        what = "is a file, not a run directory" if run_dir.exists() else "not found"
-        raise TinyRLError(f"run directory {what}: {run_dir}", hint="e.g. tinyrl report runs/<run name>")
+        raise TinyRLError(f"run directory not found: {run_dir}", hint="e.g. tinyrl report runs/<run name>")
     notes: list[str] = []
     recs = load_metrics(run_dir, notes)
     live = other_holder(run_dir)  # a run under way: its figures are the latest, not final
