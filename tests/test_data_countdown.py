@@ -174,6 +174,15 @@ def test_broken_and_truncated_parquet_name_the_file(tmp_path):
     with pytest.raises(TinyRLError) as info:
         load_prompts(lines)
     assert "read_json(f, lines=True).to_parquet(" in info.value.hint and str(tmp_path / "rows.parquet") in info.value.hint
+    # the suffix says what the file is: said plainly, without Arrow's "Parquet magic bytes not found"
+    assert info.value.message == f"{lines} is a JSON-lines file; tinyrl reads parquet", info.value.message
+    # a rows.parquet of the user's own is not the target (following the hint overwrote it until 2026-11-28)
+    for taken, then in (("rows.parquet", "rows-converted.parquet"), ("rows-converted.parquet", "rows-converted-2.parquet")):
+        (tmp_path / taken).write_bytes(b"the user's own")
+        with pytest.raises(TinyRLError) as info:
+            load_prompts(lines)
+        assert f"to_parquet('{tmp_path / then}')\" and give {tmp_path / then};" in info.value.hint, info.value.hint
+        assert f"'{tmp_path / taken}'" not in info.value.hint
 
 
 def test_missing_columns_name_file_columns_and_what_is_there(tmp_path):

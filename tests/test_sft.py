@@ -520,6 +520,11 @@ def test_a_users_conversations_in_jsonl_or_as_the_scored_test_file_say_what_to_s
     subprocess.run([sys.executable, "-c", command], check=True)
     converted = tmp_path / "chat.parquet"
     assert pq.read_table(converted).column_names == ["messages", "tools"]
+    assert info.value.message == f"{jsonl} is a JSON-lines file; tinyrl reads parquet"  # not Arrow's words
+    with pytest.raises(TinyRLError) as info:  # chat.parquet is there now: the hint writes beside it
+        load_sft(jsonl, None, sft_config(jsonl))
+    assert f"to_parquet('{tmp_path / 'chat-converted.parquet'}')" in info.value.hint, info.value.hint
+    assert f"'{converted}'" not in info.value.hint
     code, err = cli(monkeypatch, capsys, *base, "--set", f"data.train_path={converted}",
                     "--set", f"data.test_path={converted}")  # the preset samples its test prompts
     assert code == 2 and "sft.val_generate = true" in err and "--set sft.val_generate=false" in err, err

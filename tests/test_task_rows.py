@@ -160,8 +160,15 @@ def test_a_problem_answer_table_as_training_data_names_the_tasks_converter(tmp_p
     assert "lacks column(s) prompt, reward_model; it has: problem, answer" in said["t.parquet"]
     assert "`tinyrl data math --from FILE" in said["t.parquet"] and "countdown" not in said["t.parquet"]
     assert "read_json(f, lines=True).to_parquet(" in said["t.jsonl"]
+    # the suffix says what it is (Arrow's "ArrowInvalid: Parquet magic bytes not found" was said first)
+    assert f"{tmp_path / 't.jsonl'} is a JSON-lines file; tinyrl reads parquet" in said["t.jsonl"]
+    assert "Arrow" not in said["t.jsonl"] and "magic" not in said["t.jsonl"], said["t.jsonl"]
+    # t.parquet, the user's own, is there: the conversion writes beside it, not over it
+    assert f"to_parquet('{tmp_path / 't-converted.parquet'}')" in said["t.jsonl"], said["t.jsonl"]
+    assert f"'{tmp_path / 't.parquet'}'" not in said["t.jsonl"]
     # a problem/answer table converted as told still lacks prompt and reward_model: the same hint
-    # names `tinyrl data math --from`, which it dropped until 2026-11-27 (it ended on "give X;")
-    assert "(a problem and an answer), make a file of the math task's prompts with `tinyrl data math --from" \
-        in said["t.jsonl"], said["t.jsonl"]
+    # names `tinyrl data math --from`, which it dropped until 2026-11-27 (it ended on "give X;");
+    # it read as if that layout were "a problem and an answer" until 2026-11-28
+    assert "so it must already have prompt and reward_model; a plain table of problems and answers is the other " \
+        "case: make a file of the math task's prompts with `tinyrl data math --from" in said["t.jsonl"], said["t.jsonl"]
     assert not (tmp_path / "run" / "config.json").exists()

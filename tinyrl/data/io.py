@@ -19,16 +19,39 @@ _MAKE_HINT = ("set data.train_path / data.test_path to a TinyZero-schema parquet
               "one with `tinyrl data countdown --out DIR`")
 
 
+_TEXT_TABLES = {".jsonl": ("JSON-lines", "read_json(f, lines=True)"), ".json": ("JSON", "read_json(f)"),
+                ".csv": ("CSV", "read_csv(f)")}
+
+
+def converted_name(path: Path) -> Path:
+    """Where the one-line conversion writes: NAME.parquet, or NAME-converted[-N].parquet where
+    that exists (following the hint overwrote the user's own NAME.parquet until 2026-11-28)."""
+    out = path.with_suffix(".parquet")
+    n = 1
+    while out.exists():
+        out = path.with_name(f"{path.stem}-converted{'' if n == 1 else f'-{n}'}.parquet")
+        n += 1
+    return out
+
+
+def not_parquet_message(path: Path, exc: Exception) -> str:
+    """What a file that did not read as parquet is: its kind where the suffix says it (Arrow's
+    "Parquet magic bytes not found" told a .csv's owner nothing), else Arrow's own words."""
+    kind = _TEXT_TABLES.get(path.suffix.lower())
+    if kind is not None:
+        return f"{path} is a {kind[0]} file; tinyrl reads parquet"
+    return f"cannot read {path} as parquet: {type(exc).__name__}: {exc}"
+
+
 def not_parquet_hint(path: Path) -> str:
     """What to do with a file that is not parquet: a JSON-lines, JSON or CSV table converts in
     one line (tinyrl reads parquet only, as verl's data sets do, so an export-verl copy loads)."""
-    reader = {".jsonl": "read_json(f, lines=True)", ".json": "read_json(f)", ".csv": "read_csv(f)"}
-    how = reader.get(path.suffix.lower())
-    if how is None:
+    kind = _TEXT_TABLES.get(path.suffix.lower())
+    if kind is None:
         return ""
-    out = path.with_suffix(".parquet")
-    return (f"tinyrl reads parquet, as verl does; convert it with python -c \"import pandas as pd; "
-            f"f = '{path}'; pd.{how}.to_parquet('{out}')\" and give {out}; ")
+    out = converted_name(path)
+    return (f"convert it with python -c \"import pandas as pd; "
+            f"f = '{path}'; pd.{kind[1]}.to_parquet('{out}')\" and give {out}; ")
 
 
 def _read_table(path: Path, max_rows: int | None, make: str) -> pa.Table:
@@ -51,9 +74,11 @@ def _read_table(path: Path, max_rows: int | None, make: str) -> pa.Table:
                 break
         return pa.Table.from_batches(batches, schema=pf.schema_arrow).slice(0, max_rows)
     except (pa.ArrowException, OSError, ValueError) as e:
-        raise TinyRLError(f"cannot read {path} as parquet: {type(e).__name__}: {e}",
-                          hint=f"{not_parquet_hint(path)}or, if it is not in the prompt/reward_model layout (a "
-                               f"problem and an answer), {make}" if not_parquet_hint(path)
+        hint = not_parquet_hint(path)
+        raise TinyRLError(not_parquet_message(path, e),
+                          hint=f"{hint}that keeps its columns, so it must already have prompt and reward_model; "
+                               + (f"a plain table of problems and answers is the other case: {make}" if "--from" in make
+                                  else f"if it is not, {make}") if hint
                           else f"the file is broken or not parquet; {make}") from e
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from tinyrl.data.io import not_parquet_hint, without_nulls
+from tinyrl.data.io import not_parquet_hint, not_parquet_message, without_nulls
 from tinyrl.errors import TinyRLError
 from tinyrl.models import Batch, make_batch
 from tinyrl.rollout.hermes import has_tool_call
@@ -119,7 +119,7 @@ def load_sft(path: Path, tokenizer, cfg, max_rows: int | None = None) -> SFTRows
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise TinyRLError(f"cannot read {path} as parquet: {type(exc).__name__}: {exc}",
+        raise TinyRLError(not_parquet_message(Path(path), exc),
                           hint=not_parquet_hint(Path(path)) + _HINT) from exc
     try:
         fmt = detect_format(table.column_names, cfg.sft)
