@@ -295,8 +295,27 @@ def test_convert_keeps_verl_files_and_asks_for_unknown_columns(tmp_path):
     assert n == 4 and pd.read_parquet(path).equals(pd.read_parquet(train))
     odd = tmp_path / "odd.csv"
     pd.DataFrame({"q": ["x"], "a": ["1"]}).to_csv(odd, index=False)
-    with pytest.raises(TinyRLError, match="--problem-key"):
+    with pytest.raises(TinyRLError, match="--problem-key") as info:
         mt.convert(str(odd), tmp_path, "dapo")
+    assert info.value.message == (f"{odd}: no problem or answer column (looked for problem, question, Problem, Question "
+                                  "and answer, Answer, final_answer, ground_truth, solution, Solution; the file has: q, a)")
+    # the one that is missing is named ("no problem/answer columns found (columns: problem)" named neither)
+    half = tmp_path / "half.jsonl"
+    half.write_text('{"problem": "What is 2+2?"}\n')
+    with pytest.raises(TinyRLError) as info:
+        mt.convert(str(half), tmp_path / "half", "dapo")
+    assert info.value.message.startswith(f"{half}: no answer column (looked for answer, Answer,"), info.value.message
+    assert "the file has: problem)" in info.value.message and info.value.hint == "name it with --answer-key"
+    # an empty file, or a CSV header alone, is said to be so: it was "no problem/answer columns found
+    # (columns: )", pandas' "No columns to parse from file", or "... check --answer-key"
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "empty.csv").write_text("\n")
+    (tmp_path / "header.csv").write_text("problem,answer\n")
+    for name, said in (("empty.jsonl", "the file is empty"), ("empty.csv", "the file is empty"),
+                       ("header.csv", "the file has no rows (columns: problem, answer)")):
+        with pytest.raises(TinyRLError) as info:
+            mt.convert(str(tmp_path / name), tmp_path / "none", "dapo")
+        assert info.value.message == f"--from {tmp_path / name}: {said}", info.value.message
     path, *_ = mt.convert(str(odd), tmp_path / "out", "dapo", problem_key="q", answer_key="a")
     assert path.name == "odd.parquet"
     # a named column that is not there is said as such ("no problem/answer columns" while they were)
@@ -441,8 +460,8 @@ def test_a_broken_json_lines_file_is_named_by_its_line(tmp_path):
     whole.write_text('[{"problem": "1+1?",\n  "answer": }]\n')
     with pytest.raises(TinyRLError, match=r"bad.json: line 2 is not JSON"):
         read_table(str(whole))
-    whole.write_text("")  # an empty file crashed the message itself (IndexError, a traceback)
-    with pytest.raises(TinyRLError, match=r"bad.json: line 1 is not JSON \(Expecting value\): ''"):
+    whole.write_text("")  # an empty file crashed the message itself (IndexError, a traceback), then
+    with pytest.raises(TinyRLError, match=r"bad.json: the file is empty\n"):  # was "line 1 is not JSON"
         read_table(str(whole))
 
 

@@ -259,11 +259,26 @@ def read_table(source: str) -> tuple[Any, str]:
     if path.suffix not in readers:
         raise TinyRLError(f"--from {source}: cannot read {path.suffix or 'files without a suffix'}",
                           hint=f"give one of: {', '.join(readers)}")
+    rowless = "give a file with one row per problem (or conversation), or check that it is the file you meant"
+    if _is_blank(path):  # pandas said "No columns to parse from file" (CSV) or found "columns: " (JSON lines)
+        raise TinyRLError(f"--from {source}: the file is empty", hint=rowless)
     try:
-        return readers[path.suffix](path), path.stem
+        frame = readers[path.suffix](path)
     except (ValueError, OSError) as e:
         where = _bad_json_line(path) if path.suffix in (".jsonl", ".json") else None
         raise TinyRLError(f"cannot read {path}: {where or e}", hint="check the file") from e
+    if len(frame) == 0:  # a CSV header alone: "no row has both a problem and an answer ... check --answer-key"
+        raise TinyRLError(f"--from {source}: the file has no rows (columns: {', '.join(map(str, frame.columns))})",
+                          hint=rowless)
+    return frame, path.stem
+
+
+def _is_blank(path: Path) -> bool:
+    """Nothing but white space in the file (only a small file is read to say so)."""
+    try:
+        return path.stat().st_size < 65_536 and not path.read_bytes().strip()
+    except OSError:
+        return False
 
 
 def _bad_json_line(path: Path) -> str | None:
@@ -299,9 +314,18 @@ def problem_rows(frame: Any, source: str, problem_key: str | None = None,
     if pkey not in cols or akey not in cols:
         given = [f"--{what}-key {key}" for what, key, asked in (("problem", pkey, problem_key), ("answer", akey, answer_key))
                  if asked and key not in cols]  # a named column that is not there, rather than "none found"
-        what = f"no column {', '.join(given)}" if given else "no problem/answer columns found"
-        raise TinyRLError(f"{source}: {what} (columns: {', '.join(map(str, cols))})",
-                          hint="name them with --problem-key and --answer-key")
+        have = ", ".join(map(str, cols))
+        if given:
+            raise TinyRLError(f"{source}: no column {', '.join(given)} (columns: {have})",
+                              hint="name them with --problem-key and --answer-key")
+        # which one is missing, and the names looked for ("no problem/answer columns found" said neither)
+        lacking = [(kind, keys) for kind, key, keys in (("problem", pkey, _PROBLEM_KEYS), ("answer", akey, _ANSWER_KEYS))
+                   if key not in cols]
+        kinds = " or ".join(kind for kind, _ in lacking)
+        looked = " and ".join(", ".join(keys) for _, keys in lacking)
+        raise TinyRLError(f"{source}: no {kinds} column (looked for {looked}; the file has: {have})",
+                          hint=f"name it with {' and '.join(f'--{kind}-key' for kind, _ in lacking)}"
+                          .replace("name it with --problem-key and", "name them with --problem-key and"))
     rows = []
     for problem, value in zip(frame[pkey], frame[akey]):
         answer = _answer_text(value, akey)
