@@ -76,10 +76,18 @@ def test_custom_scores_and_numpy_ground_truth():
 
 
 def test_malformed_ground_truth_is_a_user_error():
-    with pytest.raises(TinyRLError, match="ground truth"):
+    shape = '{"target": int, "numbers": [int, ...]}'
+    # what is wrong, in the file's terms: Python's own words ("KeyError: 'target'") were said
+    with pytest.raises(TinyRLError, match="ground truth") as err:
         compute_score(ans("1"), {"numbers": [1]})
-    with pytest.raises(TinyRLError, match="ground truth"):
+    assert err.value.message.endswith(f"{{'numbers': [1]}} has no 'target'; countdown's is {shape}"), err.value.message
+    with pytest.raises(TinyRLError, match="ground truth") as err:
         compute_score(ans("1"), {"target": 1, "numbers": [1.5]})
+    assert "the numbers a list of integers" in err.value.message and "Error" not in err.value.message
+    with pytest.raises(TinyRLError) as err:  # a maths row's answer
+        compute_score(ans("1"), "42")
+    assert err.value.message == (f"countdown ground truth is malformed: it is '42' (text), where countdown's is {shape}; "
+                                 "a plain answer like this is another task's ground truth (e.g. math's)")
 
 
 def test_strict_keeps_tinyzero_last_line_trap():

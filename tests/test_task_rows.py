@@ -39,8 +39,14 @@ def test_every_task_reads_its_own_rows_and_refuses_every_other_tasks(generated):
             if other == name or frozenset({name, other}) in SAME_TRUTH:
                 check_rows(task, rows, f"{other}.parquet")  # its own: no problem
                 continue
-            with pytest.raises(TinyRLError, match=rf"{other}.parquet: 8 of 8 rows cannot be scored by the {name} "):
+            with pytest.raises(TinyRLError, match=rf"{other}.parquet: 8 of 8 rows cannot be scored by the {name} ") as err:
                 check_rows(task, rows, f"{other}.parquet")
+            if name == "countdown":  # it said "(TypeError: string indices must be integers, not 'str')"
+                said = err.value.message
+                assert "Error" not in said and "indices" not in said, said
+                assert "countdown's is {\"target\": int, \"numbers\": [int, ...]}" in said, said
+                if other in ("math", "retool"):  # a plain answer
+                    assert "a plain answer like this is another task's ground truth" in said, said
 
 
 def test_one_bad_row_is_named_by_its_place(generated):

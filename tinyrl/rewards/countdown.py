@@ -21,6 +21,7 @@ import ast
 import operator
 import re
 from fractions import Fraction
+from typing import Any
 
 from tinyrl.errors import TinyRLError
 
@@ -88,6 +89,25 @@ def evaluate_expression(expr: str) -> Fraction | None:
         return None
 
 
+_SHAPE = '{"target": int, "numbers": [int, ...]}'
+
+
+def _what_is_wrong(ground_truth: Any) -> str:
+    """Why unpack_truth could not read a ground truth, in the file's terms (it said Python's own,
+    e.g. "TypeError: string indices must be integers", for a maths row's answer '42')."""
+    shown = f"{ground_truth!r:.120}"
+    if ground_truth is None:
+        return f"it is missing (None), where countdown's is {_SHAPE}"
+    if not hasattr(ground_truth, "keys"):
+        kind = "text" if isinstance(ground_truth, str) else type(ground_truth).__name__
+        return (f"it is {shown} ({kind}), where countdown's is {_SHAPE}; "
+                "a plain answer like this is another task's ground truth (e.g. math's)")
+    lacking = [k for k in ("target", "numbers") if k not in ground_truth]
+    if lacking:
+        return f"{shown} has no {' or '.join(map(repr, lacking))}; countdown's is {_SHAPE}"
+    return f"{shown} is not {_SHAPE}: the target must be a number and the numbers a list of integers"
+
+
 def unpack_truth(ground_truth: dict) -> tuple[Fraction, list[int]]:
     """Target and sorted numbers as plain Python values (parquet hands back numpy types)."""
     try:
@@ -95,10 +115,8 @@ def unpack_truth(ground_truth: dict) -> tuple[Fraction, list[int]]:
                           else ground_truth["target"])
         numbers = sorted(operator.index(n) for n in ground_truth["numbers"])
     except (KeyError, TypeError, ValueError) as e:
-        raise TinyRLError(
-            f"countdown ground truth is malformed: {ground_truth!r:.200} ({type(e).__name__}: {e})",
-            hint='each row needs reward_model.ground_truth = {"target": int, "numbers": [int, ...]}',
-        ) from e
+        raise TinyRLError(f"countdown ground truth is malformed: {_what_is_wrong(ground_truth)}",
+                          hint=f"each row needs reward_model.ground_truth = {_SHAPE}") from e
     return target, numbers
 
 
