@@ -469,11 +469,9 @@ def _over_all(n: int) -> str:
     return f"over {'all ' if n > 1 else ''}{counted(n, 'step')} (too few to leave out warm-up)"
 
 
-def step_time_line(recs: list[dict], run_dir: Path | None, timing: Any = False) -> str:
+def step_time_line(recs: list[dict], timing: Any) -> str:
     """The median step time `estimate-cost --from-run` prices an epoch with: one figure, where the
-    report gave the median of every step beside it. `timing`: steady_timing(run_dir), if known."""
-    if timing is False:
-        timing = steady_timing(run_dir)
+    report gave the median of every step beside it. `timing`: steady_timing(run_dir)."""
     if timing is not None:
         warm = ", ".join(map(str, timing.warmup_steps))
         return (f"median step time: {timing.sec_per_step:.2f} s over {counted(timing.steady_steps, 'step')} "
@@ -534,7 +532,7 @@ def summarize(recs: list[dict], config: dict | None, run_dir: Path | None = None
     if val and (judge := judged_by(config)):
         lines.append(judge)
     timing = steady_timing(run_dir)
-    lines.append(step_time_line(recs, run_dir, timing))
+    lines.append(step_time_line(recs, timing))
     if throughput := throughput_line(recs, timing):
         lines.append(throughput)
     _, peak = series(recs, "memory/peak_bytes")

@@ -324,8 +324,8 @@ def problem_rows(frame: Any, source: str, problem_key: str | None = None,
         kinds = " or ".join(kind for kind, _ in lacking)
         looked = " and ".join(", ".join(keys) for _, keys in lacking)
         raise TinyRLError(f"{source}: no {kinds} column (looked for {looked}; the file has: {have})",
-                          hint=f"name it with {' and '.join(f'--{kind}-key' for kind, _ in lacking)}"
-                          .replace("name it with --problem-key and", "name them with --problem-key and"))
+                          hint=f"name {'them' if len(lacking) > 1 else 'it'} with "
+                               + " and ".join(f"--{kind}-key" for kind, _ in lacking))
     rows = []
     for problem, value in zip(frame[pkey], frame[akey]):
         answer = _answer_text(value, akey)
