@@ -337,14 +337,58 @@ def test_hf_source_without_network_or_package_says_what_to_do(tmp_path, monkeypa
         mt.convert("hf:someone/some-set:test", tmp_path, "dapo")
     assert "datasets" in e.value.message and "--from FILE" in e.value.hint
 
-    class Offline:  # installed, but the Hub cannot be reached (as on this machine)
+    class Offline:  # installed, its host resolves (a proxy), but the Hub cannot be reached
         @staticmethod
         def load_dataset(path, name=None, split=None):
             raise ConnectionError("Couldn't reach the Hub")
 
     monkeypatch.setitem(sys.modules, "datasets", Offline)
+    monkeypatch.setattr(mt, "hub_unreachable", lambda: None)
     with pytest.raises(TinyRLError, match="could not load 'someone/some-set' .split test.*ConnectionError"):
         mt.convert("hf:someone/some-set:test", tmp_path, "dapo")
+
+
+def test_hf_source_whose_hub_host_does_not_resolve_reads_the_cache_alone_at_once(tmp_path):
+    """No network: huggingface_hub retried the name lookup 5 times, backing off (~24 s), before the
+    same error. A real lookup of a name that cannot exist (.invalid, RFC 2606), real `datasets`."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("datasets")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT="https://hub.tinyrl.invalid", COLUMNS="200")
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "data", "math", "--from", "hf:someone/some-set:test",
+                           "--out", str(tmp_path / "data")], capture_output=True, text=True, timeout=300, env=env)
+    text = " ".join(done.stderr.replace("│", " ").split())
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "could not load 'someone/some-set' (split test)" in text and "(OfflineModeIsEnabled)" in text, text
+    assert "(only the local cache was read: hub.tinyrl.invalid cannot be resolved: " in text, text
+    assert "Retrying" not in done.stderr and not (tmp_path / "data").exists()
+
+
+def test_hf_source_cache_only_mode_is_undone_after_the_load(hub, tmp_path, monkeypatch):
+    """The offline flags are module globals of datasets and huggingface_hub: set for the load
+    alone, then as they were (a later download in the same process must not be refused)."""
+    from huggingface_hub import constants
+
+    datasets, served, calls = hub
+    seen = []
+    served_load = datasets.load_dataset
+
+    def load_dataset(*args, **kwargs):
+        seen.append((datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE))
+        return served_load(*args, **kwargs)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    served[("someone/some-set", None, "test")] = datasets.Dataset.from_dict(MATH500_LIKE)
+    before = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
+    for reason in ("hub.example cannot be resolved", None):
+        monkeypatch.setattr(mt, "hub_unreachable", lambda reason=reason: reason)
+        frame, name = mt.read_table("hf:someone/some-set:test")
+        assert len(frame) == 3 and name == "some-set-test"
+        assert (datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE) == before
+    assert seen == [(True, True), before]
 
 
 @pytest.fixture

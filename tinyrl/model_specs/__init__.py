@@ -75,7 +75,7 @@ def _hub_spec(name: str, download: bool, shipped: str) -> dict:
     except (OSError, EntryNotFoundError, ValueError) as cached_miss:
         reason = cached_miss
     if download and name not in _hub_failures:
-        why = _unresolved_endpoint()
+        why = hub_unreachable()
         if why is None:
             try:
                 return _read_json(Path(hf_hub_download(name, "config.json")))
@@ -96,7 +96,7 @@ def _hub_spec(name: str, download: bool, shipped: str) -> dict:
                            f"model.name a local model directory; shipped: {shipped}")
 
 
-def _unresolved_endpoint() -> str | None:
+def hub_unreachable() -> str | None:
     """Why the Hub's host cannot be reached at all, or None. A name that does not resolve (no
     network) is certain in milliseconds, where huggingface_hub retries it for ~25 s (5 tries,
     backing off). Behind a proxy the local resolver may not know the host, and HF_HUB_OFFLINE
@@ -129,7 +129,7 @@ def hub_load_options(model_path: str, weights: bool = False) -> tuple[dict, str]
     5.19 models/auto/auto_factory.py: only `adapter_kwargs` reach find_adapter_config_file)."""
     if Path(model_path).expanduser().exists() or not _looks_like_hub_id(model_path):
         return {}, ""
-    why = _unresolved_endpoint()
+    why = hub_unreachable()
     if not why:
         return {}, ""
     return {"local_files_only": True, **({"adapter_kwargs": {"local_files_only": True}} if weights else {})}, why

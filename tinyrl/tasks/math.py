@@ -15,13 +15,15 @@ comes last), checked against the ground truth with math-verify in a killable wor
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from tinyrl.errors import TinyRLError
+from tinyrl.model_specs import hub_unreachable
 from tinyrl.tasks.base import RewardFn, Task, option
 from tinyrl.writable import ANOTHER_OUT, check_writable, make_dir, refuse_existing, staged
 
@@ -227,6 +229,22 @@ def _answer_text(value: Any, key: str) -> str | None:
     return text or None
 
 
+@contextlib.contextmanager
+def _hub_cache_only(datasets) -> Iterator[None]:
+    """`datasets` and huggingface_hub in offline mode for the block: a set already downloaded loads
+    from the cache, one that is not fails at once. Without it, a host that does not resolve cost
+    ~24 s of huggingface_hub's retries (5, backing off) before the same error. Both read their
+    module flag at call time (datasets 5.2 load.py, huggingface_hub constants.is_offline_mode)."""
+    from huggingface_hub import constants
+
+    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
+
+
 def read_table(source: str) -> tuple[Any, str]:
     """(pandas frame, a name for it) from a file or `hf:NAME[:split]` (`hf:NAME:CONFIG:SPLIT` for a
     set with configurations, e.g. hf:openai/gsm8k:main:test)."""
@@ -240,11 +258,14 @@ def read_table(source: str) -> tuple[Any, str]:
         except ImportError as e:
             raise TinyRLError(f"--from {source} needs the `datasets` package", hint="pip install 'tinyrl[datasets]' "
                               "(or download the file yourself and give --from FILE)") from e
+        unreachable = hub_unreachable()
         try:
-            ds = datasets.load_dataset(name, config or None, split=split or "train")
+            with _hub_cache_only(datasets) if unreachable else contextlib.nullcontext():
+                ds = datasets.load_dataset(name, config or None, split=split or "train")
         except Exception as e:  # noqa: BLE001 - network, auth, unknown name: all the user's to fix
+            read = f" (only the local cache was read: {unreachable})" if unreachable else ""
             raise TinyRLError(f"could not load {name!r} (split {split or 'train'}) from the Hugging Face Hub: "
-                              f"{type(e).__name__}: {str(e)[:300]}",
+                              f"{type(e).__name__}: {str(e)[:300]}{read}",
                               hint="check the name and split and the network (HF_HUB_OFFLINE unset); a set with "
                               "configurations needs hf:NAME:CONFIG:SPLIT; or download the file and give --from FILE") from e
         return ds.to_pandas(), f"{name.split('/')[-1]}-{split or 'train'}".lower()
