@@ -321,6 +321,24 @@ def test_a_failed_tool_call_draws_its_box_red_and_a_cut_episode_says_why():
     assert not re.search(r"\x1b\[31m╭─", c.file.getvalue())
 
 
+def test_a_call_whose_reply_did_not_fit_the_budget_is_still_drawn_with_its_message():
+    """The budget can end an episode after its calls ran and before their tool turn: no box then,
+    so the sample said "1 tool call" and showed none, nor why the call failed (ToolCall.message)."""
+    cut = {**EPISODE, "stop_reason": "length", "turns": EPISODE["turns"][:1],
+           "tool_calls": [{"name": "code_interpreter", "status": "error", "seconds": 0.5, "turn": 0,
+                           "message": "error: tool 'code_interpreter' raised RuntimeError: boom"}]}
+    d = Dashboard(INFO, mode="off")
+    d.update(metrics(3), cut)
+    lines = sample_lines(d, 160)
+    assert "1 model turn · 1 tool call · stopped: length" in lines[0]
+    said = [x for x in lines if "↳ code_interpreter error 0.50s, no reply" in x]
+    assert len(said) == 1 and "raised RuntimeError: boom" in said[0], lines
+    d.update(metrics(4), {**cut, "tool_calls": [{**cut["tool_calls"][0], "status": "ok", "message": ""}]})
+    assert any("↳ code_interpreter ok 0.50s, no reply: it did not fit" in x for x in sample_lines(d, 160))
+    d.update(metrics(5), EPISODE)  # answered by a tool turn: its box says it, no extra line
+    assert not any("no reply" in x for x in sample_lines(d, 160))
+
+
 def test_a_single_turn_sample_looks_as_it_did_before_turns_were_recorded():
     old = Dashboard(INFO, mode="off")
     old.update(metrics(3), SAMPLE)  # a record without turns (samples.jsonl before episodes)

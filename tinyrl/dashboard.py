@@ -193,6 +193,9 @@ def episode_view(turns: list[dict], calls: list[dict], reward: Any, width: int) 
             last = i == len(turns) - 1
             said = highlight_completion(tail(text, max(200, width * (5 if last else 3)), 8 if last else 4), reward)
             out.append(Text.assemble(("assistant ▸ ", "bold cyan"), said))
+            replied = i + 1 < len(turns) and turns[i + 1].get("role") != "assistant"
+            if not replied:  # calls that ran but whose reply did not fit the budget: no box says them
+                out += [_unanswered_call(c) for c in calls if c.get("turn") == i]
             continue
         # a tool turn answers the calls of the assistant turn before it (ToolCall.turn)
         made = [c for c in calls if c.get("turn") == i - 1]
@@ -204,6 +207,18 @@ def episode_view(turns: list[dict], calls: list[dict], reward: Any, width: int) 
         out.append(Panel(Text(safe_text(tail(text, max(120, width * 3), 6))), title=label, title_align="left",
                          border_style="red" if failed else "bright_black", padding=(0, 1)))
     return out
+
+
+def _unanswered_call(call: dict) -> Text:
+    """One line for a call whose tool turn was not appended (the budget ended the episode): its
+    name, status and seconds, and for one that failed its message (ToolCall.message)."""
+    ok = call.get("status") == "ok"
+    line = Text(f"  ↳ {safe_text(str(call.get('name') or '?'))} {safe_text(str(call.get('status')))} "
+                f"{fmt(call.get('seconds'), '.2f')}s, no reply: it did not fit the token budget",
+                style="dim" if ok else "red")
+    if not ok and call.get("message"):
+        line.append(f" · {safe_text(str(call['message']))}")
+    return line
 
 
 def plain_line(m: dict, total_steps: Any, val: Any, critic: bool, tools: bool = False, val_loss: Any = None) -> str:
