@@ -51,14 +51,15 @@ _flags_show_no_type()
 app = typer.Typer(
     help="RL for language models (PPO with a critic, GRPO) on ONE GPU: Countdown, then maths.\n\n"
     "Start with `tinyrl presets`, then `tinyrl probe-memory`, `tinyrl estimate-cost` and "
-    "`tinyrl train` with --preset NAME. Try the CPU demo (minutes, no GPU): "
-    "`tinyrl sft --preset countdown-demo-sft && tinyrl train --preset countdown-demo`.",
+    "`tinyrl train` with --preset NAME; each command's --help ends with an example.\n\n"
+    "Example (the CPU demo, minutes, no GPU): tinyrl sft --preset countdown-demo-sft && tinyrl train --preset countdown-demo",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
     rich_markup_mode="markdown",  # a paragraph of the help flows at any width (rich kept its source line breaks)
 )
-presets_app = typer.Typer(help="List presets, or show one fully resolved.", invoke_without_command=True)
+presets_app = typer.Typer(help="List presets, or show one fully resolved.\n\nExample: tinyrl presets",
+                          invoke_without_command=True)
 data_app = typer.Typer(help="Make or convert training data for a task (`tinyrl tasks`).", no_args_is_help=True)
 app.add_typer(presets_app, name="presets")
 app.add_typer(data_app, name="data")
@@ -162,7 +163,10 @@ def presets_show(
     overrides: Optional[list[str]] = SetOpt,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of TOML-like text."),
 ) -> None:
-    """Print the fully resolved config of a preset (defaults + file + --set overrides)."""
+    """Print the fully resolved config of a preset (defaults + file + --set overrides).
+
+    Example (a preset of your own): tinyrl presets show countdown-tiny --set rollout.n=8 > mine.toml
+    """
     from tinyrl.config import load_config, problems_of
 
     cfg = load_config(name, _typed(overrides), check=False)
@@ -217,7 +221,10 @@ _register_data_commands()
 
 @app.command("tasks")
 def tasks_list() -> None:
-    """List the tasks (task.name), their templates and how to make their data."""
+    """List the tasks (task.name), their templates and how to make their data.
+
+    Example: tinyrl tasks
+    """
     from tinyrl.tasks import all_tasks
 
     table = Table(title="tinyrl tasks")
@@ -244,7 +251,8 @@ def _train_help() -> str:
             "checkpoints/. Kill it any time; --resume continues at the same step with the same data. "
             "Start from an SFT run with --set model.init_from=RUN_DIR (it is the reference too).\n\n"
             "Example (the CPU demo's RL step): tinyrl train --preset countdown-demo --set trainer.seed=2 "
-            "--out runs/demo-seed2")
+            "--out runs/demo-seed2\n\n"
+            "Example (continue it after a stop): tinyrl train --out runs/demo-seed2 --resume")
 
 
 @app.command(help=_train_help())
@@ -471,7 +479,12 @@ def probe_memory(
     vLLM settings `train` will use (written to a plan file that `train` reads).
 
     Exit codes: 0 the plan fits; 1 it does not fit (the report says which phase and what to
-    change); 2 bad input (nothing planned)."""
+    change); 2 bad input (nothing planned).
+
+    Example: tinyrl probe-memory --preset countdown-4090
+
+    Example (no GPU here: a 4090 planned on fake tensors): tinyrl probe-memory --preset countdown-4090 --simulate --gpu rtx4090
+    """
     import time
 
     import torch
@@ -535,7 +548,10 @@ def export(
     dtype: str = typer.Option("float32", "--dtype", help="float32: the merge exactly as trained (a 3B model: ~12 GB). "
                               "base: the base model's own dtype, bf16 for Qwen2.5 (~6 GB), each merged weight rounded once."),
 ) -> None:
-    """Write the run's latest actor as a merged Hugging Face model (base + actor adapter)."""
+    """Write the run's latest actor as a merged Hugging Face model (base + actor adapter).
+
+    Example (bf16, half the disk): tinyrl export runs/countdown-4090 --out countdown-4090-model --dtype base
+    """
     from tinyrl.export import export_run, weights_on_disk
 
     # the model is written into a hidden folder in --out and moved in whole (tinyrl.writable.staged)
@@ -559,7 +575,12 @@ def export_verl_cmd(
     nodes: int = typer.Option(1, "--nodes", help="Nodes (trainer.nnodes)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the exported files in a non-empty --out."),
 ) -> None:
-    """When one GPU is not enough: the same job as a verl (multi-GPU) recipe, every setting mapped."""
+    """When one GPU is not enough: the same job as a verl (multi-GPU) recipe, every setting mapped.
+
+    Example: tinyrl export-verl --preset countdown-4090 --gpus 8 --out verl-countdown
+
+    Example (a run's settings, on 2 nodes): tinyrl export-verl --from-run runs/countdown-4090 --gpus 8 --nodes 2 --out verl-run
+    """
     from tinyrl.config import load_config
     from tinyrl.export_verl import config_of_run, export_verl
 
@@ -612,7 +633,12 @@ def estimate_cost_cmd(
     prompts: Optional[int] = typer.Option(None, "--prompts-per-epoch", help="Prompts (RL) or rows (SFT) in one epoch (default: rows of data.train_path)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Hours and price per epoch, from a run's metrics, a given s/step, or a roofline model."""
+    """Hours and price per epoch, from a run's metrics, a given s/step, or a roofline model.
+
+    Example (your price per GPU-hour): tinyrl estimate-cost --preset countdown-4090 --price 2.18 --currency CNY
+
+    Example (a run's measured seconds/step): tinyrl estimate-cost --from-run runs/countdown-4090 --price 2.18
+    """
     from tinyrl.config import load_config
     from tinyrl.cost import estimate_cost, render
 
@@ -650,7 +676,12 @@ def eval_cmd(
     reward: Optional[str] = typer.Option(None, "--reward", help="Judge by a reward function instead of the task's reward: 'run' (the run's reward.fn, as its val/score was judged) or path/to/file.py:func (solved: a score >= 1; no maj@k)."),
     as_json: bool = typer.Option(False, "--json", help="Print eval.json instead of the table."),
 ) -> None:
-    """Greedy accuracy, mean@n, pass@k (unbiased), maj@k, response length and tokens/s on a task's data."""
+    """Greedy accuracy, mean@n, pass@k (unbiased), maj@k, response length and tokens/s on a task's data.
+
+    Example (after the CPU demo): tinyrl eval runs/countdown-demo --n 4
+
+    Example: tinyrl eval runs/math-grpo-4090 --data aime=data/math/aime_2024-train.parquet --k 1,8,32
+    """
     from tinyrl.eval import evaluate
 
     try:
@@ -712,7 +743,12 @@ def doctor_cmd(
 ) -> None:
     """Check this machine for a preset: versions, card, driver, vLLM, disk, RAM, then two real
     training steps (sleep/wake, parity, adapter sync, memory vs plan). Exit 0: all passed;
-    1: a check failed (each failure says what to do); 2: bad input."""
+    1: a check failed (each failure says what to do); 2: bad input.
+
+    Example (+ a few timed steps and an epoch's cost): tinyrl doctor --preset countdown-4090 --bench
+
+    Example (a report for a bug report): tinyrl doctor --json --out doctor.json
+    """
     from tinyrl.doctor import run_doctor
     from tinyrl.doctor.render import render
 
@@ -774,7 +810,10 @@ def report(
     run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="A run directory written by `tinyrl train` or `tinyrl sft` (holds metrics.jsonl)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where to write (default: RUN_DIR/report)."),
 ) -> None:
-    """PNG plots (reward, KL, length, memory, phase timings, validation, tool use) and summary.txt of a run."""
+    """PNG plots (reward, KL, length, memory, phase timings, validation, tool use) and summary.txt of a run.
+
+    Example: tinyrl report runs/countdown-demo
+    """
     from tinyrl.report import write_report
 
     where = out_dir or run_dir / "report"  # plots and summary.txt move in together (write_report)
