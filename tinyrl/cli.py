@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import os
 import sys
@@ -60,7 +61,9 @@ app = typer.Typer(
 )
 presets_app = typer.Typer(help="List presets, or show one fully resolved.\n\nExample: tinyrl presets",
                           invoke_without_command=True)
-data_app = typer.Typer(help="Make or convert training data for a task (`tinyrl tasks`).", no_args_is_help=True)
+# its example is a task's own (_register_data_commands): this layer names no task
+data_app = typer.Typer(help="Make or convert training data for a task (`tinyrl tasks`); each task's command "
+                       "has its own options (`tinyrl data NAME --help`).", no_args_is_help=True)
 app.add_typer(presets_app, name="presets")
 app.add_typer(data_app, name="data")
 
@@ -205,6 +208,11 @@ def _register_data_commands() -> None:
     for name, task in all_tasks().items():
         data_app.command(name)(_stops_cleanly(task.data_command, f" while writing the {name} data; no data "
                                               "file was written"))
+    # `tinyrl data --help`'s example: the first task's first, taken from its command's help (one source)
+    first = next(iter(all_tasks().values())).data_command.__doc__ or ""
+    example = next((p for p in inspect.cleandoc(first).split("\n\n") if p.startswith("Example")), None)
+    if example:
+        data_app.info.help += "\n\n" + example
 
 
 def _stops_cleanly(command: Callable, after: str) -> Callable:

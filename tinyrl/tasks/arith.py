@@ -240,7 +240,10 @@ def data_command(
                                 "output and the answer that copies it alone, which teach the tiny model to "
                                 "read the tool's output."),
 ) -> None:
-    """Write 'a=23, b=46. What is a*b%7?' questions (two-digit factors) for the Python-tool task."""
+    """Write 'a=23, b=46. What is a*b%7?' questions (two-digit factors) for the Python-tool task.
+
+    Example (+ the tool demo's SFT conversations): tinyrl data arith --out data/arith --sft
+    """
     from rich.console import Console
 
     train, test = generate(out_dir, train_size, test_size, seed=seed, sft=sft, tool_share=tool_share,

@@ -105,7 +105,12 @@ def data_command(
                        "tasks with a `response` column, the reference solution in the answer format "
                        "(for `tinyrl sft`)."),
 ) -> None:
-    """Write Countdown tasks in TinyZero's parquet schema (every task solvable)."""
+    """Write Countdown tasks in TinyZero's parquet schema (every task solvable).
+
+    Example (TinyZero's sizes): tinyrl data countdown --out data/cd
+
+    Example (easier tasks, + SFT files): tinyrl data countdown --out data/easy --operands 2,3 --max-number 20 --sft
+    """
     from rich.console import Console
 
     from tinyrl.data.countdown import MAX_ROWS

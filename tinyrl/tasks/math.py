@@ -430,7 +430,12 @@ def data_command(
     test_size: int = option(256, help="Generated test problems (without --from)."),
     seed: int = option(0, help="Seed of the generated problems."),
 ) -> None:
-    """Convert a maths table into verl's parquet (DAPO-Math-17k's schema), or generate problems."""
+    """Convert a maths table into verl's parquet (DAPO-Math-17k's schema), or generate problems.
+
+    Example (math-grpo-4090's test file): tinyrl data math --from hf:HuggingFaceH4/MATH-500:test --out data/math
+
+    Example (generated problems, no download): tinyrl data math --out data/math-gen --train-size 1024
+    """
     from rich.console import Console
 
     check_writable(out_dir, lost="nothing was read or written", example="data/math")  # before a download

@@ -267,7 +267,12 @@ def data_command(
     train_size: int = option(4096, help="Generated training problems (without --from)."),
     seed: int = option(0, help="Seed of the generated problems."),
 ) -> None:
-    """Convert ReTool-SFT traces (--sft) or maths problems (DAPO-Math-17k, AIME, ...) for the retool task."""
+    """Convert ReTool-SFT traces (--sft) or maths problems (DAPO-Math-17k, AIME, ...) for the retool task.
+
+    Example (retool-sft-4090's files): tinyrl data retool --sft --from hf:JoeYing/ReTool-SFT --name retool-sft --test-size 64 --out data/retool
+
+    Example (retool-4090's prompts): tinyrl data retool --from hf:BytedTsinghua-SIA/DAPO-Math-17k --name dapo-math-17k --out data/retool
+    """
     from rich.console import Console
 
     check_writable(out_dir, lost="nothing was read or written", example="data/retool")  # before a download
