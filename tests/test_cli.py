@@ -93,21 +93,6 @@ def test_train_help_names_every_estimator_and_where_the_keys_are():
         assert name in text, name
 
 
-@pytest.mark.parametrize("verb", ["train", "sft"])
-def test_train_and_sft_help_end_with_an_example_whose_settings_load(verb):
-    """Neither help had a whole example command (walk E); each example's preset and --set keys must load."""
-    from tinyrl.config import load_config
-
-    done = tinyrl(verb, "--help")
-    text = " ".join(done.stdout.replace("│", " ").split())
-    example = text.split("Example", 1)[1].split("):", 1)[1].split("╭")[0].split()
-    assert example[:2] == ["tinyrl", verb], example
-    preset = example[example.index("--preset") + 1]
-    sets = [example[i + 1] for i, word in enumerate(example) if word == "--set"]
-    cfg = load_config(preset, sets, check=False)
-    assert cfg.command == verb and sets
-
-
 def test_presets_list_and_show():
     listed = tinyrl("presets")
     assert listed.returncode == 0

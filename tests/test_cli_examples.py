@@ -1,4 +1,4 @@
-"""Every command's --help ends with a real example: walked from the Typer app itself (a new
+"""Every command's --help shows a real example: walked from the Typer app itself (a new
 command, or a task's `tinyrl data NAME`, is checked without being listed here), each example
 parsed as the CLI would parse it, and shown whole at 80 and 200 columns."""
 

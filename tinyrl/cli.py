@@ -52,7 +52,7 @@ _flags_show_no_type()
 app = typer.Typer(
     help="RL for language models (PPO with a critic, GRPO) on ONE GPU: Countdown, then maths.\n\n"
     "Start with `tinyrl presets`, then `tinyrl probe-memory`, `tinyrl estimate-cost` and "
-    "`tinyrl train` with --preset NAME; each command's --help ends with an example.\n\n"
+    "`tinyrl train` with --preset NAME; each command's --help shows an example to copy.\n\n"
     "Example (the CPU demo, minutes, no GPU): tinyrl sft --preset countdown-demo-sft && tinyrl train --preset countdown-demo",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
