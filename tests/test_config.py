@@ -521,3 +521,15 @@ def test_the_hint_names_the_preset_and_where_its_keys_can_be_fixed(tmp_path):
     with pytest.raises(TinyRLError) as own:
         load_config(str(mine))
     assert f"or in {mine};" in own.value.hint and "> mine.toml" not in own.value.hint
+
+
+@pytest.mark.parametrize("text", ["", "# my preset, to fill in\n\n"])
+def test_a_preset_file_with_no_settings_is_refused(tmp_path, text):
+    # it ran silently as every default: a train nobody chose, under runs/mine
+    path = tmp_path / "mine.toml"
+    path.write_text(text)
+    with pytest.raises(TinyRLError) as info:
+        load_config(str(path))
+    assert "has no settings" in info.value.message and str(path) in info.value.message
+    assert f"tinyrl presets show countdown-tiny >> {path}" in info.value.hint  # >>: keeps the user's comments
+    assert path.read_text() == text

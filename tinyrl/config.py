@@ -294,6 +294,11 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
     need not exist yet, as a plan reads only model.name's shapes, which init_from must share."""
     path = _preset_path(preset)
     raw = read_preset(path)
+    if not raw:  # every setting at its default is no run anyone chose (an empty file, a slip of the editor)
+        raise TinyRLError(f"preset file {path} has no settings (it is empty or only comments)",
+                          hint=f"start it from a shipped preset: `tinyrl presets show countdown-tiny >> {path}`, "
+                               "then change what differs (`tinyrl presets` lists them; a preset cannot "
+                               "name another to start from)")
     cfg = Config(preset=path.stem)  # the stem names the run directory (runs/NAME)
     cfg.given_preset = preset
     problems = _named_preset_problems(raw, overrides or [])
