@@ -74,6 +74,24 @@ def test_pass_at_k_equals_a_direct_computation_from_the_samples(tmp_path, tiny_m
                     out_dir=tmp_path / "out", progress=False)
 
 
+def test_a_reward_error_on_a_row_names_the_data_file_it_is_in(tmp_path, tiny_model_dir, monkeypatch):
+    """--reward FILE:func raising on a row said 'row index 3 (test)' and not which --data file,
+    where train's reward errors name it (RewardSet.score_batch's data)."""
+    from tinyrl.data.io import ground_truth, load_prompts
+
+    _, test = mt.generate(tmp_path / "d", 4, 6, template="dapo")
+    truths = [ground_truth(r) for r in load_prompts(test).to_dict("records")]
+    monkeypatch.setattr(ev, "_engine", lambda kind, path, tok, *a: ScriptedEngine(tok, truths))
+    rewards = tmp_path / "boom.py"
+    rewards.write_text("def score(completion, example):\n    raise ValueError('boom')\n")
+    with pytest.raises(TinyRLError) as caught:
+        ev.evaluate(str(tiny_model_dir), [f"gen={test}"], task_name="math", n=0, engine="hf",
+                    out_dir=tmp_path / "out", progress=False, reward=f"{rewards}:score")
+    message = caught.value.message
+    assert f"{rewards}:score on row index " in message and "raised ValueError: boom" in message
+    assert message.endswith(f"(the row is in {test})")
+
+
 @pytest.fixture(scope="module")
 def math_run(tmp_path_factory, tiny_model_dir):
     """One step of math-tiny (saved at the end), shared by the run-directory tests."""

@@ -37,12 +37,13 @@ class FileResult:
 def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], task, task_cfg, *, n: int,
                   ks: list[int], temperature: float, top_p: float, greedy: bool, max_new_tokens: int,
                   seed: int = 0, name: str = "data", tick: Callable[[int], None] = lambda k: None,
-                  tool_rollout=None, judge=None) -> FileResult:
+                  tool_rollout=None, judge=None, data: Path | None = None) -> FileResult:
     """Greedy (optional) and n sampled episodes per prompt, judged by the task. -> FileResult
     `tool_rollout` (tinyrl.rollout.turns.ToolRollout): episodes with tools; each sample then
     keeps its turns (role + text) and tool calls, and the metrics add the tool counts.
     `judge` (a tinyrl.tasks.rewards.RewardSet of one user function): judges instead of the task
-    (solved: its solved_at); it extracts no answer, so there is no maj@k to vote."""
+    (solved: its solved_at); it extracts no answer, so there is no maj@k to vote. `data`: the
+    file the rows were read from, named in the judge's error on one of them (as in train)."""
     reward = judge if judge is not None else task.make_reward(task_cfg)
     solved_at = judge.solved_at if judge is not None else task.solved_at(task_cfg)
     result = FileResult(name)
@@ -62,9 +63,12 @@ def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], 
                 episodes = tool_rollout.run(engine, chunk, settings, rows[start:start + len(chunk)]).episodes
                 all_episodes += episodes
             seconds += time.perf_counter() - t0
-            for e, text in zip(episodes, response_texts(tokenizer, episodes)):
+            texts = response_texts(tokenizer, episodes)
+            chunk_rows = [rows[start + e.prompt_index] for e in episodes]
+            scores = (judge.score_batch(texts, chunk_rows, data=data).total if judge is not None
+                      else [float(reward(t, r)) for t, r in zip(texts, chunk_rows)])
+            for e, text, score in zip(episodes, texts, scores):
                 i = start + e.prompt_index
-                score = float(reward(text, rows[i]))
                 groups[i].append({"data": name, "problem": i, "kind": kind, "sample": len(groups[i]),
                                   "completion": text,
                                   "answer": None if judge is not None else task.extract_answer(text, task_cfg),
@@ -422,11 +426,11 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
 
         schemas = tool_schemas(task.tools if with_tools else ())
         loaded = []
-        for name, _ in files:
+        for name, file in files:
             rows = rows_of[name]
             texts = [chat_text(r, tokenizer, schemas) if chat else prompt_text(r) for r in rows]
-            loaded.append((name, tokenizer(texts, add_special_tokens=False)["input_ids"], rows))
-        longest = max(len(p) for _, prompts, _ in loaded for p in prompts)
+            loaded.append((name, tokenizer(texts, add_special_tokens=False)["input_ids"], rows, file))
+        longest = max(len(p) for _, prompts, _, _ in loaded for p in prompts)
         eng = _engine(engine, model_path, tokenizer, device, dtype, longest + max_new, seed)
         try:
             tool_rollout = None
@@ -443,7 +447,7 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
                **({"dtype": dtype_name(dtype)} if engine == "hf" else {}), "n": n, "k": ks,
                "temperature": temperature, "top_p": top_p, "greedy": greedy, "max_new_tokens": max_new,
                "files": {r.name: {"path": str(p), "problems": len(rows), **r.metrics}
-                         for r, (_, p), (_, _, rows) in zip(results, files, loaded)}}
+                         for r, (_, p), (_, _, rows, _) in zip(results, files, loaded)}}
     if with_tools:
         summary["tools"] = list(task.tools)
     elif task.tools:  # a tool-trained run read 0% here, every completion a bare "</answer>", nothing said
@@ -547,7 +551,7 @@ def _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, gree
 
     from rich.console import Console
 
-    total = sum(len(prompts) for _, prompts, _ in loaded) * ((1 if greedy else 0) + n)  # completions
+    total = sum(len(prompts) for _, prompts, _, _ in loaded) * ((1 if greedy else 0) + n)  # completions
     console = Console(stderr=True)
     if progress and console.is_terminal:
         from rich.progress import Progress
@@ -559,5 +563,5 @@ def _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, gree
         tick = _ticker(bar, total, console, progress_unit(greedy, n)) if progress else (lambda k: None)
         return [score_prompts(eng, tokenizer, prompts, rows, task, task_cfg, n=n, ks=ks, temperature=temperature,
                               top_p=top_p, greedy=greedy, max_new_tokens=max_new, seed=seed, name=name, tick=tick,
-                              tool_rollout=tool_rollout, judge=judge)
-                for name, prompts, rows in loaded]
+                              tool_rollout=tool_rollout, judge=judge, data=file)
+                for name, prompts, rows, file in loaded]
