@@ -85,3 +85,33 @@ def test_a_resumed_init_from_run_needs_only_its_own_copy_of_the_start(started, m
     code, err = cli(monkeypatch, capsys, "train", *TRAIN, "--set", f"model.init_from={run}", "--out", "rl2")
     assert code == 2 and "is not a run directory" in err, err  # a new run still needs its source
     assert json.loads((start / "rl" / "init_model" / "tinyrl_export.json").read_text())["run_dir"] == str(run)
+
+
+def test_a_run_that_does_not_record_where_it_started_says_its_paths_are_read_from_here(tmp_path, monkeypatch, capsys,
+                                                                                      caplog):
+    """run.json without cwd (runs begun before 2026-11-26): its relative data file was read from
+    the current directory without a word, whichever file of that name is here."""
+    import pandas as pd
+
+    from tinyrl.config import REPO_ROOT
+    from tinyrl.rundir import start_run
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mydata").mkdir()
+    pd.read_parquet(REPO_ROOT / "data" / "countdown" / "test.parquet")[:64].to_parquet("mydata/train.parquet")
+    cfg = load_config("countdown-tiny", ["data.train_path=mydata/train.parquet", "trainer.test_every=0"])
+    run = tmp_path / "runs" / "old"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(cfg.to_dict()))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "timing/step": 2.0}) + "\n" for i in range(1, 5)))
+    start_run(run)
+    code, err = cli(monkeypatch, capsys, "estimate-cost", "--from-run", str(run), "--json")
+    assert code == 0 and not caplog.records, err  # cwd kept: nothing to say (the CLI's log lines, here caplog's)
+    kept = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({k: v for k, v in kept.items() if k != "cwd"}))
+    code, err = cli(monkeypatch, capsys, "estimate-cost", "--from-run", str(run), "--json")
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert code == 0 and [r.levelname for r in caplog.records] == ["WARNING"], err
+    assert (f"{run}: the run does not record where it was started (its run.json has no cwd: a run from before 2026-11-26), "
+            f"so its relative paths are read from here ({tmp_path}): data.train_path = mydata/train.parquet;") in said, said
+    assert "data.test_path" not in said  # a file tinyrl ships is the same wherever the run started

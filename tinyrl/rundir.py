@@ -317,12 +317,35 @@ def rebase_paths(cfg, run_dir: Path) -> None:
     and estimate-cost counted their rows, exit 0 without a word."""
     import logging
 
+    def note(line: str) -> None:
+        logging.getLogger(__name__).warning("%s: %s", run_dir, line)
+
+    if start_dir(run_dir) is None:  # begun before run.json kept its cwd: nothing says where its paths start
+        _note_unrecorded_start(cfg, note)
+        return
     start = _elsewhere(run_dir)
     if start is not None:
-        def note(line: str) -> None:
-            logging.getLogger(__name__).warning("%s: %s", run_dir, line)
-
         _map_paths(cfg, lambda value, setting: _from_start(value, start, note, setting))
+
+
+def _note_unrecorded_start(cfg, note) -> None:
+    """A run without run.json's cwd: its relative paths found from here (not a file tinyrl ships,
+    the same wherever the run started) are read from here, said as _from_start's fallback is."""
+    from tinyrl.config import shipped_path
+
+    here: list[str] = []
+
+    def found_here(value: str, setting: str) -> str:
+        path = Path(value).expanduser() if value else None
+        if path is not None and not path.is_absolute() and path.exists() and shipped_path(path) is None:
+            here.append(f"{setting} = {value}")
+        return value
+
+    _map_paths(cfg, found_here)  # values kept: only `here` is used
+    if here:
+        note(f"the run does not record where it was started (its run.json has no cwd: a run from before "
+             f"2026-11-26), so its relative paths are read from here ({Path.cwd()}): {', '.join(here)}; "
+             "if the run was started elsewhere, run this from there")
 
 
 def check_resume_here(run_dir: Path, resume_cmd: str) -> None:
