@@ -76,6 +76,28 @@ def test_first_use_data_generation_is_an_info_line(tmp_path, monkeypatch, caplog
     assert "tinyrl.setup" in PROGRESS_LOGGERS  # and the CLI shows it
 
 
+
+def test_piped_first_use_data_generation_is_one_plain_line(tmp_path):
+    """`tinyrl train ... 2>&1 | cat`: the CLI's log line came out through Rich, padded with spaces
+    to the console's width and wrapped there ('INFO     generating 32 countdown tasks into' and
+    the path on a second line)."""
+    path = tmp_path / "data" / "train.parquet"
+    code = textwrap.dedent(f"""
+        from pathlib import Path
+        from tinyrl import setup
+        from tinyrl.cli import _log_to_stderr
+        from tinyrl.config import load_config
+        _log_to_stderr()
+        path = Path({str(path)!r})
+        setup.generated_paths = lambda: {{str(path)}}  # as a preset's own path
+        setup.ensure_train_data(load_config("countdown-tiny", [f"data.train_path={{path}}", "data.generate_train_size=32"]))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**ENV, "COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0] == f"INFO generating 32 countdown tasks into {path} (first use, once)", \
+        repr(done.stderr)
+
 def test_piped_sft_lines_hold_only_the_figures_that_exist():
     from rich.console import Console
 

@@ -615,8 +615,11 @@ def _log_to_stderr() -> None:
 
     from rich.logging import RichHandler
 
-    logging.basicConfig(level=logging.WARNING, format="%(message)s",
-                        handlers=[RichHandler(console=err, show_path=False, show_time=False)])
+    if err.is_terminal:
+        handler, line = RichHandler(console=err, show_path=False, show_time=False), "%(message)s"
+    else:  # piped (a log file, `| cat`): plain lines, where Rich padded each to the width and wrapped it
+        handler, line = logging.StreamHandler(sys.stderr), "%(levelname)s %(message)s"
+    logging.basicConfig(level=logging.WARNING, format=line, handlers=[handler])
     # huggingface_hub gives its root logger a handler of its own and lets it propagate to ours as
     # well: each warning (an offline load's "Retrying in 1s", ten of them) came out twice
     import huggingface_hub.utils.logging  # noqa: F401  (adds that handler on import: remove it after)
