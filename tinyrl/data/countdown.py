@@ -117,12 +117,13 @@ def option_problems(operands, max_number, flags: bool = False) -> list[str]:
 
 
 def _progress_bar(enabled: bool):
-    if not enabled:
-        return nullcontext(None)
     from rich.console import Console
     from rich.progress import Progress
 
-    return Progress(console=Console(stderr=True), transient=True)
+    console = Console(stderr=True)
+    if not enabled or not console.is_terminal:  # piped, a transient bar left only an empty line
+        return nullcontext(None)
+    return Progress(console=console, transient=True)
 
 
 def _with_responses(table: pa.Table, tasks: list[tuple]) -> pa.Table:
