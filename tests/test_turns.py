@@ -182,6 +182,27 @@ def test_calls_past_the_limit_are_not_run(tok, chat):
     assert ["rollout.max_tool_calls" in c.message for c in e.tool_calls] == [False] * 4 + [True] * 2
 
 
+def test_the_call_limit_counts_the_same_calls_whether_made_in_one_turn_or_several(chat):
+    """rollout.max_tool_calls counts the calls that ran: a bad call (an unknown tool) is not one
+    of them within a turn, so it is not across turns either. The same four calls, limit 3: all
+    three good ones run whether they come in one turn or two (the second turn's last one went
+    over the limit when the first turn's bad call was counted there)."""
+    bad = call("1", name="nope")
+    limits = EpisodeLimits(max_tool_calls=3, max_turns=4, tool_timeout_s=5.0)
+
+    def one_turn(context, j):
+        return (bad + call("print(1)") * 3) if "<tool_response>" not in context else "end"
+
+    def two_turns(context, j):
+        made = context.count("<|im_start|>assistant") - 1  # assistant turns so far
+        return [bad + call("print(1)"), call("print(2)") * 2, "end"][min(made, 2)]
+
+    for script in (one_turn, two_turns):
+        res, _, _ = _run(chat, script, k=1, n=1, budget=2000, limits=limits)
+        e = res.episodes[0]
+        assert [c.status for c in e.tool_calls] == ["unknown_tool", "ok", "ok", "ok"], script.__name__
+
+
 def test_parse_keeps_calls_in_order_and_never_raises():
     text = "x " + call("1") + " y <tool_call>{\"name\": 3}</tool_call>" + call("2", name="nope")
     got = parse_tool_calls(text, SCHEMAS)

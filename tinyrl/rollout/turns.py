@@ -248,6 +248,9 @@ def _next_calls(active: list[_Live], schemas: dict, limits: EpisodeLimits,
     return calling
 
 
+_NOT_RUN = ("bad_call", "unknown_tool", "over_limit")  # statuses of calls that never ran
+
+
 def _submit_calls(pool: ThreadPoolExecutor, live: _Live, calls: list[ParsedCall], tools: dict,
                   limits: EpisodeLimits, tools_kwargs: dict) -> list[tuple[str, object]]:
     """Start an episode's calls in `pool` -> per call (tool name, a Future or an _Outcome).
@@ -256,7 +259,9 @@ def _submit_calls(pool: ThreadPoolExecutor, live: _Live, calls: list[ParsedCall]
     result, and a hung one frees its pool worker after tool_timeout_s + its grace."""
     from tinyrl.tools import call_tool
 
-    used = len(live.tool_calls)
+    # the calls that ran (a bad call, an unknown tool or one past the limit is not counted, in
+    # this turn as in earlier ones): the limit is the same whether calls come in one turn or several
+    used = sum(c.status not in _NOT_RUN for c in live.tool_calls)
     row: list[tuple[str, object]] = []
     for call in calls:
         if call.status:
