@@ -117,6 +117,21 @@ def test_a_tool_returning_another_type_becomes_an_error_turn(chat, returned):
     assert f"returned a {type(returned).__name__}, not a tinyrl.tools.ToolResult" in text
 
 
+@pytest.mark.parametrize("fields, wrong", [
+    ({"stdout": b"7\n", "stderr": b"", "exit_code": 0}, "stdout is a bytes"),  # subprocess.run without text=True
+    ({"stdout": "7\n", "stderr": None, "exit_code": 0}, "stderr is a NoneType"),
+    ({"stdout": "7\n", "stderr": "", "exit_code": "0"}, "exit_code is a str"),
+    ({"stdout": "", "stderr": "", "exit_code": 1, "message": 3}, "message is a int")])
+def test_a_tool_result_with_fields_of_another_type_becomes_an_error_turn(chat, fields, wrong):
+    """A ToolResult whose fields are not what render reads (a str's methods on bytes or None)
+    raised out of the rollout and stopped the run; it is the call's failure, as any other."""
+    (e,) = _episodes(chat, lambda arguments, create_kwargs, **limits: ToolResult(**fields))
+    _goes_on(e)
+    assert [c.status for c in e.tool_calls] == ["error"]
+    assert f"returned a ToolResult whose {wrong}" in _tool_text(chat, e)
+    assert episode_metrics([e])["tools/errors"] == 1.0
+
+
 def test_a_hung_tool_times_out_and_leaves_the_pool_to_the_next_call(chat):
     """One worker, two episodes: the first call never returns by itself (until the test lets it),
     the second is quick. The first is given up after tool_timeout_s + the tool's grace (status

@@ -113,7 +113,17 @@ def call_tool(tool: Tool, arguments: dict[str, Any], create_kwargs: dict[str, An
     if not isinstance(result, ToolResult):
         return _failed(f"error: tool {tool.name!r} returned a {type(result).__name__}, not a "
                        "tinyrl.tools.ToolResult (its run must return one)", seconds)
+    # what render and the call's record read: bytes (subprocess.run without text=True) or None
+    # there raised out of the rollout, a tool's failure stopping the run
+    for name, want in _FIELD_TYPES:
+        value = getattr(result, name)
+        if not isinstance(value, want):
+            return _failed(f"error: tool {tool.name!r} returned a ToolResult whose {name} is a {type(value).__name__}, "
+                           f"not a {want.__name__}", seconds)
     return replace(result, seconds=seconds)
+
+
+_FIELD_TYPES = (("stdout", str), ("stderr", str), ("exit_code", int), ("message", str))
 
 
 def _failed(message: str, seconds: float, timed_out: bool = False) -> ToolResult:
