@@ -132,6 +132,31 @@ def test_a_tool_result_with_fields_of_another_type_becomes_an_error_turn(chat, f
     assert episode_metrics([e])["tools/errors"] == 1.0
 
 
+def test_a_tool_that_changes_its_create_kwargs_changes_no_other_episodes(chat):
+    """create_kwargs is the episode's own state (README): a tool that writes into it (a stateful
+    tool keeping what it was asked) must not change what its prompt's other episodes get, nor the
+    row. They shared the row's one dict: the episodes' outputs were 1, 2, 3 in the order their
+    calls happened to run, so a seeded rollout did not repeat."""
+    def run(arguments, create_kwargs, **limits):
+        create_kwargs.setdefault("asked", []).append(arguments["code"])
+        return _ok(f"asked {len(create_kwargs['asked'])} times\n")
+
+    def script(context, j):
+        return ("<answer> done </answer>" if "<tool_response>" in context else
+                "<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {"code": "1"}}) + "\n</tool_call>")
+
+    msgs = [[{"role": "user", "content": "task 0: go"}]]
+    row_kwargs = {"code_interpreter": {"create_kwargs": {"setup": "a = 1"}}}
+    res = run_episodes(ScriptedEngine(chat.tokenizer, script), [chat.render(m, generation_prompt=True) for m in msgs],
+                       SamplingSettings(n=3, max_new_tokens=400, seed=1), chat=chat,
+                       tools={"code_interpreter": Tool("code_interpreter", SCHEMA, run)},
+                       limits=EpisodeLimits(tool_timeout_s=5.0), messages=msgs, tools_kwargs=[row_kwargs])
+    for e in res.episodes:
+        _goes_on(e)
+        assert "asked 1 times" in _tool_text(chat, e)
+    assert row_kwargs == {"code_interpreter": {"create_kwargs": {"setup": "a = 1"}}}
+
+
 def test_a_hung_tool_times_out_and_leaves_the_pool_to_the_next_call(chat):
     """One worker, two episodes: the first call never returns by itself (until the test lets it),
     the second is quick. The first is given up after tool_timeout_s + the tool's grace (status

@@ -47,6 +47,7 @@ Knows nothing of tasks, the trainer or a particular engine.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
@@ -118,6 +119,9 @@ class _Live:
     finished_turn: bool = False       # the last assistant turn ended with a stop token
     stop_reason: str = ""
     key: int = 0                      # its index in the turn-1 result: the engine session's name for it
+    # its own copy of its row's {tool: {"create_kwargs": ...}} (made at its first calls): a tool
+    # that writes into its create_kwargs changes neither the row nor the prompt's other episodes
+    tools_kwargs: dict | None = None
 
     def add_assistant(self, tokens: list[int], logprobs: list[float] | None, finished: bool, text: str) -> None:
         start = len(self.ids)
@@ -177,8 +181,9 @@ def run_episodes(engine, prompt_ids: list[list[int]], sampling: SamplingSettings
         with _tool_pool(limits.workers()) as pool:
             while True:
                 for live, calls in _next_calls(active, schemas, limits, budget):
-                    own = tools_kwargs[live.prompt_index] if tools_kwargs else {}
-                    pending[live.key] = (live, _submit_calls(pool, live, calls, tools, limits, own))
+                    if live.tools_kwargs is None:
+                        live.tools_kwargs = copy.deepcopy(tools_kwargs[live.prompt_index]) if tools_kwargs else {}
+                    pending[live.key] = (live, _submit_calls(pool, live, calls, tools, limits, live.tools_kwargs))
                 session.retain(list(pending))  # the others' caches go before the calls run
                 if stepping:  # each episode's next turn joins the running batch as soon as its calls are back
                     for live in _grow(pending, _ready(pending), chat, budget, limits):
