@@ -68,3 +68,38 @@ def test_eval_keeps_whole_episodes(tmp_path, tiny_model_dir, monkeypatch, math_w
     with pytest.raises(TinyRLError, match="chat template"):
         ev.evaluate(str(model), [f"gen={test}"], task_name="math", n=2, ks=[1], engine="hf",
                     out_dir=tmp_path / "x", progress=False, tools=True, chat_template=False)
+
+
+def test_eval_hands_each_episode_to_a_reward_that_reads_it(tiny_model_dir):
+    """A reward that takes `episode` (retool's tool-error penalty, a function of one's own that
+    reads Episode.tool_calls) gets the sample's episode in eval as in train and validation
+    (RewardSet.score_batch(episodes=...)); eval passed none, so such a reward read None: a
+    function using it raised, retool's judged without its penalty."""
+    from types import SimpleNamespace
+
+    from tinyrl.config import RolloutConfig
+    from tinyrl.rollout.turns import ToolRollout
+    from tinyrl.tasks.rewards import RewardSet
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = HERMES_TEMPLATE
+
+    def script(context: str, j: int) -> str:
+        return _call("print(1)") * j if "<tool_response>" not in context else "Answer: 1"
+
+    def calls_made(completion, row, episode):  # a reward of one's own that reads the episode
+        return float(len(episode.tool_calls))
+
+    engine = ScriptedEngine(tok, script)
+    rollout = ToolRollout(("code_interpreter",), tok, engine, RolloutConfig(tool_timeout_s=5.0))
+    rows = [{"prompt": [{"role": "user", "content": "task 0: go"}]}]
+    prompts = [rollout.chat.render(rows[0]["prompt"], generation_prompt=True)]
+    common = dict(n=3, ks=[1], temperature=1.0, top_p=1.0, greedy=False, max_new_tokens=200, seed=1,
+                  tool_rollout=rollout)
+    judged = ev.score_prompts(engine, tok, prompts, rows, None, None, judge=RewardSet([("calls", calls_made)], [], 1.0),
+                              **common)
+    assert [s["reward"] for s in judged.samples] == [0.0, 1.0, 2.0]
+    task = SimpleNamespace(make_reward=lambda cfg: calls_made, solved_at=lambda cfg: 1.0,
+                           extract_answer=lambda text, cfg: None)
+    by_task = ev.score_prompts(engine, tok, prompts, rows, task, None, **common)
+    assert [s["reward"] for s in by_task.samples] == [0.0, 1.0, 2.0]

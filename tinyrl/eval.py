@@ -46,6 +46,9 @@ def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], 
     file the rows were read from, named in the judge's error on one of them (as in train)."""
     reward = judge if judge is not None else task.make_reward(task_cfg)
     solved_at = judge.solved_at if judge is not None else task.solved_at(task_cfg)
+    from tinyrl.rewards.registry import reads_episode
+
+    with_episode = judge is None and reads_episode(reward)
     result = FileResult(name)
     kinds = ([("greedy", SamplingSettings(n=1, greedy=True, max_new_tokens=max_new_tokens))] if greedy else []) + \
         ([("sample", SamplingSettings(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
@@ -65,8 +68,10 @@ def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], 
             seconds += time.perf_counter() - t0
             texts = response_texts(tokenizer, episodes)
             chunk_rows = [rows[start + e.prompt_index] for e in episodes]
-            scores = (judge.score_batch(texts, chunk_rows, data=data).total if judge is not None
-                      else [float(reward(t, r)) for t, r in zip(texts, chunk_rows)])
+            # a reward that reads `episode` gets it, as in train and validation (RewardSet.score_batch)
+            scores = (judge.score_batch(texts, chunk_rows, episodes=episodes, data=data).total if judge is not None
+                      else [float(reward(t, r, episode=e) if with_episode else reward(t, r))
+                            for t, r, e in zip(texts, chunk_rows, episodes)])
             for e, text, score in zip(episodes, texts, scores):
                 i = start + e.prompt_index
                 groups[i].append({"data": name, "problem": i, "kind": kind, "sample": len(groups[i]),
