@@ -44,10 +44,10 @@ def score_prompts(engine, tokenizer, prompts: list[list[int]], rows: list[Any], 
     `judge` (a tinyrl.tasks.rewards.RewardSet of one user function): judges instead of the task
     (solved: its solved_at); it extracts no answer, so there is no maj@k to vote. `data`: the
     file the rows were read from, named in the judge's error on one of them (as in train)."""
-    reward = judge if judge is not None else task.make_reward(task_cfg)
-    solved_at = judge.solved_at if judge is not None else task.solved_at(task_cfg)
     from tinyrl.rewards.registry import reads_episode
 
+    reward = judge if judge is not None else task.make_reward(task_cfg)
+    solved_at = judge.solved_at if judge is not None else task.solved_at(task_cfg)
     with_episode = judge is None and reads_episode(reward)
     result = FileResult(name)
     kinds = ([("greedy", SamplingSettings(n=1, greedy=True, max_new_tokens=max_new_tokens))] if greedy else []) + \
