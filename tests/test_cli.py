@@ -300,5 +300,5 @@ def test_resume_of_a_directory_without_a_run_writes_nothing(tmp_path):
     new = tmp_path / "NEW"
     for command, preset in (("train", "countdown-tiny"), ("sft", "countdown-tiny-sft")):
         done = tinyrl(command, "--preset", preset, "--resume", "--out", str(new), "--no-dashboard")
-        assert done.returncode == 2 and "holds no run (no config.json)" in done.stderr, done.stderr
+        assert done.returncode == 2 and "holds no run (no such directory)" in done.stderr, done.stderr
         assert not new.exists()

@@ -242,12 +242,22 @@ def test_resume_needs_only_the_run_directory(tmp_path, data, tiny_model_dir):
     # kill -9 of this resume "ended at once (nothing was trained)"
     kept = json.loads((out / rundir.RUN_FILE).read_text())["resume"]
     assert "--max-steps 2" in kept and "--set trainer.log_samples=1" in kept and f"--set data.train_path={data}" in kept
-    # no --preset: a new run, or a run that keeps no command, is one screen, exit 2
+    # no --preset: a new run, or a run that keeps no command, is one screen, exit 2; a mistyped
+    # --out with no run at all is said as such (it said "keeps no command to continue it" and
+    # "NONE/config.json holds its settings", of a directory that did not exist)
+    older = tmp_path / "older"  # a run started before run.json kept the command
+    older.mkdir()
+    (older / "config.json").write_text((out / "config.json").read_text())
     for args, said in ((["train", "--out", str(tmp_path / "new")], "--preset is needed"),
-                       (["sft", "--out", str(tmp_path / "none"), "--resume"], "keeps no command to continue it")):
+                       (["sft", "--out", str(older), "--resume"], "keeps no command to continue it"),
+                       (["train", "--out", str(tmp_path / "none"), "--resume"], "holds no run (no such directory)"),
+                       (["train", "--out", str(tmp_path), "--resume"], "holds no run (no config.json)")):
         refused = subprocess.run([sys.executable, "-m", "tinyrl.cli", *args], capture_output=True, text=True,
                                  timeout=300, env=ENV)
-        assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+        assert refused.returncode == 2 and said in " ".join(refused.stderr.split()) and "Traceback" not in \
+            refused.stderr, refused.stderr
+        assert "holds no run" not in said or "--preset is needed" not in refused.stderr, refused.stderr
+    assert not (tmp_path / "none").exists()
 
 
 def test_a_run_stopped_by_bad_input_leaves_no_empty_directory_and_keeps_the_users(tmp_path):

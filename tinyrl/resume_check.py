@@ -79,7 +79,8 @@ def check_has_run(run_dir: Path) -> None:
     """--resume of a directory without a run: said before it is claimed (a lock file left in a
     new, mistyped --out) or anything loads."""
     if not (run_dir / "config.json").is_file():
-        raise TinyRLError(f"--resume: {run_dir} holds no run (no config.json)",
+        why = "no config.json" if run_dir.exists() else "no such directory"
+        raise TinyRLError(f"--resume: {run_dir} holds no run ({why})",
                           hint="run without --resume to start one, or pass the run's --out directory")
 
 

@@ -232,6 +232,9 @@ def resumed_args(run_dir: Path) -> tuple[str, list[str]]:
     `--resume` given without --preset; exit 2 when the run keeps none."""
     import shlex
 
+    from tinyrl.resume_check import check_has_run
+
+    check_has_run(run_dir)  # no run there at all (a mistyped --out): said as such, not as a missing --preset
     kept = _read_id(run_dir / RUN_FILE, "resume") if (run_dir / RUN_FILE).is_file() else None
     if kept is None:
         raise TinyRLError(f"--preset is needed: {run_dir} keeps no command to continue it (no run.json, or a run "
