@@ -501,3 +501,32 @@ def test_the_eval_table_prints_counts_whole_and_says_greedy_only():
     assert " ".join(" ".join(lines[:2]).split()) == \
         "tinyrl eval · runs/countdown-demo (step 60) · task countdown · hf on cpu · n=4 T=0.6"  # 85 characters: 2 lines
     assert any("1,024" in line for line in lines)
+
+
+def test_eval_and_export_of_a_run_still_starting_say_so(tmp_path):
+    """A walk: `tinyrl eval runs/NEW` a few seconds after `tinyrl train --out runs/NEW` started
+    (its model and data still loading: the directory holds only the lock) said "is neither a run
+    directory nor a model directory", and `tinyrl export` "is not a run directory", while `tinyrl
+    report` said the run was under way. A real lock, held by another process's rundir.claim."""
+    import os
+
+    from tinyrl.export import export_run
+
+    run = tmp_path / "run"
+    code = ("import sys; from pathlib import Path; from tinyrl import rundir\n"
+            "with rundir.claim(Path(sys.argv[1]), 'train'):\n"
+            "    print('held', flush=True); sys.stdin.read()\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for attempt in (lambda: ev.evaluate(str(run), n=0), lambda: export_run(run, tmp_path / "export")):
+            with pytest.raises(TinyRLError, match="is a run still starting") as exc:
+                attempt()
+            assert f"pid {holder.pid}, tinyrl train since" in exc.value.message
+            assert "first checkpoint" in exc.value.hint
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    with pytest.raises(TinyRLError, match="no such directory"):  # it ended: the directory it made is gone
+        ev.evaluate(str(run), n=0)

@@ -248,7 +248,11 @@ def _exported_task(model_dir: Path):
 
 def _check_model_target(target: str) -> None:
     """A target that is not a run directory: a model directory, or what can be a Hugging Face id."""
+    from tinyrl.rundir import starting_run
+
     path = Path(target).expanduser()
+    if path.exists() and (starting := starting_run(path)):
+        raise starting
     if path.exists() and not (path / "config.json").is_file():
         raise TinyRLError(f"{target} is neither a run directory nor a model directory (no config.json)",
                           hint="give a `tinyrl train` --out directory, a Hugging Face model directory or id")

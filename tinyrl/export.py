@@ -56,6 +56,8 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, dtype: str
         raise TinyRLError(f"--dtype {dtype} is not one of {', '.join(DTYPES)}; nothing was written",
                           hint="; ".join(f"{name}: {what}" for name, what in DTYPES.items()))
     config_path = run_dir / "config.json"
+    if starting := rundir.starting_run(run_dir):
+        raise starting
     if not config_path.exists():
         raise TinyRLError(f"{run_dir} is not a run directory (no config.json)",
                           hint="pass the --out directory of a `tinyrl train` or `tinyrl sft` run")

@@ -147,6 +147,19 @@ def other_holder(run_dir: Path) -> str | None:
         os.close(fd)  # drops the shared lock, if taken
 
 
+def starting_run(run_dir: Path) -> TinyRLError | None:
+    """A run directory another process has claimed and not yet written its config.json into (a
+    `tinyrl train` still loading its model and data): the error for a reader of its checkpoints
+    (`eval`, `export`), which said "not a run directory", else None."""
+    holder = other_holder(run_dir) if not (Path(run_dir) / "config.json").exists() else None
+    if holder is None:
+        return None
+    pid, _, what = holder.partition(" ")
+    return TinyRLError(f"{run_dir} is a run still starting (pid {pid}{', ' + what if what else ''}): it has no "
+                       "checkpoint yet, nothing of it can be loaded",
+                       hint="wait for its first checkpoint (`trainer.save_every`, and its last step)")
+
+
 # What a run writes at the top of its directory (beside checkpoints/ and report/).
 RUN_FILES = ("config.json", RUN_FILE, "metrics.jsonl", "samples.jsonl", "timeline.jsonl", "metrics.parquet")
 
