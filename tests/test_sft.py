@@ -551,6 +551,23 @@ def test_a_missing_start_that_a_preset_makes_names_the_command(tmp_path, monkeyp
     assert "give the --out directory" in str(err.value) and "run that first" not in str(err.value)
 
 
+def test_a_mistyped_init_from_names_the_run_beside_it(tmp_path, monkeypatch):
+    """A walk of "SFT, then RL": `--set model.init_from=runs/sfft` (runs/sft made by the SFT
+    step) said only "is not a run directory (no config.json)", as of a directory that exists."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "sft").mkdir(parents=True)
+    (tmp_path / "runs" / "sft" / "config.json").write_text(json.dumps({"trainer": {}, "model": {}}))
+    (tmp_path / "runs" / "sfx").mkdir()  # a near name that is no run: not suggested
+    with pytest.raises(TinyRLError) as err:
+        load_config("countdown-tiny", ["model.init_from=runs/sfft"])
+    assert "model.init_from = runs/sfft is not a run directory (no such directory); did you mean runs/sft?" \
+        in err.value.message
+    (tmp_path / "runs" / "empty").mkdir()
+    with pytest.raises(TinyRLError) as err:
+        load_config("countdown-tiny", ["model.init_from=runs/empty"])
+    assert "runs/empty is not a run directory (no config.json); give the --out directory" in err.value.message
+
+
 def test_init_from_a_run_on_another_base_is_refused(tmp_path):
     (tmp_path / "src" / "checkpoints").mkdir(parents=True)
     (tmp_path / "src" / "config.json").write_text(json.dumps({"model": {"name": "Qwen/Qwen2.5-0.5B"}}))

@@ -36,8 +36,10 @@ def source_problems(cfg, not_made_yet_ok: bool = False) -> list[str]:
     if not (src / "config.json").is_file():
         if not_made_yet_ok:
             return []
-        return [f"model.init_from = {setting} is not a run directory (no config.json); "
-                + (_made_by(src, cfg.trainer.out_dir) or "give the --out directory of a `tinyrl sft` (or `tinyrl train`) run")]
+        what = "no config.json" if src.exists() else "no such directory"
+        return [f"model.init_from = {setting} is not a run directory ({what}); "
+                + (_made_by(src, cfg.trainer.out_dir) or _near_run(src)
+                   or "give the --out directory of a `tinyrl sft` (or `tinyrl train`) run")]
     try:
         saved = json.loads((src / "config.json").read_text())
         base = saved["model"]["name"]
@@ -82,6 +84,19 @@ def same_directory(a: str, b: str) -> bool | None:
     if here.is_dir() or there.is_dir():
         return here.is_dir() and there.is_dir() and here.resolve() == there.resolve()
     return None
+
+
+def _near_run(src: Path) -> str | None:
+    """A mistyped run directory (runs/sfft): the run beside it with the nearest name."""
+    import difflib
+
+    from tinyrl.rundir import is_run_dir
+
+    if src.exists() or not src.parent.is_dir():
+        return None
+    runs = [p.name for p in src.parent.iterdir() if p.is_dir() and is_run_dir(p)]
+    near = difflib.get_close_matches(src.name, runs, n=1)
+    return f"did you mean {src.parent / near[0]}?" if near else None
 
 
 def _made_by(src: Path, out_dir: str) -> str | None:
