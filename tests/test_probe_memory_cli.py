@@ -222,6 +222,8 @@ def test_bad_input_is_one_screen_and_exit_2(monkeypatch, capsys, args, words):
     assert code == 2
     assert words in " ".join(stderr.split())
     assert "Traceback" not in stderr and stdout == ""
+    # a bad --memory-limit came after "real passes under a 3 potatoes ceiling ...": said alone now
+    assert words != "cannot read the size" or "real passes under" not in stderr
 
 
 def test_a_budget_above_the_card_is_refused_and_no_plan_is_left_for_train(monkeypatch, capsys):

@@ -512,8 +512,9 @@ def probe_memory(
         check_file_target(plan_out, lambda f: json_object_with(f, "phases"), "memory plan",
                           lost="nothing was planned", example="plan.json")
     if mode == "cpu":
+        limit = mp.parse_size(memory_limit)  # a bad size is said alone, before "real passes under ..."
         with _working(f"CPU probe of {cfg.model.name}: real passes under a {memory_limit} ceiling ..."):
-            result = mp.cpu_probe(cfg, mp.parse_size(memory_limit))
+            result = mp.cpu_probe(cfg, limit)
         if as_json:
             print(json.dumps(result, indent=2))
             return
