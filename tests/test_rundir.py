@@ -127,6 +127,17 @@ def test_foreign_checkpoints_are_refused_and_own_resume_continues(tmp_path, data
     assert f"step_0000002 (run {old_id})" in err and f"this directory's run is {other_id}" in err
     assert not (other / "checkpoints" / "step_0000003").exists()
 
+    # checkpoints/ copied alone into a new directory: the new run said "add --resume", and
+    # --resume then said "run without --resume to start one", each sending the user to the other
+    lone = tmp_path / "lone"
+    shutil.copytree(old / "checkpoints", lone / "checkpoints")
+    for extra in ((), ("--resume",)):
+        refused = run(data, lone, "--max-steps", "3", *extra)
+        err = " ".join(refused.stderr.replace("│", " ").split())
+        assert refused.returncode == 2 and "no run's config.json is beside them" in err, err[-3000:]
+        assert "add --resume" not in err and "run without --resume" not in err and f"{lone / 'checkpoints'}" in err
+    assert not (lone / "config.json").exists()
+
     # the run's own checkpoints resume as before
     resumed = run(data, old, "--resume", "--max-steps", "3")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

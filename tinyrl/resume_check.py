@@ -80,8 +80,12 @@ def check_has_run(run_dir: Path) -> None:
     new, mistyped --out) or anything loads."""
     if not (run_dir / "config.json").is_file():
         why = "no config.json" if run_dir.exists() else "no such directory"
+        orphans = ckpt.list_checkpoints(run_dir / "checkpoints")  # copied in alone: a new run refuses them too
         raise TinyRLError(f"--resume: {run_dir} holds no run ({why})",
-                          hint="run without --resume to start one, or pass the run's --out directory")
+                          hint=f"{run_dir / 'checkpoints'} holds checkpoints but no run's config.json is beside them: "
+                               "resume the run they came from in its own directory, or move them away and start a "
+                               "new run" if orphans else
+                               "run without --resume to start one, or pass the run's --out directory")
 
 
 def check_resume(run_dir: Path, cfg: Config) -> list[str]:

@@ -198,7 +198,11 @@ def check_new_run(run_dir: Path) -> None:
             f"{run_dir / 'checkpoints'} holds checkpoints this new run did not write (step {steps}); "
             "a new run there would prune them as its own and a later --resume would continue from them. "
             "Nothing was changed",
-            hint="add --resume to continue the run they belong to, or choose another --out directory")
+            hint="add --resume to continue the run they belong to, or choose another --out directory"
+            if (run_dir / "config.json").is_file() else
+            # no run beside them (checkpoints/ copied in alone): --resume has nothing to continue
+            f"no run's config.json is beside them, so --resume cannot continue them here: resume the run they "
+            f"came from in its own directory, or move {run_dir / 'checkpoints'} away, or choose another --out directory")
     theirs = [name for name in RUN_FILES if (run_dir / name).exists()]
     if theirs and not is_run_dir(run_dir):
         # until 2026-11-27 `train --out DIR` wrote its config.json over an exported model's, which
