@@ -214,6 +214,14 @@ def test_an_estimator_under_another_name_says_tinyrls():
         assert said in _problems("countdown-tiny", f"algorithm.adv_estimator={typed}"), typed
 
 
+def test_qlora_as_a_finetune_mode_names_the_two_settings_it_is():
+    """A walk: `--set model.finetune=qlora` said "is not one of lora, full (did you mean
+    'lora'?)", which trains a plain LoRA on the full-precision base; QLoRA is LoRA plus
+    model.quantize=nf4, which README documents and a user cannot guess from that message."""
+    said = _problems("countdown-tiny", "model.finetune=qlora")
+    assert 'set model.finetune = "lora" and model.quantize = "nf4"' in said and "did you mean" not in said
+
+
 def test_val_files_with_one_name_twice_is_a_config_problem():
     """A name given twice (or two files of one stem) was `train`'s "two --data files have the
     same name", pointing at eval's flag, after the model had loaded."""

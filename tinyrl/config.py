@@ -711,8 +711,12 @@ ESTIMATOR_NAMES_ELSEWHERE = {  # what a user types for an estimator tinyrl has u
     "reinforce_plus_plus": 'is verl\'s name for REINFORCE++: tinyrl\'s is "reinforce_pp" (export-verl maps it back)',
     "reinforce++": 'is REINFORCE++: set "reinforce_pp"',
 }
+FINETUNE_NAMES_ELSEWHERE = {  # QLoRA is LoRA on a 4-bit base: two settings, not a third mode
+    "qlora": 'is LoRA on a 4-bit base: set model.finetune = "lora" and model.quantize = "nf4" (a CUDA card, '
+             "with rollout.engine = hf)",
+}
 REFUSED_CHOICES = {"algorithm.kl_penalty": KL_REFUSED, "algorithm.kl_loss_type": KL_REFUSED,
-                   "algorithm.adv_estimator": ESTIMATOR_NAMES_ELSEWHERE}
+                   "algorithm.adv_estimator": ESTIMATOR_NAMES_ELSEWHERE, "model.finetune": FINETUNE_NAMES_ELSEWHERE}
 
 
 def get_setting(cfg: Config, dotted: str) -> Any:
