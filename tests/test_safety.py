@@ -100,6 +100,28 @@ def test_resume_refuses_settings_that_cannot_change(tmp_path, monkeypatch, capsy
     assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
 
 
+def test_a_resume_with_preset_that_drops_the_kept_sets_names_the_command_that_keeps_them(tmp_path):
+    """A walk: `tinyrl train --preset countdown-tiny --resume` of a run started with --set
+    options refused each as a change and said only "resume with the run's own settings (its
+    config.json)", while `--out RUN --resume` without --preset reads them from run.json."""
+    from tinyrl import rundir
+    from tinyrl.resume_check import check_resume
+
+    run = _run_dir_with_config(tmp_path, "trainer.train_batch_size=16")
+    (run / rundir.RUN_FILE).write_text(json.dumps({
+        "run_id": "abc", "cwd": str(tmp_path),
+        "resume": f"tinyrl train --preset countdown-tiny --out {run} --resume --max-steps 3 "
+                  "--set trainer.train_batch_size=16"}))
+    with pytest.raises(TinyRLError) as refused:
+        check_resume(run, load_config("countdown-tiny"))
+    assert "trainer.train_batch_size: 16 -> 32" in refused.value.message
+    assert f"`tinyrl train --out {run} --resume`" in refused.value.hint and "--max-steps 3" not in refused.value.hint
+    (run / rundir.RUN_FILE).unlink()  # a run from before run.json kept its command: its config.json
+    with pytest.raises(TinyRLError) as refused:
+        check_resume(run, load_config("countdown-tiny"))
+    assert "resume with the run's own settings (its config.json)" in refused.value.hint
+
+
 def test_resume_lists_settings_that_may_change():
     from tinyrl.resume_check import compare
 

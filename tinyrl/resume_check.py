@@ -88,6 +88,21 @@ def check_has_run(run_dir: Path) -> None:
                                "run without --resume to start one, or pass the run's --out directory")
 
 
+def _kept_command(run_dir: Path) -> str | None:
+    """The command run.json keeps, said as the way to resume: a `--resume` given with --preset
+    (the kept --set options are read only without it) met every --set of the start as a change."""
+    from tinyrl.rundir import RUN_FILE
+
+    try:
+        kept = json.loads((run_dir / RUN_FILE).read_text()).get("resume")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not kept:
+        return None
+    return (f"`tinyrl {kept.split()[1]} --out {run_dir} --resume`, with --max-steps if you like, and without "
+            "--preset: it reads the --preset and --set options the run keeps in run.json")
+
+
 def check_resume(run_dir: Path, cfg: Config) -> list[str]:
     """Raise when the run's settings changed in a way its checkpoint cannot follow; return
     notices listing the allowed changes."""
@@ -104,8 +119,8 @@ def check_resume(run_dir: Path, cfg: Config) -> list[str]:
             f"--resume: {len(forbidden)} setting(s) differ from the run's config.json and cannot change "
             "on resume (the checkpoint was made with the old values):\n"
             + "\n".join(f"  - {line}" for line in forbidden),
-            hint="resume with the run's own settings (its config.json), or start a new run with "
-                 f"another --out; these may change on resume: {', '.join(c.rstrip('.') for c in CHANGEABLE)}")
+            hint=f"resume with the run's own settings ({_kept_command(run_dir) or 'its config.json'}), or start a "
+                 f"new run with another --out; these may change on resume: {', '.join(c.rstrip('.') for c in CHANGEABLE)}")
     return [f"--resume: changed since the run began: {'; '.join(allowed)}"] if allowed else []
 
 
