@@ -362,7 +362,7 @@ def _checked_run(command: str, preset: str, overrides: Optional[list[str]], out_
     check_train_path(cfg)  # a mistyped data path fails here, before anything is loaded or written
     check_data_rows(cfg)  # another task's data too: before the memory plan, init_from's merge, the model
     if resume:
-        from tinyrl.resume_check import check_has_run
+        from tinyrl.rundir import check_has_run
 
         check_has_run(run_dir)
     return cfg, run_dir, _resume_command(preset, overrides, run_dir, max_steps, command)

@@ -17,6 +17,7 @@ from pathlib import Path
 from tinyrl import checkpoint as ckpt
 from tinyrl.config import Config
 from tinyrl.errors import TinyRLError
+from tinyrl.rundir import RUN_FILE, check_has_run
 
 # Exact keys, or "section." for every key of a section.
 CHANGEABLE = (
@@ -75,24 +76,9 @@ def compare(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     return forbidden, allowed
 
 
-def check_has_run(run_dir: Path) -> None:
-    """--resume of a directory without a run: said before it is claimed (a lock file left in a
-    new, mistyped --out) or anything loads."""
-    if not (run_dir / "config.json").is_file():
-        why = "no config.json" if run_dir.exists() else "no such directory"
-        orphans = ckpt.list_checkpoints(run_dir / "checkpoints")  # copied in alone: a new run refuses them too
-        raise TinyRLError(f"--resume: {run_dir} holds no run ({why})",
-                          hint=f"{run_dir / 'checkpoints'} holds checkpoints but no run's config.json is beside them: "
-                               "resume the run they came from in its own directory, or move them away and start a "
-                               "new run" if orphans else
-                               "run without --resume to start one, or pass the run's --out directory")
-
-
 def _kept_command(run_dir: Path) -> str | None:
     """The command run.json keeps, said as the way to resume: a `--resume` given with --preset
     (the kept --set options are read only without it) met every --set of the start as a change."""
-    from tinyrl.rundir import RUN_FILE
-
     try:
         kept = json.loads((run_dir / RUN_FILE).read_text()).get("resume")
     except (OSError, ValueError, AttributeError):

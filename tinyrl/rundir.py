@@ -244,12 +244,25 @@ def record_resume_command(run_dir: Path, command: str) -> None:
     write_atomic(path, json.dumps({**json.loads(path.read_text()), "resume": command}))
 
 
+def check_has_run(run_dir: Path) -> None:
+    """--resume of a directory without a run: said before it is claimed (a lock file left in a
+    new, mistyped --out) or anything loads."""
+    from tinyrl import checkpoint as ckpt
+
+    if not (run_dir / "config.json").is_file():
+        why = "no config.json" if run_dir.exists() else "no such directory"
+        orphans = ckpt.list_checkpoints(run_dir / "checkpoints")  # copied in alone: a new run refuses them too
+        raise TinyRLError(f"--resume: {run_dir} holds no run ({why})",
+                          hint=f"{run_dir / 'checkpoints'} holds checkpoints but no run's config.json is beside them: "
+                               "resume the run they came from in its own directory, or move them away and start a "
+                               "new run" if orphans else
+                               "run without --resume to start one, or pass the run's --out directory")
+
+
 def resumed_args(run_dir: Path) -> tuple[str, list[str]]:
     """(--preset, the --set items) of the command run.json keeps (record_resume_command), for a
     `--resume` given without --preset; exit 2 when the run keeps none."""
     import shlex
-
-    from tinyrl.resume_check import check_has_run
 
     check_has_run(run_dir)  # no run there at all (a mistyped --out): said as such, not as a missing --preset
     kept = _read_id(run_dir / RUN_FILE, "resume") if (run_dir / RUN_FILE).is_file() else None
