@@ -40,6 +40,7 @@ def test_tiny_model_build_shows_its_progress_through_the_cli_logging(tmp_path):
     assert text.count("warm-up step") == int(done.stdout.split()[-1]) and "warm-up step 8/8" in text
     assert "built tiny model in" in text and "TRAINER-INFO" not in text
     assert "WARNING" not in text
+    assert "Writing model shards" not in text and "\r" not in text  # transformers' bar, piped: a raw \r line
 
 
 def test_a_hub_retry_warning_is_printed_once_through_the_cli_logging():

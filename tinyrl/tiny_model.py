@@ -82,6 +82,21 @@ def _build_dir_name(recipe: TinyRecipe) -> str:
     return f"{_BUILD_NAME}-{digest[:10]}"
 
 
+def _save_without_bar(model, out: Path) -> None:
+    """save_pretrained without transformers' "Writing model shards" bar: one shard of a few MB,
+    written at once, so the bar said nothing, and piped it left a raw carriage-return line
+    between the build's log lines."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out, safe_serialization=True)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def build_tiny_model(
     cache_dir: Path | None = None,
     force: bool = False,
@@ -366,7 +381,7 @@ def _build_into(out: Path, recipe: TinyRecipe) -> None:
         torch.set_num_threads(threads)
     out.mkdir(parents=True)
     tokenizer.save_pretrained(out)
-    model.save_pretrained(out, safe_serialization=True)
+    _save_without_bar(model, out)
     info = {
         "recipe": asdict(recipe),
         "vocab_size": len(tokenizer),
