@@ -257,12 +257,11 @@ def _check_model_target(target: str) -> None:
         raise TinyRLError(f"{target} is neither a run directory nor a model directory (no config.json)",
                           hint="give a `tinyrl train` --out directory, a Hugging Face model directory or id")
     if not path.exists() and _looks_local(target):
-        import difflib
+        from tinyrl.writable import nearest_sibling
 
-        near = difflib.get_close_matches(path.name, [p.name for p in path.parent.iterdir() if p.is_dir()]
-                                         if path.parent.is_dir() else [], n=1)
+        near = nearest_sibling(path, Path.is_dir)
         raise TinyRLError(f"{target}: no such directory ({path.absolute()}); nothing was evaluated",
-                          hint=(f"did you mean {path.parent / near[0]}? Or give" if near else "give")
+                          hint=(f"did you mean {near}? Or give" if near else "give")
                                + " the --out directory of a `tinyrl train` or `tinyrl sft` run, a model "
                                "directory, or a Hugging Face model id (org/name, with --task)")
 

@@ -88,15 +88,13 @@ def same_directory(a: str, b: str) -> bool | None:
 
 def _near_run(src: Path) -> str | None:
     """A mistyped run directory (runs/sfft): the run beside it with the nearest name."""
-    import difflib
-
     from tinyrl.rundir import is_run_dir
+    from tinyrl.writable import nearest_sibling
 
-    if src.exists() or not src.parent.is_dir():
+    if src.exists():
         return None
-    runs = [p.name for p in src.parent.iterdir() if p.is_dir() and is_run_dir(p)]
-    near = difflib.get_close_matches(src.name, runs, n=1)
-    return f"did you mean {src.parent / near[0]}?" if near else None
+    near = nearest_sibling(src, lambda p: p.is_dir() and is_run_dir(p))
+    return f"did you mean {near}?" if near else None
 
 
 def _made_by(src: Path, out_dir: str) -> str | None:

@@ -24,7 +24,7 @@ import torch
 
 from tinyrl.config import Config, prompt_room, resolve_path
 from tinyrl.errors import TinyRLError
-from tinyrl.writable import place_new
+from tinyrl.writable import nearest_sibling, place_new
 
 log = logging.getLogger(__name__)
 
@@ -227,14 +227,11 @@ def check_train_path(cfg: Config) -> Path:
                           hint=f"point it at the file, e.g. {path / 'train.parquet'}")
     if path.exists() or owned_base(cfg.data.train_path) is not None:
         return path
-    import difflib
-
-    siblings = [p.name for p in path.parent.glob("*.parquet")] if path.parent.is_dir() else []
-    near = difflib.get_close_matches(path.name, siblings, n=1)
+    near = nearest_sibling(path, lambda p: p.suffix == ".parquet" and not p.name.startswith("."))  # glob's *.parquet
     raise TinyRLError(
         f"data.train_path = {cfg.data.train_path}: file not found ({path.absolute()}); nothing was "
         "generated or written",
-        hint=(f"did you mean {path.parent / near[0]}? " if near else "")
+        hint=(f"did you mean {near}? " if near else "")
         + "check the path (relative paths start at the working directory), make data with "
         f"{data_hint(cfg)}, or leave data.train_path unset to use the preset's own "
         "(generated on first use)")

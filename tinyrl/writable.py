@@ -34,6 +34,17 @@ def nearest_existing(path: Path) -> Path:
     return path
 
 
+def nearest_sibling(path: Path, candidate: Callable[[Path], bool]) -> Path | None:
+    """For a mistyped `path` (runs/sfft): the entry beside it, among those `candidate` accepts,
+    whose name is nearest to its name (difflib's cutoff), or None."""
+    import difflib
+
+    parent = path.parent
+    names = [p.name for p in parent.iterdir() if candidate(p)] if parent.is_dir() else []
+    near = difflib.get_close_matches(path.name, names, n=1)
+    return parent / near[0] if near else None
+
+
 # A directory --out that does not exist yet and ends so is a file name given by mistake.
 FILE_SUFFIXES = {".parquet", ".jsonl", ".json", ".csv", ".png", ".txt", ".toml", ".py", ".safetensors", ".bin", ".pt",
                  ".sh", ".yaml"}
