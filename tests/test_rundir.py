@@ -225,7 +225,7 @@ def test_a_new_run_never_writes_over_a_model_directory_or_the_users_files(tmp_pa
         err = " ".join(done.stderr.replace("│", " ").split())
         assert done.returncode == 2 and f"{out} holds {named}, which a run writes over, and is not a tinyrl run" \
             in err and "nothing was changed" in err, err[-3000:]
-        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != rundir.LOCK_FILE} == kept
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == kept  # no lock file left either
     # a run that stopped before its first step (its own config.json, no metrics): started again there
     started = tmp_path / "started"
     started.mkdir()
@@ -313,6 +313,52 @@ def test_a_start_stopped_at_the_users_reward_leaves_nothing(tmp_path):
                           capture_output=True, text=True, timeout=300, env=ENV, cwd=tmp_path)
     assert done.returncode == 2 and "data.max_prompt_length = 8" in " ".join(done.stderr.split()), done.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["data"]
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every entry under root, hidden ones too: a file's bytes, None for a directory."""
+    return {str(p.relative_to(root)): None if p.is_dir() else p.read_bytes() for p in sorted(root.rglob("*"))}
+
+
+def test_a_refused_out_leaves_the_users_directory_exactly_as_it_was(tmp_path, monkeypatch, capsys, data):
+    """A `train`/`sft` that refuses --out (a directory of the user's holding another run, a
+    model's or the user's own files, checkpoints copied alone; a bad input found after the claim)
+    said "nothing was changed" and left a .tinyrl.lock there. Now the tree is as it was, byte
+    for byte, hidden files included; a directory it would have made is not made."""
+    from test_safety import cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ok.py").write_text("def score(completion, example):\n    return 1.0\n")
+    sets = ["--set", f"data.train_path={data}", "--set", "trainer.device=cpu"]
+    mine = {"model": {"config.json": '{"model_type": "qwen2"}', "notes.txt": "mine"},
+            "other-run": {"metrics.jsonl": '{"step": 1}\n', ".hidden": "x"},
+            "copied": {"checkpoints/step_0000002/state.pt": "x", "checkpoints/step_0000002/meta.json": "{}"},
+            "empty": {}, "file-out": None}
+    for name, files in mine.items():
+        if files is None:
+            (tmp_path / name).write_text("a file, not a directory")
+            continue
+        (tmp_path / name).mkdir()
+        for rel, text in files.items():
+            (tmp_path / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name / rel).write_text(text)
+    before = _tree(tmp_path)
+    for verb, out, extra, said in (
+            ("train", "model", [], "holds config.json, which a run writes over"),
+            ("sft", "other-run", [], "already holds a run"),
+            ("train", "copied", [], "holds checkpoints this new run did not write"),
+            ("train", "empty", ["--resume"], "holds no run (no config.json)"),
+            ("train", "file-out", [], "is a file, not a directory"),
+            # found after the claim, with the reward loaded (its empty prints file opened)
+            ("train", "empty", ["--set", "reward.fn=ok.py:score", "--set", "data.max_prompt_length=8"],
+             "data.max_prompt_length = 8"),
+            ("train", "runs/new", ["--set", "reward.fn=ok.py:score", "--set", "data.max_prompt_length=8"],
+             "data.max_prompt_length = 8")):
+        preset = "countdown-tiny-sft" if verb == "sft" else "countdown-tiny"
+        code, err = cli(monkeypatch, capsys, verb, "--preset", preset, "--out", out, "--no-dashboard",
+                        "--max-steps", "1", *(sets if verb == "train" else []), *extra)  # a missed refusal: 1 step
+        assert code == 2 and said in err and "Traceback" not in err, (out, extra, err[-2000:])
+        assert _tree(tmp_path) == before, (out, extra, set(_tree(tmp_path)) ^ set(before))
 
 
 def test_a_start_refused_for_want_of_a_card_leaves_nothing(tmp_path):

@@ -58,21 +58,18 @@ def _open_dir(run_dir: Path) -> Path:
 def claim(run_dir: Path, command: str = "train") -> Iterator[None]:
     """Own `run_dir` for the body (the command's life): exit 2 naming the holder's pid when
     another process owns it. Re-entrant within one process (the CLI called twice in-process).
-    A directory this claim made and left holding nothing but the lock file and empty files (the
-    command stopped at a bad input before writing anything) is removed again, with the folders
-    above it that it made and that are empty then (`runs/` of a first `--out runs/NAME`). Whatever
-    is in a directory this claim made was put there while it held the lock: this run's own."""
+    When the command leaves nothing but the lock file this claim created and empty files it
+    opened (it stopped at a bad input, or refused the directory, before writing anything), they
+    are removed again, and so are a directory this claim made and the folders above it that it
+    made and that are empty then (`runs/` of a first `--out runs/NAME`): a refused `--out` of the
+    user's is left as it was. What was there before the lock was taken is never touched."""
     made = [d for d in (Path(run_dir).absolute(), *Path(run_dir).absolute().parents) if not d.exists()]
     key = _open_dir(run_dir)
     if key in _held:
         yield
         return
     path = key / LOCK_FILE
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        raise TinyRLError(f"cannot write in the run directory {run_dir}: {exc.strerror or exc}",
-                          hint="choose a writable --out directory") from None
+    fd, created = _open_lock(path, run_dir)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -86,6 +83,9 @@ def claim(run_dir: Path, command: str = "train") -> Iterator[None]:
             hint=f"wait for it to end, or stop it (kill {pid}; --resume continues it later), or give this "
                  "run another --out") from None
     owner = os.getpid()  # a forked child that unwinds through the finally below is not the owner
+    # what the directory held when this process came to own it: the user's, never removed (taken
+    # under the lock, so no other tinyrl process was writing there)
+    before = {p.name for p in key.iterdir()}
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{owner} tinyrl {command} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
     _held[key] = fd
@@ -93,24 +93,45 @@ def claim(run_dir: Path, command: str = "train") -> Iterator[None]:
         yield
     finally:
         # Unlocked by closing; the file stays (removing it would race a process opening it),
-        # except from a directory this claim made that holds nothing else: unlinked while still
-        # locked, so a process that opened it meanwhile was refused, and one that opens it now
-        # makes a new file, which keeps the directory (rmdir fails on it).
+        # except when this claim created it and nothing was written beside it: unlinked while
+        # still locked, so a process that opened it meanwhile was refused, and one that opens it
+        # now makes a new file, which keeps a made directory (rmdir fails on it).
         _held.pop(key, None)
-        if made and os.getpid() == owner:
-            with contextlib.suppress(OSError):
-                # beside the lock, only files this run opened and left empty (reward_prints.log,
-                # opened once the reward loaded, when a later input check stopped the start)
-                left = [p for p in key.iterdir() if p.name != LOCK_FILE]
-                if all(p.is_file() and not p.is_symlink() and p.stat().st_size == 0 for p in left):
-                    for p in left:
-                        p.unlink()
-                    path.unlink()
-                    key.rmdir()
-                    for parent in made[1:]:  # up to the first that is not empty (rmdir fails: kept)
-                        parent.rmdir()
+        if created and os.getpid() == owner:
+            _remove_if_unused(key, before, made)
         with contextlib.suppress(OSError):  # a forked child that got here closed it already
             os.close(fd)
+
+
+def _open_lock(path: Path, run_dir: Path) -> tuple[int, bool]:
+    """The lock file's fd, and whether this call created it (O_EXCL says so, race-free): only a
+    lock file this claim created is removed again (_remove_if_unused)."""
+    try:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), True
+        except FileExistsError:
+            return os.open(path, os.O_RDWR | os.O_CLOEXEC), False
+    except OSError as exc:
+        raise TinyRLError(f"cannot write in the run directory {run_dir}: {exc.strerror or exc}",
+                          hint="choose a writable --out directory") from None
+
+
+def _remove_if_unused(key: Path, before: set[str], made: list[Path]) -> None:
+    """The lock file and the empty files this run opened (reward_prints.log, opened once the
+    reward loaded, when a later input check stopped the start), when nothing else is new in
+    `key`; then `key` and the folders above it when this claim made them. Until 2026-11-28 a
+    refused --out of the user's (another run's metrics, a model directory) kept a .tinyrl.lock."""
+    with contextlib.suppress(OSError):
+        new = [p for p in key.iterdir() if p.name not in before and p.name != LOCK_FILE]
+        if not all(p.is_file() and not p.is_symlink() and p.stat().st_size == 0 for p in new):
+            return
+        for p in new:
+            p.unlink()
+        (key / LOCK_FILE).unlink()
+        if made:
+            key.rmdir()
+            for parent in made[1:]:  # up to the first that is not empty (rmdir fails: kept)
+                parent.rmdir()
 
 
 def other_holder(run_dir: Path) -> str | None:
