@@ -188,6 +188,30 @@ def test_user_rewards_that_break_the_run_stop_it_loudly(tmp_path, data, tiny_mod
     assert ckpt.load_latest(out / "checkpoints")["step"] == 1  # whole and loadable: --resume goes on from it
 
 
+def test_a_reward_that_raises_mid_run_prints_the_command_that_continues_that_run(tmp_path, data, tiny_model_dir):
+    """A user's reward that raised at step 2 said "fix it" and nothing of resuming (one that ended
+    its worker said a bare `--resume`); `train --out RUN --resume` alone drops the start's
+    --max-steps (run.json restores --preset and --set only) and ran on to the preset's 40 steps.
+    The hint now holds the whole command; followed as printed, the run ends at step 3."""
+    import shlex
+
+    rewards, out = tmp_path / "rewards.py", tmp_path / "run"
+    rewards.write_text(f"import os\ndef score(completion, example):\n"
+                       f"    if os.path.exists({str(out / 'checkpoints' / 'step_0000001')!r}):\n"
+                       f"        raise ValueError('no score for this one')\n    return 0.5\n")
+    stopped = run(data, out, "--max-steps", "3", sets=(f"reward.fn={rewards}:score",))
+    err = " ".join(stopped.stderr.replace("│", " ").split())
+    assert stopped.returncode == 2 and "raised ValueError: no score for this one" in err, err[-3000:]
+    kept = json.loads((out / rundir.RUN_FILE).read_text())["resume"]  # the run's own resume command
+    assert "--max-steps 3" in kept and f"then continue the run from its checkpoint of step 1 with: {kept}" in err, err
+    rewards.write_text("def score(completion, example):\n    return 0.5\n")  # fixed
+    again = shlex.split(err.split("with: ")[-1].split(" ╰")[0])
+    assert again[:2] == ["tinyrl", "train"], again
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", *again[1:], "--no-dashboard"], capture_output=True,
+                          text=True, timeout=600, env=ENV)
+    assert done.returncode == 0 and "run finished at step 3" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
 def test_the_demos_sft_run_met_again_names_the_presets_that_start_from_it(tmp_path, monkeypatch):
     """README's first command run a second time: `tinyrl sft --preset countdown-demo-sft` into its
     finished run was told "--set model.init_from=runs/countdown-demo-sft (the demo presets name

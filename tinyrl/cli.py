@@ -422,7 +422,12 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
         if resume:
             _show_earlier_validations(dash, run_dir)
         started_at = trainer.step
-        trainer.train(max_steps)
+        try:
+            trainer.train(max_steps)
+        except TinyRLError as exc:
+            if exc.resumable:  # a user's reward that broke: fixed in its file, the run goes on
+                exc.hint = _continue_hint(exc.hint, trainer.saves.last_saved, resume_cmd)
+            raise
     message, code = interrupts.end_of_run(trainer, run_dir, trainer.total_steps(max_steps), resume_cmd, started_at)
     if code == 0:
         inputs = getattr(trainer, "inputs", None)  # the RL trainer's prompts; an SFT run has its own data
@@ -434,6 +439,16 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
         raise TinyRLError(message, hint=interrupts.unsaved_hint(trainer.saves.last_error, resume_cmd), exit_code=code)
     err.print(message, highlight=False, soft_wrap=True)
     sys.exit(code)
+
+
+def _continue_hint(hint: str, saved: Optional[int], resume_cmd: str) -> str:
+    """A run stopped by a user's reward (TinyRLError.resumable): its own hint, then the command that
+    continues this very run, as a Ctrl-C's message gives it. Until 2026-11-28 a reward that raised
+    said nothing of resuming, and one that ended its worker a bare `--resume`, whose `--out RUN
+    --resume` drops the start's --max-steps (run.json restores --preset and --set only) and ran
+    on to the preset's end."""
+    where = f"from its checkpoint of step {saved}" if saved is not None else "from step 0 (no checkpoint yet)"
+    return f"{hint + '; then ' if hint else ''}continue the run {where} with: {resume_cmd}"
 
 
 def _say_reward_prints(run_dir: Path) -> None:

@@ -117,22 +117,20 @@ class WorkerReward:
             return TinyRLError(
                 f"reward function {self.spec} did not return within reward.timeout_s = {self.timeout_s:g} s{on} "
                 f"(stuck in C code: its worker process was ended, {how}; the stack is printed above)",
-                hint=f"fix {self.spec} or raise reward.timeout_s; the checkpoints on disk are kept (--resume)")
+                hint=f"fix {self.spec} or raise reward.timeout_s")  # a run's stop adds how to continue it (cli)
         return TinyRLError(
             f"reward function {self.spec} ended its worker process without returning a reward ({how}){on}. "
             "A reward function must return a number: os._exit(), a crash in C code or a kill ends the "
             "process it runs in",
             hint=f"fix {self.spec} (call it on that row to reproduce; its errors, if any, are above"
-                 f"{f', its prints in {self.prints_to}' if self.prints_to and sample else ''}); the "
-                 "checkpoints on disk are kept: --resume continues once it is fixed")
+                 f"{f', its prints in {self.prints_to}' if self.prints_to and sample else ''})")
 
 
-def _internal_error(what: str, exc: Exception, during_run: bool) -> tuple:
+def _internal_error(what: str, exc: Exception) -> tuple:
     traceback.print_exc()  # to the run's stderr: where it happened
-    kept = " The checkpoints on disk are kept (--resume)" if during_run else ""  # a load precedes any step
     return ("error", f"{what}: {type(exc).__name__}: {exc}",
             "the traceback is above: if it ends in your reward's code, fix it there; otherwise it is a "
-            f"tinyrl bug, please report it with that traceback.{kept}", _pickled(exc))
+            "tinyrl bug, please report it with that traceback", _pickled(exc))
 
 
 def _pickled(exc: BaseException | None) -> bytes | None:
@@ -220,7 +218,7 @@ def serve(fd: int, prints_to: str | None = None) -> None:
         except (EOFError, OSError):
             return  # the trainer closed the pipe, or died
         except Exception as exc:  # noqa: BLE001 - a sample this process cannot rebuild: answer, live on
-            reply = _internal_error(f"could not receive a sample for {spec}", exc, during_run=fn is not None)
+            reply = _internal_error(f"could not receive a sample for {spec}", exc)
         else:
             try:
                 if message[0] == "load":
@@ -240,8 +238,8 @@ def serve(fd: int, prints_to: str | None = None) -> None:
             # as the user's crash ("os._exit(), a crash in C code").
             except Exception as exc:  # noqa: BLE001
                 loading = message[0] == "load"
-                reply = _internal_error(f"{'loading' if loading else 'calling'} {spec} failed in its worker process",
-                                        exc, during_run=not loading)
+                what = f"{'loading' if loading else 'calling'} {spec} failed in its worker process"
+                reply = _internal_error(what, exc)
         try:
             conn.send(reply)
         except OSError:  # the trainer is gone (killed while this call ran): nobody to answer

@@ -67,10 +67,11 @@ class RewardSet:
             try:
                 total, solved, raw = self.score(completion, row, episode)
             except TinyRLError as exc:  # "... on row index 3294 (train) ...": which data that row is in
+                exc.resumable = True  # the function is fixed in its file; a run goes on from its checkpoint
                 if data is None:
                     raise
                 raise TinyRLError(f"{exc.message} (the row is in {data})", hint=exc.hint,
-                                  exit_code=exc.exit_code) from exc.__cause__
+                                  exit_code=exc.exit_code, resumable=True) from exc.__cause__
             out.total.append(total)
             out.solved.append(solved)
             for (name, _), r in zip(self.fns, raw):
