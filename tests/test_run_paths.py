@@ -12,6 +12,7 @@ and `--resume` of a model.init_from run needed the source run although it reads 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -115,3 +116,35 @@ def test_a_run_that_does_not_record_where_it_started_says_its_paths_are_read_fro
     assert (f"{run}: the run does not record where it was started (its run.json has no cwd: a run from before 2026-11-26), "
             f"so its relative paths are read from here ({tmp_path}): data.train_path = mydata/train.parquet;") in said, said
     assert "data.test_path" not in said  # a file tinyrl ships is the same wherever the run started
+
+
+def test_estimate_cost_and_export_verl_print_warnings_as_train_and_eval_do(tmp_path, monkeypatch):
+    """`estimate-cost --from-run` and `export-verl --from-run` set up no log handler: their
+    warnings came out through Python's last-resort handler, bare, where `eval`'s and `train`'s
+    (the CLI's handler, piped: "WARNING message") say their level, and INFO lines not at all."""
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from tinyrl.config import REPO_ROOT
+    from tinyrl.rundir import start_run
+
+    start, here = tmp_path / "gone", tmp_path / "here"
+    start.mkdir()
+    (here / "mydata").mkdir(parents=True)
+    pd.read_parquet(REPO_ROOT / "data" / "countdown" / "test.parquet")[:64].to_parquet(here / "mydata" / "train.parquet")
+    monkeypatch.chdir(here)
+    cfg = load_config("countdown-tiny", ["data.train_path=mydata/train.parquet", "trainer.test_every=0"])
+    run = here / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(cfg.to_dict()))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "timing/step": 2.0}) + "\n" for i in range(1, 5)))
+    monkeypatch.chdir(start)  # started there; its data file is no longer there
+    start_run(run)
+    note = f"WARNING {run}: data.train_path = mydata/train.parquet is not in {start}, where the run was started"
+    for args in (["estimate-cost", "--from-run", str(run)], ["export-verl", "--from-run", str(run), "--out", "verl"]):
+        done = subprocess.run([sys.executable, "-m", "tinyrl.cli", *args], capture_output=True, text=True, timeout=300,
+                              cwd=here, env={**os.environ, "COLUMNS": "300"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert any(line.startswith(note) for line in done.stderr.splitlines()), (args[0], done.stderr[-2000:])

@@ -611,6 +611,7 @@ def export_verl_cmd(
     if (preset is None) == (from_run is None):
         raise TinyRLError("give exactly one of --preset NAME or --from-run RUN_DIR",
                           hint="e.g. tinyrl export-verl --preset countdown-4090 --gpus 8 --out verl-countdown")
+    _log_to_stderr()  # warnings (a run's file read from here, ...) as train and eval print them
     cfg = config_of_run(from_run, _typed(overrides)) if from_run else load_config(preset, _typed(overrides))
     names: list[str] = []
     path = export_verl(cfg, out_dir, gpus=gpus, nodes=nodes, overwrite=overwrite, actor=actor,
@@ -673,6 +674,7 @@ def estimate_cost_cmd(
         raise TinyRLError("--set needs --preset", hint="e.g. --preset countdown-4090 --set trainer.train_batch_size=128")
     if preset is None and from_run is None:
         raise TinyRLError("give --preset NAME, or --from-run RUN_DIR", hint="e.g. tinyrl estimate-cost --preset countdown-4090")
+    _log_to_stderr()  # warnings (a run's file read from here, ...) as train and eval print them
     cfg = load_config(preset, _typed(overrides), planning=True) if preset else None
     est = estimate_cost(cfg, gpu_name=gpu, price=price, currency=currency, epochs=epochs, run_dir=from_run,
                         sec_per_step=sec_per_step, prompts=prompts)
