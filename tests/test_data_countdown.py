@@ -185,6 +185,38 @@ def test_broken_and_truncated_parquet_name_the_file(tmp_path):
         assert f"'{tmp_path / taken}'" not in info.value.hint
 
 
+@pytest.mark.parametrize("preset,said", [
+    # math-tiny's train file is generated on first use: the task's hint for it has no --from, and
+    # the sniffing of it ("--from" in the hint) sent a table's owner to `tinyrl data math --out
+    # runs/data/math-tiny`, which generates problems and reads no table
+    ("math-tiny", "a plain table of problems and answers is the other case: `tinyrl data math --from mine.jsonl "
+                  "--out DIR` converts it"),
+    ("countdown-tiny", "if it is not, make a file of the countdown task's prompts with `tinyrl data countdown"),
+])
+def test_a_plain_table_given_as_data_is_sent_to_the_tasks_converter_when_it_has_one(tmp_path, monkeypatch, capsys,
+                                                                                   preset, said):
+    from test_safety import cli
+
+    monkeypatch.chdir(tmp_path)
+    pd.DataFrame({"problem": ["1 + 1"], "answer": ["2"]}).to_json("mine.jsonl", orient="records", lines=True)
+    code, err = cli(monkeypatch, capsys, "train", "--preset", preset, "--no-dashboard", "--set",
+                    "data.test_path=mine.jsonl")
+    assert code == 2 and "mine.jsonl is a JSON-lines file" in err and said in err, err
+    assert "`tinyrl data countdown --from" not in err  # countdown converts no table
+
+
+def test_the_tasks_that_convert_a_plain_table_are_those_whose_data_command_reads_one():
+    """Task.converts_tables is a fact of each task's `tinyrl data NAME`: it has --from for tables."""
+    import inspect
+
+    from tinyrl.tasks import all_tasks, table_hint
+
+    for name, task in all_tasks().items():
+        reads_tables = "source" in inspect.signature(task.data_command).parameters  # its --from FILE
+        assert task.converts_tables == reads_tables, name
+        assert bool(table_hint(task, Path("t.csv"))) == reads_tables and not table_hint(task, Path("t.csv"), sft=True)
+
+
 def test_missing_columns_name_file_columns_and_what_is_there(tmp_path):
     path = tmp_path / "half.parquet"
     tinyzero_frame().drop(columns=["reward_model"]).to_parquet(path)

@@ -174,7 +174,7 @@ def test_a_problem_answer_table_as_training_data_names_the_tasks_converter(tmp_p
     assert f"'{tmp_path / 't.parquet'}'" not in said["t.jsonl"]
     # a problem/answer table converted as told still lacks prompt and reward_model: the same hint
     # names `tinyrl data math --from`, which it dropped until 2026-11-27 (it ended on "give X;");
-    # it read as if that layout were "a problem and an answer" until 2026-11-28
+    # it read as if that layout were "a problem and an answer" until 2026-11-28; the command converts this file
     assert "so it must already have prompt and reward_model; a plain table of problems and answers is the other " \
-        "case: make a file of the math task's prompts with `tinyrl data math --from" in said["t.jsonl"], said["t.jsonl"]
+        f"case: `tinyrl data math --from {tmp_path / 't.jsonl'} --out DIR` converts it" in said["t.jsonl"], said["t.jsonl"]
     assert not (tmp_path / "run" / "config.json").exists()

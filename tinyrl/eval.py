@@ -318,7 +318,7 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     from tinyrl.models import dtype_name, pick_dtype
     from tinyrl.rundir import start_dir
     from tinyrl.setup import load_tokenizer
-    from tinyrl.tasks import check_rows, get_task
+    from tinyrl.tasks import check_rows, get_task, table_hint
 
     sampling, on = _sampling_problems(n, ks, greedy, temperature, top_p, max_new_tokens), _device_problems(device)
     if sampling or on:  # all at once, before a run is merged or a model loads (a bad temperature crashed after both)
@@ -377,8 +377,8 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     rows_of = {}
     for name, file in files:  # another task's file: said before a run is merged and a model loads
         try:
-            rows_of[name] = load_prompts(file, make=f"give --data a file of the {task.name} task's prompts; make one "
-                                                     f"with {task.data_hint}").to_dict("records")
+            make = f"give --data a file of the {task.name} task's prompts; make one with {task.data_hint}"
+            rows_of[name] = load_prompts(file, make=make, convert=table_hint(task, file)).to_dict("records")
             if judge_spec is None:  # a user's function reads its rows its own way
                 check_rows(task, rows_of[name], file)
         except TinyRLError as exc:

@@ -246,7 +246,7 @@ def check_data_rows(cfg: Config) -> None:
     file's single-turn prompts too: _check_sft_prompts)."""
     from tinyrl.data.io import check_one_message, load_prompts
     from tinyrl.eval import parse_data_args
-    from tinyrl.tasks import data_hint
+    from tinyrl.tasks import data_hint, get_task, table_hint
     from tinyrl.tasks.rewards import check_reward_rows
 
     make = f"make a file of the {cfg.task.name} task's prompts with {data_hint(cfg)}"
@@ -255,7 +255,8 @@ def check_data_rows(cfg: Config) -> None:
         path = resolve_path(name)
         if not path.is_file():
             return None
-        rows = load_prompts(path, max_rows=max_rows, make=make).to_dict("records")
+        convert = table_hint(get_task(cfg.task.name), path, sft=cfg.command == "sft")
+        rows = load_prompts(path, max_rows=max_rows, make=make, convert=convert).to_dict("records")
         if not cfg.data.chat_template:
             check_one_message(rows, path)
         check_reward_rows(cfg, rows, path)

@@ -54,7 +54,7 @@ def not_parquet_hint(path: Path) -> str:
             f"f = '{path}'; pd.{kind[1]}.to_parquet('{out}')\" and give {out}; ")
 
 
-def _read_table(path: Path, max_rows: int | None, make: str) -> pa.Table:
+def _read_table(path: Path, max_rows: int | None, make: str, convert: str) -> pa.Table:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -77,14 +77,18 @@ def _read_table(path: Path, max_rows: int | None, make: str) -> pa.Table:
         hint = not_parquet_hint(path)
         raise TinyRLError(not_parquet_message(path, e),
                           hint=f"{hint}that keeps its columns, so it must already have prompt and reward_model; "
-                               + (f"a plain table of problems and answers is the other case: {make}" if "--from" in make
-                                  else f"if it is not, {make}") if hint
+                               + (f"a plain table of problems and answers is the other case: {convert} converts it"
+                                  if convert else f"if it is not, {make}") if hint
                           else f"the file is broken or not parquet; {make}") from e
 
 
-def load_prompts(path: str | Path, max_rows: int | None = None, make: str = _MAKE_HINT) -> pd.DataFrame:
+def load_prompts(path: str | Path, max_rows: int | None = None, make: str = _MAKE_HINT,
+                 convert: str = "") -> pd.DataFrame:
     """The rows of a parquet prompt file (the first `max_rows` if set), checked for the columns.
-    `make`: how to make such a file, for the hints (a caller that knows the task names its command)."""
+    `make`: how to make such a file, for the hints (a caller that knows the task names its command);
+    `convert`: the command that converts a plain table at `path` into the task's prompts, "" when
+    the task has none (tinyrl.tasks.table_hint). Until 2026-11-28 the hint guessed it from `make`
+    holding "--from", which data_hint drops when it names generated data (math-tiny's train file)."""
     path = Path(path).expanduser()
     if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int)
                                  or max_rows < 1):
@@ -93,7 +97,7 @@ def load_prompts(path: str | Path, max_rows: int | None = None, make: str = _MAK
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "not found"
         raise TinyRLError(f"data file {what}: {path}", hint=make)
-    table = _read_table(path, max_rows, make)
+    table = _read_table(path, max_rows, make, convert)
     missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
     if missing:
         raise TinyRLError(

@@ -100,6 +100,15 @@ SOURCES = {"dapo-math-17k": "hf:BytedTsinghua-SIA/DAPO-Math-17k", "aime_2024": "
            "retool-sft": "hf:JoeYing/ReTool-SFT"}
 
 
+def table_hint(task: Task, path, sft: bool = False) -> str:
+    """The command that turns `path`, a plain table of problems and answers, into `task`'s prompts;
+    "" when the task's data command converts none (Task.converts_tables), or for an SFT run's
+    file, which is not prompts (retool's --sft --from reads traces, not such a table)."""
+    if not task.converts_tables or sft:
+        return ""
+    return f"`tinyrl data {task.name} --from {shlex.quote(str(path))} --out DIR`"
+
+
 def data_hint(cfg, path: str | None = None) -> str:
     """How to make the file the run's command reads, `path` (data.train_path unless given): the
     task's RL data command, or its SFT one, writing that very file. A command with --from names

@@ -28,6 +28,9 @@ class Task:
     # the same, for `tinyrl sft`: rows with a reference `response` -> (sft train, sft test)
     generate_sft: Callable[..., tuple[Path, Path]] | None = None
     data_hint: str = ""                                 # how to make data when the file is missing
+    # `tinyrl data NAME --from FILE` turns a plain table of problems and answers (.jsonl, .csv,
+    # ...) into the task's prompts: said to the owner of such a table given as data (table_hint)
+    converts_tables: bool = False
     sft_data_hint: str = ""                             # the same for `tinyrl sft`'s file ("": data_hint + --sft)
     task_line: Callable[[str], str | None] = lambda prompt: None   # the line of a prompt worth showing
     answer_patterns: tuple[str, ...] = field(default=())           # regexes of the answer span (dashboard)

@@ -490,6 +490,7 @@ TASK = Task(
     data_command=data_command,
     generate=generate,
     data_hint="`tinyrl data math --from FILE|hf:NAME[:split] --out DIR` (or no --from: generated problems)",
+    converts_tables=True,
     task_line=dapo_problem,
     answer_patterns=(r"(?i:answer)\s*:[^\n]*", r"\\boxed\{[^\n]*?\}"),
     config_problems=_config_problems,

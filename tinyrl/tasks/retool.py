@@ -327,6 +327,7 @@ TASK = Task(
     # the files retool-4090 and retool-sft-4090 read (README): `tinyrl tasks` shows these whole
     data_hint="`tinyrl data retool --from hf:BytedTsinghua-SIA/DAPO-Math-17k --name dapo-math-17k --out data/retool`",
     sft_data_hint="`tinyrl data retool --sft --from hf:JoeYing/ReTool-SFT --name retool-sft --out data/retool`",
+    converts_tables=True,  # maths problems -> RL prompts (--sft reads ReTool-SFT's traces instead)
     task_line=_task_line,
     # answer_patterns: the maths task's (\\boxed{}, "Answer:") already cover this task's answers
     config_problems=_config_problems,
