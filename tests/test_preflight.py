@@ -117,6 +117,48 @@ def test_a_plan_that_does_not_fit_stops_the_run_naming_the_phase(monkeypatch, tm
     assert cfg.actor.micro_batch_tokens == 0  # nothing applied from a plan that does not fit
 
 
+def test_a_cached_measured_plan_that_does_not_fit_says_it_was_measured_and_how_to_measure_again(monkeypatch,
+                                                                                                  tmp_path):
+    """probe-memory's real passes run under whatever other processes hold on the card: a plan
+    measured beside a notebook does not fit, is cached (on an idle card that verdict is the truth
+    and saves minutes of loading), and train refused on it after the notebook ended, telling only
+    to change settings. The refusal now says the plan was measured, when, and how to measure again."""
+    import copy
+    import time
+
+    from tinyrl.memory.plan import PhasePlan
+
+    on_card(monkeypatch, "rtx4090", ["sm_89"])
+    with_vllm(monkeypatch)
+    cfg = tiny("trainer.device=cuda", "rollout.engine=vllm", "rollout.max_response_length=40")  # a plan of its own
+    planned = mp.plan_for_config(cfg, GPUS["rtx4090"])
+    measured = copy.deepcopy(planned)  # as cuda_probe returns it when not even one sequence ran
+    update = measured.phases["actor_update"]
+    measured.phases["actor_update"] = PhasePlan(update.peak, update.parts, 0, 0, fits=False)
+    measured.fits, measured.simulated = False, False
+    path = mp.save_plan(measured, mp.plan_path(cfg, GPUS["rtx4090"]))
+    with pytest.raises(TinyRLError) as caught:
+        pf.preflight(cfg, tmp_path / "run")
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(path.stat().st_mtime))
+    said = " ".join(caught.value.message.split())
+    assert f"(MEASURED by `tinyrl probe-memory` on this card at {when}: memory that other processes held" in said, said
+    hint = " ".join(caught.value.hint.split())
+    assert hint.startswith("if the card has more memory free now than then") and \
+        f"`tinyrl probe-memory --preset countdown-tiny` with this run's --set options (it replaces {path}); or " \
+        "change the settings above" in hint, hint
+    from tinyrl.memory.render import render_plan  # probe-memory's own report of that plan says it too
+
+    report = " ".join(" ".join(str(part) for part in render_plan(cfg, measured, path, None, 1.0)
+                               if hasattr(part, "plain")).split())
+    assert "or free the memory other processes hold on the card, which counted against this measurement" in report
+    # a simulated plan that does not fit depends on nothing but its cache key: said as before
+    planned.phases["actor_update"], planned.fits = PhasePlan(update.peak, update.parts, 0, 0, fits=False), False
+    mp.save_plan(planned, path)
+    with pytest.raises(TinyRLError) as caught:
+        pf.preflight(cfg, tmp_path / "run")
+    assert "MEASURED" not in caught.value.message and caught.value.hint.startswith("change the settings above")
+
+
 def test_on_a_card_the_plan_fills_only_what_was_left_at_0(monkeypatch, tmp_path):
     on_card(monkeypatch, "rtx4090", ["sm_80", "sm_86", "sm_89", "sm_90"])
     with_vllm(monkeypatch)

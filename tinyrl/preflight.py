@@ -145,6 +145,22 @@ def check_disk(cfg: Config, run_dir: Path, cuda: bool) -> list[str]:
 
 # ------------------------------------------------------------------------------- memory
 
+def _measured_then(cfg: Config, plan, path: Path) -> tuple[str, str]:
+    """(a line for the refusal, the hint's first clause) for a cached plan that probe-memory
+    MEASURED on this card and that does not fit: memory other processes held on the card while
+    it probed counted against it, and the plan keeps that verdict until probed again. Until
+    2026-11-28 train refused on it for good after a notebook or another job had ended, saying
+    only to change settings. (A simulated plan depends on nothing outside its cache key.)"""
+    import time
+
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(path.stat().st_mtime))
+    return (f"\n  (MEASURED by `tinyrl probe-memory` on this card at {when}: memory that other processes held "
+            "on the card then counted against it)",
+            f"if the card has more memory free now than then (another job or a notebook ended), measure again: "
+            f"`tinyrl probe-memory --preset {cfg.preset_arg}` with this run's --set options (it replaces {path}); "
+            "or ")
+
+
 def check_memory(cfg: Config, gpu: GPU, run_dir: Path | None = None) -> list[str]:
     """The card's plan: raises when a phase does not fit, fills the settings left at 0, and keeps
     the plan in the run directory (report and dashboard hold the measured peaks against it)."""
@@ -153,9 +169,10 @@ def check_memory(cfg: Config, gpu: GPU, run_dir: Path | None = None) -> list[str
               f"memory plan SIMULATED now (fake tensors; none cached for this config on {gpu.name}), "
               f"saved to {path}; `tinyrl probe-memory` measures it on the card")
     if not plan.fits:
+        measured, again = _measured_then(cfg, plan, path) if cached and not plan.simulated else ("", "")
         raise TinyRLError(f"the memory plan for {cfg.model.name} on {gpu.name} does not fit:\n"
-                          + "\n".join(f"  {line}" for line in mp.advice(cfg, plan)),
-                          hint="change the settings above with --set, then run again "
+                          + "\n".join(f"  {line}" for line in mp.advice(cfg, plan)) + measured,
+                          hint=f"{again}change the settings above with --set, then run again "
                                "(`tinyrl probe-memory` shows every phase)")
     settings = mp.apply_plan(cfg, plan)
     if run_dir is not None:

@@ -69,7 +69,9 @@ def render_plan(cfg: Config, plan: MemoryPlan, path: Path, out_path: Path | None
                           style="dim"))
     elif cached:  # train refuses this plan (preflight.check_memory): do not list settings it will never use
         parts.append(Text(f"{where}\n`tinyrl {command} --preset {cfg.preset_arg}` with the same --set options stops "
-                          "on this plan: make a change above and probe again.", style="dim"))
+                          "on this plan: make a change above and probe again"
+                          + ("" if plan.simulated else ", or free the memory other processes hold on the card, "
+                             "which counted against this measurement, and probe again") + ".", style="dim"))
     else:
         kept = "the plan there is left as it was" if path.exists() else "none is there yet: it plans one when it starts"
         parts.append(Text(f"this --budget plan does not fit, so it was NOT written to {path}, the plan "
