@@ -188,6 +188,7 @@ def test_only_shipped_files_are_found_in_the_checkout_from_another_directory(tmp
     from pathlib import Path
 
     from tinyrl import config
+    from tinyrl.config import files  # where the checkout's paths are read
 
     repo, work = tmp_path / "repo", tmp_path / "work"
     for f in ("data/demo/test.parquet", "presets/chat_templates/t.jinja", "runs/data/demo/train.parquet"):
@@ -195,9 +196,9 @@ def test_only_shipped_files_are_found_in_the_checkout_from_another_directory(tmp
         (repo / f).write_text("x")
     work.mkdir()
     monkeypatch.chdir(work)
-    monkeypatch.setattr(config, "REPO_ROOT", repo)
-    monkeypatch.setattr(config, "DATA_DIR", repo / "data")
-    monkeypatch.setattr(config, "PRESETS_DIR", repo / "presets")
+    monkeypatch.setattr(files, "REPO_ROOT", repo)
+    monkeypatch.setattr(files, "DATA_DIR", repo / "data")
+    monkeypatch.setattr(files, "PRESETS_DIR", repo / "presets")
     assert config.resolve_path("data/demo/test.parquet") == repo / "data/demo/test.parquet"
     assert config.resolve_path("presets/chat_templates/t.jinja") == repo / "presets/chat_templates/t.jinja"
     assert config.resolve_path("runs/data/demo/train.parquet") == Path("runs/data/demo/train.parquet")

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 import tinyrl.config as config_mod
+from tinyrl.config import files as config_files  # where resolve_path reads the checkout
 from tinyrl.config import load_config
 from tinyrl.setup import ensure_train_data, kept_as_it_is_note, record_path, settle_train_path
 
@@ -21,7 +22,7 @@ EASY = ["task.operands=[2]", "task.max_number=20"]
 @pytest.fixture()
 def here(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(config_mod, "REPO_ROOT", tmp_path / "no-repo")  # not the repo's own runs/
+    monkeypatch.setattr(config_files, "REPO_ROOT", tmp_path / "no-repo")  # not the repo's own runs/
     return tmp_path
 
 

@@ -19,6 +19,7 @@ import torch
 
 from helpers import small_disk
 from tinyrl import config as config_mod
+from tinyrl.config import files as config_files  # where resolve_path reads the checkout
 from tinyrl import jsonl
 from tinyrl.config import Config, load_config
 from tinyrl.errors import TinyRLError
@@ -61,7 +62,7 @@ def test_preset_default_path_is_generated_without_overwriting(tmp_path, monkeypa
     from tinyrl.setup import ensure_train_data
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(config_mod, "REPO_ROOT", tmp_path / "no-repo")  # not the repo's own runs/
+    monkeypatch.setattr(config_files, "REPO_ROOT", tmp_path / "no-repo")  # not the repo's own runs/
     cfg = load_config("countdown-tiny", ["data.generate_train_size=64", "trainer.test_every=0"])
     target = tmp_path / cfg.data.train_path
     target.parent.mkdir(parents=True)
