@@ -39,7 +39,13 @@ def cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
-    return code, " ".join(capsys.readouterr().err.split())
+    return code, unboxed(capsys.readouterr().err)
+
+
+def unboxed(err: str) -> str:
+    """The error panel's text as one line: its side borders dropped, so a phrase the panel wrapped
+    (where depends on the temporary path's length) reads as printed: "--out │ │ DIR" is "--out DIR"."""
+    return " ".join(" ".join(line.strip().strip("│") for line in err.splitlines()).split())
 
 
 # ------------------------------------------------------------------ 1. a mistyped data path
