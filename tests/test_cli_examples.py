@@ -122,3 +122,24 @@ def test_examples_render_whole_in_a_paragraph_of_their_own(columns):
                 (name, columns, example)
             if columns == 200 and len(example) < 150:
                 assert any(line.endswith(example) for line in lines), (name, example)
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_every_tasks_data_hint_is_a_command_that_parses(command):
+    """The hint for a missing data file names a `tinyrl data TASK ...` the user can paste: every
+    flag it gives exists. For `tinyrl sft` on math it said `tinyrl data math ... --sft`, and that
+    command has no --sft (click: "No such option")."""
+    from tinyrl.config import Config
+    from tinyrl.tasks import all_tasks, data_hint
+
+    checked = 0
+    for name in all_tasks():
+        cfg = Config(command=command)
+        cfg.task.name = name
+        hint = data_hint(cfg)
+        for text in re.findall(r"`(tinyrl data [^`]*)`", hint):
+            argv = shlex.split(text.replace("FILE|hf:NAME[:split]", "mine.jsonl").replace("DIR", "out"))
+            parse(argv[1:])
+            checked += 1
+        assert hint, name
+    assert checked >= len(all_tasks()) - 1  # math's SFT hint is a file of the user's, not a command

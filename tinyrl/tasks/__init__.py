@@ -109,6 +109,18 @@ def table_hint(task: Task, path, sft: bool = False) -> str:
     return f"`tinyrl data {task.name} --from {shlex.quote(str(path))} --out DIR`"
 
 
+def _sft_hint(task: Task) -> str:
+    """How to make `tinyrl sft`'s file for `task`: its own SFT command, its data command with
+    --sft when it generates SFT rows, else a file of the user's (`tinyrl data math --sft` was
+    the hint for math until 2026-11-28, and that command has no --sft)."""
+    if task.sft_data_hint:
+        return task.sft_data_hint
+    if task.generate_sft is not None:
+        return task.data_hint.replace(" --out DIR`", " --sft --out DIR`")
+    return (f"a script of your own (the {task.name} task's data command makes RL prompts, not SFT rows): "
+            "an SFT file is parquet with prompt + response columns, or a messages column (README, \"SFT, then RL\")")
+
+
 def data_hint(cfg, path: str | None = None) -> str:
     """How to make the file the run's command reads, `path` (data.train_path unless given): the
     task's RL data command, or its SFT one, writing that very file. A command with --from names
@@ -121,8 +133,7 @@ def data_hint(cfg, path: str | None = None) -> str:
 
     task = get_task(cfg.task.name)
     sft = cfg.command == "sft"
-    hint = task.data_hint if not sft else \
-        task.sft_data_hint or task.data_hint.replace(" --out DIR`", " --sft --out DIR`")
+    hint = _sft_hint(task) if sft else task.data_hint
     given = path is not None and path != cfg.data.train_path
     target = Path(cfg.data.train_path if path is None else path)
     command = re.fullmatch(r"`([^`]*)`.*", hint, re.S)
