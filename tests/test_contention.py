@@ -83,3 +83,31 @@ def test_the_run_says_it_once(monkeypatch):
     on_a_card = SimpleNamespace(device=torch.device("cuda"), _notice=notes.append, _cpu_noticed=False)
     Trainer._check_cpu(on_a_card, history)
     assert len(notes) == 1
+
+
+def test_eval_on_a_shared_cpu_says_what_to_set_before_its_work(tmp_path, tiny_model_dir, monkeypatch, caplog):
+    """eval on the CPU beside another job ran 40x slower with nothing said (the demo's eval: 5:45 for
+    its first 10%, 0:08 for each 10% once the other job ended); train said it once per run."""
+    import logging
+
+    import pandas as pd
+
+    from tinyrl.config import REPO_ROOT
+    from tinyrl.eval import evaluate
+
+    data = tmp_path / "test.parquet"
+    pd.read_parquet(REPO_ROOT / "data" / "countdown" / "test.parquet")[:2].to_parquet(data)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(contention, "usable_cpus", lambda: 2)
+    run = dict(task_name="countdown", n=0, engine="hf", max_new_tokens=2, progress=False, device="cpu")
+    monkeypatch.setattr(contention, "load_average", lambda: 9.0)
+    with caplog.at_level(logging.WARNING, logger="tinyrl.eval"):
+        evaluate(str(tiny_model_dir), [str(data)], out_dir=tmp_path / "busy", **run)
+    said = [r.getMessage() for r in caplog.records if r.name == "tinyrl.eval"]
+    assert len(said) == 1 and "load average 9.0 on 2 usable cores" in said[0], said
+    assert "`OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE tinyrl eval ...`" in said[0]
+    caplog.clear()
+    monkeypatch.setattr(contention, "load_average", lambda: 1.0)
+    with caplog.at_level(logging.WARNING, logger="tinyrl.eval"):
+        evaluate(str(tiny_model_dir), [str(data)], out_dir=tmp_path / "quiet", **run)
+    assert not [r for r in caplog.records if r.name == "tinyrl.eval"]

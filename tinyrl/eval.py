@@ -11,6 +11,8 @@ tinyrl.eval_metrics over exactly those lines. `score_prompts` is shared with tra
 from __future__ import annotations
 
 import json
+import logging
+import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -23,6 +25,8 @@ from tinyrl.export_info import read_export
 from tinyrl.rollout.base import SamplingSettings, response_texts
 from tinyrl.rollout.transcript import transcript
 from tinyrl.writable import check_writable, make_dir, staged
+
+log = logging.getLogger(__name__)
 
 CHUNK_PROMPTS = 16  # prompts per generate() call: the progress bar moves, memory stays flat
 
@@ -156,6 +160,21 @@ def _device_problems(device: str) -> list[str]:
     if device == "cuda" and not torch.cuda.is_available():
         return ["--device cuda but torch sees no CUDA GPU (--device auto or cpu evaluates on the CPU)"]
     return []
+
+
+def _warn_if_cores_shared() -> None:
+    """What train says once per run (tinyrl.contention), said before eval's long CPU work: eval of
+    the demo with its 32 samples a problem took 5:45 for the first 10% beside another run, 0:08
+    for each 10% after it ended, with nothing said."""
+    import torch
+
+    from tinyrl.contention import cpu_contention, load_average, usable_cpus
+
+    load = load_average()
+    found = None if load is None else cpu_contention(load, usable_cpus(), torch.get_num_threads(),
+                                                     wait_policy=os.environ.get("OMP_WAIT_POLICY", ""), command="eval")
+    if found is not None:
+        log.warning(f"{found.found}. What to do: {found.fix}")
 
 
 def eval_device(asked: str, run_device: str | None, engine: str = "auto"):
@@ -407,6 +426,8 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
                               "--no-chat-template)" if cfg is not None or chat_template is False else
                               "without --chat-template")
     device = eval_device(device, cfg.trainer.device if cfg is not None else None, engine)
+    if device.type == "cpu":
+        _warn_if_cores_shared()
     dtype = pick_dtype(cfg.model.dtype if cfg is not None else "auto", device)
     engine = engine if engine != "auto" else ("vllm" if device.type == "cuda" else "hf")
     judge = None
