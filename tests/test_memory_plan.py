@@ -185,3 +185,27 @@ def test_a_task_with_tools_is_planned_as_multi_turn():
     cfg = load_config("math-grpo-4090", ["rollout.engine=hf"])
     assert "hf_turn_prefill_transient" not in plan_for_config(cfg, get_gpu("rtx4090"), simulate=False) \
         .phases["rollout"].parts
+
+
+def test_a_cached_plan_is_keyed_by_the_code_it_traced_and_the_libraries(monkeypatch):
+    """The cache key hashed the planner's three files only; the simulation traces the trainer's
+    own passes (tinyrl/packing.py, models.py, ...) and torch's and transformers' code, so a plan
+    cached before a change there was read as still true."""
+    import importlib.metadata
+    from pathlib import Path
+
+    from tinyrl.config import load_config
+    from tinyrl.memory.from_config import config_digest
+
+    cfg, gpu = load_config("countdown-4090"), get_gpu("rtx4090")
+    before = config_digest(cfg, gpu)
+    assert config_digest(cfg, gpu) == before  # the same code and libraries: the same key
+    read = Path.read_bytes
+    with monkeypatch.context() as patch:  # packing.py as another tinyrl version would have it
+        patch.setattr(Path, "read_bytes", lambda self: read(self) + (b"\n# changed" if self.name == "packing.py" else b""))
+        assert config_digest(cfg, gpu) != before
+    version = importlib.metadata.version
+    with monkeypatch.context() as patch:
+        patch.setattr(importlib.metadata, "version", lambda lib: "9.9.9" if lib == "torch" else version(lib))
+        assert config_digest(cfg, gpu) != before
+    assert config_digest(cfg, gpu) == before

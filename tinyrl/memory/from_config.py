@@ -297,14 +297,26 @@ def plan_dict(cfg: Config, plan: MemoryPlan) -> dict:
 
 def config_digest(cfg: Config, gpu: GPU) -> str:
     """A short hash of what the plan depends on: the memory fields, the model's shape (a local
-    directory's config.json may change), the card's memory and the planner's own code."""
-    from tinyrl.memory import plan as plan_mod
-    from tinyrl.memory import simulate as sim_mod
+    directory's config.json may change), the card's memory, tinyrl's code and the versions of
+    the libraries whose code the plan traced. The code is all of tinyrl's, not the planner's
+    three files: the simulation runs the trainer's own passes (packing, models, the losses), so
+    a change there changes the bytes, and until 2026-11-28 a plan cached before such a change
+    (or before a torch or transformers upgrade) was read as still true."""
+    import importlib.metadata as md
 
-    code = b"".join(Path(f).read_bytes() for f in (plan_mod.__file__, sim_mod.__file__, fm.__file__))
+    package = Path(__file__).resolve().parents[1]
+    code = hashlib.sha256()
+    for source in sorted(package.rglob("*.py")):
+        code.update(source.relative_to(package).as_posix().encode() + b"\0" + source.read_bytes())
+    versions = {}
+    for lib in ("torch", "transformers", "peft"):
+        try:
+            versions[lib] = md.version(lib)
+        except md.PackageNotFoundError:  # peft is optional for a full fine-tune
+            versions[lib] = None
     key = json.dumps({"fields": {f: get_setting(cfg, f) for f in MEMORY_FIELDS},
                       "spec": load_spec(cfg.model.name), "card": gpu.memory_bytes,
-                      "code": hashlib.sha256(code).hexdigest()}, sort_keys=True, default=str)
+                      "code": code.hexdigest(), "versions": versions}, sort_keys=True, default=str)
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
