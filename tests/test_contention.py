@@ -99,6 +99,7 @@ def test_eval_on_a_shared_cpu_says_what_to_set_before_its_work(tmp_path, tiny_mo
     pd.read_parquet(REPO_ROOT / "data" / "countdown" / "test.parquet")[:2].to_parquet(data)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(contention, "usable_cpus", lambda: 2)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)  # the fix names it: as a user's shell has it
     run = dict(task_name="countdown", n=0, engine="hf", max_new_tokens=2, progress=False, device="cpu")
     monkeypatch.setattr(contention, "load_average", lambda: 9.0)
     with caplog.at_level(logging.WARNING, logger="tinyrl.eval"):
@@ -110,4 +111,10 @@ def test_eval_on_a_shared_cpu_says_what_to_set_before_its_work(tmp_path, tiny_mo
     monkeypatch.setattr(contention, "load_average", lambda: 1.0)
     with caplog.at_level(logging.WARNING, logger="tinyrl.eval"):
         evaluate(str(tiny_model_dir), [str(data)], out_dir=tmp_path / "quiet", **run)
+    assert not [r for r in caplog.records if r.name == "tinyrl.eval"]
+    # on one thread there is nothing to set: not said (the suite runs so, on a loaded machine)
+    monkeypatch.setattr(contention, "load_average", lambda: 9.0)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    with caplog.at_level(logging.WARNING, logger="tinyrl.eval"):
+        evaluate(str(tiny_model_dir), [str(data)], out_dir=tmp_path / "one-thread", **run)
     assert not [r for r in caplog.records if r.name == "tinyrl.eval"]

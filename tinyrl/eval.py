@@ -170,9 +170,11 @@ def _warn_if_cores_shared() -> None:
 
     from tinyrl.contention import cpu_contention, load_average, usable_cpus
 
-    load = load_average()
-    found = None if load is None else cpu_contention(load, usable_cpus(), torch.get_num_threads(),
-                                                     wait_policy=os.environ.get("OMP_WAIT_POLICY", ""), command="eval")
+    load, threads = load_average(), torch.get_num_threads()
+    if load is None or threads <= 1:  # on one thread already: nothing to set (train says so once, eval is short)
+        return
+    found = cpu_contention(load, usable_cpus(), threads, wait_policy=os.environ.get("OMP_WAIT_POLICY", ""),
+                           command="eval")
     if found is not None:
         log.warning(f"{found.found}. What to do: {found.fix}")
 
