@@ -204,6 +204,23 @@ def test_a_tools_own_result_needs_only_its_output_and_exit_code():
     assert (failed.status, render(failed), failed.message) == ("error", "out 3\noops\n[exit code 3]", "exit code 3")
 
 
+def test_a_tool_that_prints_a_lot_reaches_its_tool_turn_as_head_and_tail():
+    """A tool of one's own has no sandbox to bound what it returns, and the turn loop tokenizes
+    a tool turn's whole text before cutting it to rollout.max_tool_response_tokens: 10 MB of
+    stdout took 20 s and 3.9 GB there, per call. call_tool keeps each field's head and tail."""
+    flood = "".join(f"line {i}\n" for i in range(1_000_000))  # 6.9 MB
+    tool = Tool("t", SCHEMA, lambda arguments, create_kwargs, **limits: ToolResult(flood, flood, 0, message=flood))
+    result = call_tool(tool, {"code": "1"}, {}, timeout_s=1.0, memory_mb=256)
+    assert result.status == "ok" and result.truncated
+    for text in (result.stdout, result.stderr):
+        assert len(text) < 70_000 and text.startswith("line 0\n") and text.endswith("line 999999\n")
+        assert "characters cut ...]" in text
+    assert len(result.message) < 70_000 and result.message.endswith("; output truncated")
+    quiet = call_tool(Tool("t", SCHEMA, lambda arguments, create_kwargs, **limits: _ok("7\n")), {"code": "1"}, {},
+                      timeout_s=1.0, memory_mb=256)
+    assert (quiet.stdout, quiet.truncated, render(quiet)) == ("7\n", False, "7")
+
+
 def test_call_tool_keeps_a_tools_own_result_and_gives_its_limits():
     """A tool that keeps the contract: its result as it gave it (seconds measured here), the
     limits and create_kwargs passed as the contract says."""

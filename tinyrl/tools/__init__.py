@@ -120,10 +120,33 @@ def call_tool(tool: Tool, arguments: dict[str, Any], create_kwargs: dict[str, An
         if not isinstance(value, want):
             return _failed(f"error: tool {tool.name!r} returned a ToolResult whose {name} is a {type(value).__name__}, "
                            f"not a {want.__name__}", seconds)
-    return replace(result, seconds=seconds)
+    return replace(_bounded(result), seconds=seconds)
 
 
 _FIELD_TYPES = (("stdout", str), ("stderr", str), ("exit_code", int), ("message", str))
+# The most of a tool's stdout, stderr or message that reaches its tool turn: the turn loop
+# tokenizes the whole text before cutting it to rollout.max_tool_response_tokens (10 MB of a
+# tool's own stdout took 20 s and 3.9 GB there). Above the sandbox's own 16 KiB a stream
+# (run_code's max_output_bytes), so the sandbox's output is never cut twice.
+MAX_OUTPUT_CHARS = 65536
+
+
+def _bounded(result: ToolResult) -> ToolResult:
+    """`result` with each field longer than MAX_OUTPUT_CHARS cut to its head and tail, as the
+    sandbox cuts a stream (a traceback's last line is the one that matters); marked truncated."""
+    cut = {name: _head_and_tail(getattr(result, name)) for name in ("stdout", "stderr", "message")
+           if len(getattr(result, name)) > MAX_OUTPUT_CHARS}
+    if not cut:
+        return result
+    message = cut.pop("message", result.message)
+    if not result.truncated:
+        message += "; output truncated"
+    return replace(result, **cut, message=message, truncated=True)
+
+
+def _head_and_tail(text: str) -> str:
+    half = MAX_OUTPUT_CHARS // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
 
 
 def _failed(message: str, seconds: float, timed_out: bool = False) -> ToolResult:
