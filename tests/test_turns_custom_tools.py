@@ -7,6 +7,7 @@ The tools here carry code_interpreter's schema (the chat template's tool list) w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -286,6 +287,35 @@ def test_readmes_own_tool_is_offered_by_its_task_and_called_in_an_episode(chat, 
                         tools=rollout.tools, limits=rollout.limits, messages=[msgs]).episodes
     assert [(c.name, c.status) for c in e.tool_calls] == [("add", "ok")]
     assert "42" in _tool_text(chat, e) and e.stop_reason == "stop"
+
+
+@pytest.mark.parametrize("schema_name, tool_name, offered, said", [
+    ("add", "add", "add", None),                       # README's script as it is
+    ("sum", "add", "add", "TOOLS['add'] is named 'sum' in its schema (what the prompt offers) and 'add' as its Tool.name"),
+    ("add", "ad", "add", "TOOLS['add'] is named 'add' in its schema (what the prompt offers) and 'ad' as its Tool.name"),
+    ("add", "add", "ad", "'ad' is not in tinyrl.tools.TOOLS (tools: code_interpreter, add); did you mean 'add'?")])
+def test_a_tool_offered_by_another_name_than_it_is_called_by_is_refused_at_the_config_check(
+        readme_tool, schema_name, tool_name, offered, said):
+    """The prompt offers the schema's name and the turn loop looks a call up by the TOOLS key: a
+    tool registered as TOOLS["add"] with a schema named "sum" passed the config check, and every
+    call of "sum" came back unknown_tool for the whole run. A typo in the task's tools names the
+    nearest tool."""
+    from tinyrl.config import load_config
+    from tinyrl.tasks import all_tasks, task_problems
+
+    add = TOOLS["add"]
+    schema = {"type": "function", "function": {**add.schema["function"], "name": schema_name}}
+    TOOLS["add"] = Tool(tool_name, schema, add.run)
+    arith = all_tasks()["arith"]
+    all_tasks()["arith"] = dataclasses.replace(arith, tools=("code_interpreter", offered))
+    problems = [p for p in task_problems(load_config("countdown-tools-demo", check=False)) if "tools: " in p]
+    if said is None:
+        assert problems == []
+        return
+    (problem,) = problems
+    assert problem.startswith("the arith task's tools: ") and said in problem
+    if "TOOLS['add']" in said:
+        assert problem.endswith("but a call is looked up by its key, 'add': give all three the same name")
 
 
 def test_readmes_own_tool_script_runs_tinyrl_commands(tmp_path):

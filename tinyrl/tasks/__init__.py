@@ -66,12 +66,9 @@ def task_problems(cfg) -> list[str]:
         out.append(f"task.template = {t.template!r} is not a template of the {t.name} task; "
                    f"choose one of {', '.join(task.templates)}")
     if task.tools:  # episodes with tools: the template lists the tools and writes the tool turns
-        from tinyrl.tools import TOOLS
+        from tinyrl.tools import offered_problems
 
-        unknown = [name for name in task.tools if name not in TOOLS]
-        if unknown:
-            out.append(f"the {t.name} task offers tool(s) {', '.join(unknown)} that tinyrl does not have "
-                       f"(tools: {', '.join(TOOLS)})")
+        out += [f"the {t.name} task's tools: {problem}" for problem in offered_problems(task.tools)]
         if not cfg.data.chat_template:
             out.append(f"the {t.name} task calls tools, so its prompts must go through the chat template: "
                        "set data.chat_template=true (and model.custom_chat_template when the tokenizer has none)")

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from tinyrl.tools.python import _BACKSTOP_S, ToolResult, run_code, run_many
 
-__all__ = ["TOOLS", "Tool", "ToolResult", "call_tool", "render", "run_code", "run_many"]
+__all__ = ["TOOLS", "Tool", "ToolResult", "call_tool", "offered_problems", "render", "run_code", "run_many"]
 
 # A tool's default grace (Tool.grace_s): a tool that keeps to timeout_s returns within a moment of it
 GRACE_S = 2.0
@@ -77,6 +77,30 @@ TOOLS: dict[str, Tool] = {
     # is only for a sandbox stuck past that
     "code_interpreter": Tool("code_interpreter", CODE_INTERPRETER_SCHEMA, _run_code_tool, grace_s=2 * _BACKSTOP_S),
 }
+
+
+def offered_problems(names: tuple[str, ...]) -> list[str]:
+    """What is wrong with the tools a task offers (`names`, TOOLS keys), each saying what to do: a
+    name TOOLS lacks, or a tool registered under one name and called another in its schema (the
+    name the prompt offers the model) or its Tool.name: the turn loop looks a call up by the key,
+    so every call of the offered name would come back an unknown tool."""
+    import difflib
+
+    out = []
+    for name in names:
+        if name not in TOOLS:
+            near = difflib.get_close_matches(name, TOOLS, n=1)
+            out.append(f"{name!r} is not in tinyrl.tools.TOOLS (tools: {', '.join(TOOLS)})"
+                       + (f"; did you mean {near[0]!r}?" if near else "; register it there before the command runs"))
+            continue
+        tool = TOOLS[name]
+        schema = tool.schema if isinstance(tool.schema, dict) else {}
+        said = (schema.get("function") or schema).get("name")
+        if said != name or tool.name != name:
+            out.append(f"tinyrl.tools.TOOLS[{name!r}] is named {said!r} in its schema (what the prompt offers) and "
+                       f"{tool.name!r} as its Tool.name, but a call is looked up by its key, {name!r}: give all three "
+                       "the same name")
+    return out
 
 
 def call_tool(tool: Tool, arguments: dict[str, Any], create_kwargs: dict[str, Any], *, timeout_s: float,
