@@ -340,7 +340,7 @@ def cut_to_tokens(text: str, tokenizer, max_tokens: int) -> str:
     """`text` within `max_tokens` tokens (re-tokenized on its own): when longer, its head and its
     tail with a note between them, the note counted. Head and tail, as the sandbox cuts a stream
     (tinyrl.tools.python._read_output) and verl cuts a tool response: the end holds what render
-    says last (a traceback's last line, "[... output truncated]", a timeout). The text goes into
+    says last (a traceback's last line, "[exit code 0; output truncated]", a timeout). The text goes into
     the episode and its re-render alike, so any cut keeps the two equal."""
     ids = _token_ids(tokenizer, text)
     if len(ids) <= max_tokens:
