@@ -95,7 +95,8 @@ def offered_problems(names: tuple[str, ...]) -> list[str]:
             continue
         tool = TOOLS[name]
         schema = tool.schema if isinstance(tool.schema, dict) else {}
-        said = (schema.get("function") or schema).get("name")
+        function = schema.get("function")
+        said = (function if isinstance(function, dict) else schema).get("name")
         if said != name or tool.name != name:
             out.append(f"tinyrl.tools.TOOLS[{name!r}] is named {said!r} in its schema (what the prompt offers) and "
                        f"{tool.name!r} as its Tool.name, but a call is looked up by its key, {name!r}: give all three "
