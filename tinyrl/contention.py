@@ -38,6 +38,10 @@ class Contention:
     found: str   # what was seen, with its numbers
     fix: str     # what to set
 
+    def notice(self) -> str:
+        """The one line a run or eval logs."""
+        return f"{self.found}. What to do: {self.fix}"
+
 
 def cpu_contention(load: float, cpus: int, threads: int, step_seconds: Sequence[float] = (),
                    wait_policy: str = "", command: str = "train") -> Contention | None:
@@ -67,6 +71,16 @@ def cpu_contention(load: float, cpus: int, threads: int, step_seconds: Sequence[
     env = f"OMP_NUM_THREADS={count}" + ("" if wait_policy.upper() == "PASSIVE" else " OMP_WAIT_POLICY=PASSIVE")
     return Contention(found, f"start tinyrl with {env} in its environment (e.g. `{env} tinyrl {command} ...`; "
                              f"it is read when tinyrl starts); {MEASURED}")
+
+
+def cpu_contention_now(threads: int, step_seconds: Sequence[float] = (), command: str = "train") -> Contention | None:
+    """cpu_contention on this machine now: its load average, this process's usable cores and
+    OMP_WAIT_POLICY as set, for a caller computing on `threads` torch threads (the trainer after a
+    step, eval before its work). None where the OS has no load average."""
+    load = load_average()
+    if load is None:
+        return None
+    return cpu_contention(load, usable_cpus(), threads, step_seconds, os.environ.get("OMP_WAIT_POLICY", ""), command)
 
 
 def usable_cpus() -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -168,15 +167,14 @@ def _warn_if_cores_shared() -> None:
     for each 10% after it ended, with nothing said."""
     import torch
 
-    from tinyrl.contention import cpu_contention, load_average, usable_cpus
+    from tinyrl.contention import cpu_contention_now
 
-    load, threads = load_average(), torch.get_num_threads()
-    if load is None or threads <= 1:  # on one thread already: nothing to set (train says so once, eval is short)
+    threads = torch.get_num_threads()
+    if threads <= 1:  # on one thread already: nothing to set (train says so once, eval is short)
         return
-    found = cpu_contention(load, usable_cpus(), threads, wait_policy=os.environ.get("OMP_WAIT_POLICY", ""),
-                           command="eval")
+    found = cpu_contention_now(threads, command="eval")
     if found is not None:
-        log.warning(f"{found.found}. What to do: {found.fix}")
+        log.warning(found.notice())
 
 
 def eval_device(asked: str, run_device: str | None, engine: str = "auto"):

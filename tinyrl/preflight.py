@@ -145,7 +145,7 @@ def check_disk(cfg: Config, run_dir: Path, cuda: bool) -> list[str]:
 
 # ------------------------------------------------------------------------------- memory
 
-def _measured_then(cfg: Config, plan, path: Path) -> tuple[str, str]:
+def _measured_then(cfg: Config, path: Path) -> tuple[str, str]:
     """(a line for the refusal, the hint's first clause) for a cached plan that probe-memory
     MEASURED on this card and that does not fit: memory other processes held on the card while
     it probed counted against it, and the plan keeps that verdict until probed again. Until
@@ -169,7 +169,7 @@ def check_memory(cfg: Config, gpu: GPU, run_dir: Path | None = None) -> list[str
               f"memory plan SIMULATED now (fake tensors; none cached for this config on {gpu.name}), "
               f"saved to {path}; `tinyrl probe-memory` measures it on the card")
     if not plan.fits:
-        measured, again = _measured_then(cfg, plan, path) if cached and not plan.simulated else ("", "")
+        measured, again = _measured_then(cfg, path) if cached and not plan.simulated else ("", "")
         raise TinyRLError(f"the memory plan for {cfg.model.name} on {gpu.name} does not fit:\n"
                           + "\n".join(f"  {line}" for line in mp.advice(cfg, plan)) + measured,
                           hint=f"{again}change the settings above with --set, then run again "

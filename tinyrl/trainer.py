@@ -187,19 +187,15 @@ class Trainer:
 
     def _check_cpu(self, history: list[dict]) -> None:
         """One notice a run when its CPU is oversubscribed, with what to set (tinyrl.contention)."""
-        from tinyrl.contention import cpu_contention, load_average, usable_cpus
+        from tinyrl.contention import cpu_contention_now
 
-        load = load_average()
-        if self._cpu_noticed or self.device.type != "cpu" or load is None:
+        if self._cpu_noticed or self.device.type != "cpu":
             return
-        import os
-
-        found = cpu_contention(load, usable_cpus(), torch.get_num_threads(),
-                               [m["timing/step"] for m in history if "timing/step" in m],
-                               os.environ.get("OMP_WAIT_POLICY", ""), self.cfg.command)
+        found = cpu_contention_now(torch.get_num_threads(), [m["timing/step"] for m in history if "timing/step" in m],
+                                   self.cfg.command)
         if found is not None:
             self._cpu_noticed = True
-            self._notice(f"{found.found}. What to do: {found.fix}")
+            self._notice(found.notice())
 
     # ------------------------------------------------------------------ the loop
 

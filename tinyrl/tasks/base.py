@@ -31,7 +31,9 @@ class Task:
     # `tinyrl data NAME --from FILE` turns a plain table of problems and answers (.jsonl, .csv,
     # ...) into the task's prompts: said to the owner of such a table given as data (table_hint)
     converts_tables: bool = False
-    sft_data_hint: str = ""                             # the same for `tinyrl sft`'s file ("": data_hint + --sft)
+    # the same for `tinyrl sft`'s file; "": data_hint + --sft when generate_sft is set, else what an
+    # SFT file of the user's must hold (tinyrl.tasks._sft_hint)
+    sft_data_hint: str = ""
     task_line: Callable[[str], str | None] = lambda prompt: None   # the line of a prompt worth showing
     answer_patterns: tuple[str, ...] = field(default=())           # regexes of the answer span (dashboard)
     config_problems: Callable[[Any], list[str]] = lambda task_cfg: []
