@@ -173,6 +173,43 @@ def test_data_countdown_writes_tinyzero_parquet(tmp_path):
     assert train.iloc[0]["prompt"][0]["content"].startswith("<|im_start|>system")
 
 
+@pytest.mark.parametrize("task", ["countdown", "arith", "math", "retool"])
+def test_wrote_lines_name_each_path_whole_in_a_narrow_terminal(tmp_path, task):
+    """`tinyrl data NAME` says where it wrote. Rich wrapped that line at the console's width, inside a
+    long path ("dapo-math-17k.par" / "quet"), and read "[...]" in a path as markup and dropped it: the
+    path the user copies from the line was not the file."""
+    from typer.testing import CliRunner
+
+    from tinyrl.cli import app
+
+    out = tmp_path / "a-rather-long-directory-name-for-the-data" / "[run 1]"
+    sft = ["--sft"] if task in ("countdown", "arith") else []
+    done = CliRunner().invoke(app, ["data", task, "--out", str(out), "--train-size", "8", "--test-size", "4", *sft],
+                              env={"COLUMNS": "40"})
+    assert done.exit_code == 0, done.output
+    names = ["train.parquet", "test.parquet"] + (["sft_train.parquet", "sft_test.parquet"] if sft else [])
+    wrote = [line for line in done.output.splitlines() if line.startswith("wrote ")]
+    assert len(wrote) == (2 if sft else 1), done.output
+    for name in names:
+        assert (out / name).is_file()
+        assert any(f"{out / name} (" in line or f"{out / name} and" in line for line in wrote), (name, done.output)
+
+
+def test_export_verl_names_its_bracketed_out_whole(tmp_path, monkeypatch):
+    """The line export-verl ends with is markup ([bold] around the command); --out "[v 1]" vanished
+    from it, so the command it told the user to run named another directory."""
+    from typer.testing import CliRunner
+
+    from tinyrl.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(app, ["export-verl", "--preset", "countdown-tiny", "--out", "[v 1]"],
+                              env={"COLUMNS": "40"})
+    assert done.exit_code == 0, done.output
+    assert (tmp_path / "[v 1]" / "run_verl.sh").is_file()
+    assert "wrote [v 1]/run_verl.sh" in done.output and "run bash [v 1]/run_verl.sh where" in done.output, done.output
+
+
 def test_broken_training_data_is_exit_2_and_names_the_file(tmp_path):
     bad = tmp_path / "train.parquet"
     bad.write_bytes(b"not a parquet file")

@@ -95,7 +95,7 @@ def _said_if_stopped(after: Union[str, Callable[[], str]]) -> Iterator[None]:
     except interrupts.Interrupted as exc:
         said = after() if callable(after) else after
         err.print(f"stopped by {interrupts.SIGNAL_NAMES.get(exc.signum, exc.signum)}{said}",
-                  highlight=False, soft_wrap=True)
+                  highlight=False, soft_wrap=True, markup=False)
         sys.exit(interrupts.exit_code(exc.signum))
 
 
@@ -111,7 +111,7 @@ def _working(text: str) -> Iterator:
     from types import SimpleNamespace
 
     def say(message: str) -> None:
-        err.print(message, highlight=False, soft_wrap=True)
+        err.print(message, highlight=False, soft_wrap=True, markup=False)
 
     say(text)
     yield SimpleNamespace(update=say)
@@ -195,7 +195,7 @@ def _print_sections(tree: dict, prefix: str = "") -> None:
         out.print()
         out.print(Text(f"[{prefix}]", style="bold"))  # Text: the brackets are TOML, not markup
     for key, value in flat.items():
-        out.print(f"{key} = {json.dumps(value)}", highlight=False, soft_wrap=True)
+        out.print(f"{key} = {json.dumps(value)}", highlight=False, soft_wrap=True, markup=False)
     for key, value in tree.items():
         if isinstance(value, dict):
             _print_sections(value, f"{prefix}.{key}" if prefix else key)
@@ -432,12 +432,12 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
     if code == 0:
         inputs = getattr(trainer, "inputs", None)  # the RL trainer's prompts; an SFT run has its own data
         _print_accuracy_change(run_dir, len(inputs.test_prompts) if inputs is not None else None, cfg.to_dict())
-        out.print(message, highlight=False, soft_wrap=True)
+        out.print(message, highlight=False, soft_wrap=True, markup=False)
         _say_reward_prints(run_dir)
         return
     if trainer.stopped_by is None:  # the run went on to its end, but not everything is on disk
         raise TinyRLError(message, hint=interrupts.unsaved_hint(trainer.saves.last_error, resume_cmd), exit_code=code)
-    err.print(message, highlight=False, soft_wrap=True)
+    err.print(message, highlight=False, soft_wrap=True, markup=False)
     sys.exit(code)
 
 
@@ -457,7 +457,8 @@ def _say_reward_prints(run_dir: Path) -> None:
 
     prints = run_dir / PRINTS_FILE
     if prints.is_file() and (size := prints.stat().st_size):
-        out.print(f"your reward function's prints ({size:,} bytes): {prints}", highlight=False, soft_wrap=True)
+        out.print(f"your reward function's prints ({size:,} bytes): {prints}",
+                  highlight=False, soft_wrap=True, markup=False)
 
 
 def _show_earlier_validations(dash, run_dir: Path) -> None:
@@ -480,7 +481,7 @@ def _print_accuracy_change(run_dir: Path, n_prompts: Optional[int], config: dict
     change = accuracy_change(recs, n_prompts) or last_validation(recs, n_prompts)
     if change:
         judge = judged_by(config) if change.startswith("greedy") else None
-        out.print(change + (f"\n{judge}" if judge else ""), highlight=False, soft_wrap=True)
+        out.print(change + (f"\n{judge}" if judge else ""), highlight=False, soft_wrap=True, markup=False)
 
 
 @app.command("probe-memory")
@@ -581,7 +582,8 @@ def export(
     # the model is written into a hidden folder in --out and moved in whole (tinyrl.writable.staged)
     with _said_if_stopped(f" while exporting {run_dir}; nothing was written in {out_dir}"):
         path = export_run(run_dir, out_dir, overwrite=overwrite, dtype=dtype)
-    out.print(f"wrote {path} ({weights_on_disk(path)}): load it with AutoModelForCausalLM.from_pretrained({str(path)!r})")
+    out.print(f"wrote {path} ({weights_on_disk(path)}): load it with AutoModelForCausalLM.from_pretrained({str(path)!r})",
+              highlight=False, soft_wrap=True, markup=False)
 
 
 @app.command("export-verl")
@@ -616,9 +618,12 @@ def export_verl_cmd(
     names: list[str] = []
     path = export_verl(cfg, out_dir, gpus=gpus, nodes=nodes, overwrite=overwrite, actor=actor,
                        source=f"run {from_run}" if from_run else f"preset {cfg.preset}",
-                       warn=lambda w: err.print(w, style="yellow", highlight=False, soft_wrap=True), wrote=names.extend)
-    out.print(f"wrote {path}/{', '.join(names[:-1])} and {names[-1]}: run [bold]bash "
-              f"{path}/run_verl.sh[/] where verl is installed", soft_wrap=True)
+                       warn=lambda w: err.print(w, style="yellow", highlight=False, soft_wrap=True, markup=False),
+                       wrote=names.extend)
+    from rich.markup import escape  # a path's [brackets] are not markup
+
+    out.print(f"wrote {escape(str(path))}/{', '.join(names[:-1])} and {names[-1]}: run [bold]bash "
+              f"{escape(str(path))}/run_verl.sh[/] where verl is installed", soft_wrap=True, highlight=False)
 
 
 # Loggers whose INFO lines the user sees: one-off work on first use that takes a while (the tiny
@@ -732,10 +737,11 @@ def eval_cmd(
         return
     out.print(eval_table(summary))
     if "judged_by" in summary:
-        out.print(f"judged by {summary['judged_by']}", highlight=False, soft_wrap=True)
+        out.print(f"judged by {summary['judged_by']}", highlight=False, soft_wrap=True, markup=False)
     if "tools_left_out" in summary:
-        out.print(f"note: {summary['tools_left_out']}", highlight=False, soft_wrap=True)
-    out.print(f"wrote {where / 'eval.json'} and {where / 'eval_samples.jsonl'}", highlight=False, soft_wrap=True)
+        out.print(f"note: {summary['tools_left_out']}", highlight=False, soft_wrap=True, markup=False)
+    out.print(f"wrote {where / 'eval.json'} and {where / 'eval_samples.jsonl'}",
+              highlight=False, soft_wrap=True, markup=False)
 
 
 def eval_table(summary: dict) -> Table:
@@ -830,7 +836,7 @@ def doctor_cmd(
             for part in render(report):
                 out.print(part)
             if out_file is not None:
-                out.print(f"report written to {out_file}", highlight=False, soft_wrap=True)
+                out.print(f"report written to {out_file}", highlight=False, soft_wrap=True, markup=False)
     sys.exit(report.exit_code)
 
 
@@ -849,7 +855,7 @@ def report(
     with _said_if_stopped(f" while writing the report of {run_dir}; no plot or summary in {where} was changed"):
         files = write_report(run_dir, out_dir)
     for path in files:
-        out.print(str(path), highlight=False, soft_wrap=True)
+        out.print(str(path), highlight=False, soft_wrap=True, markup=False)
     out.print()
     out.print(files[-1].read_text(), markup=False, highlight=False, soft_wrap=True)  # summary.txt
 

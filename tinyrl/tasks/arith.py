@@ -38,7 +38,7 @@ from typing import Any
 
 from tinyrl.errors import TinyRLError
 from tinyrl.rollout.hermes import final_turn
-from tinyrl.tasks.base import RewardFn, Task, option
+from tinyrl.tasks.base import RewardFn, Task, option, say_wrote
 from tinyrl.writable import ANOTHER_OUT, make_dir, refuse_existing, staged
 
 TOOLS = ("code_interpreter",)
@@ -244,15 +244,13 @@ def data_command(
 
     Example (+ the tool demo's SFT conversations): tinyrl data arith --out data/arith --sft
     """
-    from rich.console import Console
-
     train, test = generate(out_dir, train_size, test_size, seed=seed, sft=sft, tool_share=tool_share,
                            drill_share=drill_share)
-    Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
+    say_wrote(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
     if sft:
-        Console().print(f"wrote {train.with_name('sft_train.parquet')} and {test.with_name('sft_test.parquet')} "
-                        f"({drill_share:.0%} of the rows drills; of the others {tool_share:.0%} call the tool; "
-                        "for `tinyrl sft`)")
+        say_wrote(f"wrote {train.with_name('sft_train.parquet')} and {test.with_name('sft_test.parquet')} "
+                  f"({drill_share:.0%} of the rows drills; of the others {tool_share:.0%} call the tool; "
+                  "for `tinyrl sft`)")
 
 
 def _task_line(prompt: str) -> str | None:

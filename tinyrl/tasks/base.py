@@ -53,6 +53,15 @@ class Task:
     reward_requires: tuple[str, ...] = ()
 
 
+def say_wrote(line: str) -> None:
+    """A `tinyrl data NAME` command's "wrote PATH (...)" line, one line however narrow the terminal:
+    a path that rich wrapped at the console's width could not be copied whole, and one with [brackets]
+    lost them as markup."""
+    from rich.console import Console
+
+    Console().print(line, soft_wrap=True, highlight=False, markup=False)
+
+
 def option(default: Any, *flags: str, **kwargs: Any) -> Any:
     """typer.Option, for the parameters of a task's `tinyrl data NAME` command. Where typer is not
     installed (tinyrl installed with --no-deps beside verl, for export-verl's reward_fn.py: README,

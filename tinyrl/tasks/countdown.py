@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tinyrl.errors import TinyRLError
-from tinyrl.tasks.base import RewardFn, Task, option
+from tinyrl.tasks.base import RewardFn, Task, option, say_wrote
 
 _TASK_LINE = re.compile(r"Using the numbers .*?equals -?\d+", re.S)  # the part that differs per task
 
@@ -111,8 +111,6 @@ def data_command(
 
     Example (easier tasks, + SFT files): tinyrl data countdown --out data/easy --operands 2,3 --max-number 20 --sft
     """
-    from rich.console import Console
-
     from tinyrl.data.countdown import MAX_ROWS
 
     if not (1 <= train_size <= MAX_ROWS and 1 <= test_size <= MAX_ROWS):
@@ -132,10 +130,10 @@ def data_command(
                           hint="e.g. --template base --operands 2,3 --max-number 20")
     train, test = generate(out_dir, train_size, test_size, seed=seed, template=template, sft=sft,
                            operands=counts, max_number=max_number)
-    Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
+    say_wrote(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
     if sft:
-        Console().print(f"wrote {train.with_name('sft_train.parquet')} and {test.with_name('sft_test.parquet')} "
-                        "(the same tasks with reference responses, for `tinyrl sft`)")
+        say_wrote(f"wrote {train.with_name('sft_train.parquet')} and {test.with_name('sft_test.parquet')} "
+                  "(the same tasks with reference responses, for `tinyrl sft`)")
 
 
 def _task_line(prompt: str) -> str | None:

@@ -24,7 +24,7 @@ from typing import Any, Iterator, Optional
 
 from tinyrl.errors import TinyRLError
 from tinyrl.model_specs import hub_unreachable
-from tinyrl.tasks.base import RewardFn, Task, option
+from tinyrl.tasks.base import RewardFn, Task, option, say_wrote
 from tinyrl.writable import ANOTHER_OUT, check_writable, make_dir, refuse_existing, staged
 
 ANSWER_FORMATS = ("auto", "dapo", "boxed")
@@ -436,19 +436,17 @@ def data_command(
 
     Example (generated problems, no download): tinyrl data math --out data/math-gen --train-size 1024
     """
-    from rich.console import Console
-
     check_writable(out_dir, lost="nothing was read or written", example="data/math")  # before a download
     if source is None:
         train, test = generate(out_dir, train_size, test_size, seed=seed, template=template)
-        Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
+        say_wrote(f"wrote {train} ({train_size:,} rows) and {test} ({test_size:,} rows)")
         return
     path, n, dropped, skipped = convert(source, out_dir, template, name, problem_key, answer_key)
     from tinyrl.words import counted
 
     said = ([f"{counted(dropped, 'repeated row')} kept once"] if dropped else []) + \
         ([skipped_rows(skipped)] if skipped else [])
-    Console().print(f"wrote {path} ({counted(n, 'row')}" + "".join(f"; {s}" for s in said) + ")")
+    say_wrote(f"wrote {path} ({counted(n, 'row')}" + "".join(f"; {s}" for s in said) + ")")
 
 
 def skipped_rows(n: int) -> str:

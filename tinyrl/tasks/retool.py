@@ -32,7 +32,7 @@ from typing import Any, Optional
 from tinyrl.errors import TinyRLError
 from tinyrl.rollout.hermes import final_turn
 from tinyrl.tasks import math as maths
-from tinyrl.tasks.base import RewardFn, Task, option
+from tinyrl.tasks.base import RewardFn, Task, option, say_wrote
 from tinyrl.writable import ANOTHER_OUT, check_writable, make_dir, refuse_existing, staged
 
 TOOLS = ("code_interpreter",)
@@ -273,15 +273,13 @@ def data_command(
 
     Example (retool-4090's prompts): tinyrl data retool --from hf:BytedTsinghua-SIA/DAPO-Math-17k --name dapo-math-17k --out data/retool
     """
-    from rich.console import Console
-
     check_writable(out_dir, lost="nothing was read or written", example="data/retool")  # before a download
     if source is None:
         if sft:
             raise TinyRLError("--sft converts ReTool-SFT traces and needs --from", hint="e.g. --from hf:JoeYing/ReTool-SFT")
         tests = 256 if test_size is None else test_size
         train, test = generate(out_dir, train_size, tests, seed=seed)
-        Console().print(f"wrote {train} ({train_size:,} rows) and {test} ({tests:,} rows)")
+        say_wrote(f"wrote {train} ({train_size:,} rows) and {test} ({tests:,} rows)")
         return
     from tinyrl.words import counted
 
@@ -289,13 +287,13 @@ def data_command(
         paths, n, skipped = convert_sft(source, out_dir, name, test_size or 0)
         split = f"{counted(n - (test_size or 0), 'conversation')} + {test_size:,} for the test" if len(paths) > 1 \
             else counted(n, "conversation")
-        Console().print(f"wrote {' and '.join(map(str, paths))} ({split}"
-                        + (f"; {counted(skipped, 'malformed row')} skipped" if skipped else "") + ")")
+        say_wrote(f"wrote {' and '.join(map(str, paths))} ({split}"
+                  + (f"; {counted(skipped, 'malformed row')} skipped" if skipped else "") + ")")
         return
     path, n, dropped, skipped = convert_rl(source, out_dir, name, problem_key, answer_key)
     said = ([f"{counted(dropped, 'repeated row')} kept once"] if dropped else []) + \
         ([maths.skipped_rows(skipped)] if skipped else [])
-    Console().print(f"wrote {path} ({counted(n, 'prompt')}" + "".join(f"; {s}" for s in said) + ")")
+    say_wrote(f"wrote {path} ({counted(n, 'prompt')}" + "".join(f"; {s}" for s in said) + ")")
 
 
 def _config_problems(t: Any) -> list[str]:
