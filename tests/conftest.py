@@ -51,6 +51,18 @@ def run_cli(*args: str, machine_threads: bool = False) -> subprocess.CompletedPr
     return done
 
 
+def hold_run_lock(run_dir: Path) -> subprocess.Popen:
+    """Another process holding `run_dir`'s lock with the project's own rundir.claim (as `tinyrl
+    train` does) until its stdin closes; returned once the lock is held."""
+    code = ("import sys; from pathlib import Path; from tinyrl import rundir\n"
+            "with rundir.claim(Path(sys.argv[1]), 'train'):\n"
+            "    print('held', flush=True); sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
 def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
     """make(home) run ONCE per test run, however many pytest-xdist workers ask -> home. The
     workers share the run's common temp root; a file lock there makes the others wait for the

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import hold_run_lock
 from tinyrl.errors import TinyRLError
 from tinyrl.report import REPORT_MARK, load_metrics, write_report
 from tinyrl.sinks import TensorBoardSink, WandbSink, make_sinks
@@ -520,18 +521,6 @@ def test_a_closed_stdout_is_no_traceback(tmp_path):
     assert (run / "report" / "summary.txt").is_file()
 
 
-def _hold_lock(run_dir: Path) -> subprocess.Popen:
-    """Another process holding `run_dir`'s lock with the project's own rundir.claim (as `tinyrl
-    train` does) until its stdin closes; returned once the lock is held."""
-    code = ("import sys; from pathlib import Path; from tinyrl import rundir\n"
-            "with rundir.claim(Path(sys.argv[1]), 'train'):\n"
-            "    print('held', flush=True); sys.stdin.read()\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
-    assert proc.stdout.readline().strip() == "held"
-    return proc
-
-
 def test_a_run_under_way_is_said_so_not_called_stopped_or_final(tmp_path):
     """A walk: `tinyrl report` on a run before its step 1 ended said "no metrics file ... give the
     run directory that tinyrl train wrote" (or, with an empty metrics.jsonl, that the run stopped
@@ -540,7 +529,7 @@ def test_a_run_under_way_is_said_so_not_called_stopped_or_final(tmp_path):
     from tinyrl.rundir import other_holder
 
     run = tmp_path / "run"
-    holder = _hold_lock(run)
+    holder = hold_run_lock(run)
     try:
         assert other_holder(run).startswith(f"{holder.pid} tinyrl train since ")
         with pytest.raises(TinyRLError, match="is a run under way") as exc:

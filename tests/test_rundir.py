@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import hold_run_lock
 from tinyrl import rundir
 from tinyrl.errors import TinyRLError
 
@@ -394,3 +395,31 @@ def test_a_start_refused_for_want_of_a_card_leaves_nothing(tmp_path):
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert done.returncode == 2 and "sees no CUDA card" in " ".join(done.stderr.split()), done.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_held_lock_is_seen_where_proc_locks_names_another_device(tmp_path, monkeypatch):
+    """On btrfs subvolumes (and overlay mounts) stat's device is not the one /proc/locks prints, so a
+    held run directory read as free: `eval`/`export` on a run still starting said "not a run
+    directory", `report` called a live run stopped. Simulated: the real /proc/locks with every
+    device number changed, as btrfs shows it; the lock itself is real, held by another process."""
+    import re
+
+    run = tmp_path / "run"
+    holder = hold_run_lock(run)
+    try:
+        assert rundir.other_holder(run).startswith(f"{holder.pid} tinyrl train since ")
+        elsewhere = re.sub(r" [0-9a-f]+:[0-9a-f]+:(\d+) ", r" 00:99:\1 ", rundir.proc_locks())
+        assert elsewhere != rundir.proc_locks()
+        monkeypatch.setattr(rundir, "proc_locks", lambda: elsewhere)
+        assert rundir.other_holder(run).startswith(f"{holder.pid} tinyrl train since ")
+        with pytest.raises(TinyRLError, match="still starting"):
+            raise rundir.starting_run(run)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert rundir.other_holder(run) is None  # ended (it wrote nothing there, so it left nothing)
+    run.mkdir(exist_ok=True)
+    (run / rundir.LOCK_FILE).write_text(f"{holder.pid} tinyrl train since 2026-01-02 03:04:05")
+    assert rundir.other_holder(run) is None  # a lock file outlives its run; that pid is gone
+    (run / rundir.LOCK_FILE).write_text(f"{os.getpid()} tinyrl train since 2026-01-02 03:04:05")
+    assert rundir.other_holder(run) is None  # a live pid (reused) that holds no lock on it

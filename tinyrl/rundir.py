@@ -139,7 +139,9 @@ def other_holder(run_dir: Path) -> str | None:
     ("12345 tinyrl train since 2026-01-02 03:04:05"), else None (no run there, or it ended; the
     file outlives it). Looks without taking the lock (a probe would refuse a `tinyrl train`
     starting that instant): Linux lists each held flock in /proc/locks by device and inode.
-    Without /proc/locks, a shared lock taken and dropped at once answers instead."""
+    Where that listing cannot be matched to the file (no /proc/locks; btrfs subvolumes and
+    overlay mounts, where stat's device is not the one /proc/locks prints), a shared lock taken
+    and dropped at once answers instead, if the pid in the file is still alive."""
     path = Path(run_dir) / LOCK_FILE
     try:
         if path.resolve().parent in _held:  # this process's own run (the CLI after a train)
@@ -148,13 +150,11 @@ def other_holder(run_dir: Path) -> str | None:
         text = path.read_text(errors="replace").strip() or "unknown"
     except OSError:
         return None
-    try:
-        locks = Path("/proc/locks").read_text()
-    except OSError:
-        locks = None
-    if locks is not None:
-        ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-        return text if any("FLOCK" in line and ident in line.split() for line in locks.splitlines()) else None
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    if any("FLOCK" in line and ident in line.split() for line in proc_locks().splitlines()):
+        return text
+    if not _alive(text.split()[0]):  # the run that wrote it ended (the file outlives it)
+        return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -166,6 +166,27 @@ def other_holder(run_dir: Path) -> str | None:
         return text
     finally:
         os.close(fd)  # drops the shared lock, if taken
+
+
+def proc_locks() -> str:
+    """Linux's list of held file locks ("" where there is none to read)."""
+    try:
+        return Path("/proc/locks").read_text()
+    except OSError:
+        return ""
+
+
+def _alive(pid: str) -> bool:
+    """Whether the lock file's pid names a live process (True when it cannot be told)."""
+    if not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # alive, another user's
+        return True
+    return True
 
 
 def starting_run(run_dir: Path) -> TinyRLError | None:
