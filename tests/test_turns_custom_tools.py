@@ -318,6 +318,39 @@ def test_a_tool_offered_by_another_name_than_it_is_called_by_is_refused_at_the_c
         assert problem.endswith("but a call is looked up by its key, 'add': give all three the same name")
 
 
+def _positional_only(arguments, create_kwargs, timeout_s, memory_mb, /):
+    return ToolResult(stdout="", stderr="", exit_code=0)
+
+
+@pytest.mark.parametrize("run, said", [
+    (lambda arguments, create_kwargs, *, timeout_s, memory_mb: None, None),   # README's signature
+    (lambda arguments, create_kwargs=None, **limits: None, None),             # code_interpreter's
+    (lambda arguments, *, timeout_s, memory_mb: None, "too many positional arguments"),
+    (lambda a, b, *, timeout: None, "missing a required argument: 'timeout'"),
+    (lambda a, b, timeout=1: None, "got an unexpected keyword argument 'timeout_s'"),
+    (lambda arguments, create_kwargs, timeout_s, memory_mb, extra: None, "missing a required argument: 'extra'"),
+    (_positional_only, "'timeout_s' parameter is positional only"),
+    ("add", "it is a str, not a function")])
+def test_a_tool_whose_run_cannot_take_the_calls_arguments_is_refused_at_the_config_check(readme_tool, run, said):
+    """call_tool calls run(arguments, create_kwargs, timeout_s=..., memory_mb=...). A run of
+    another shape passed the config check and every call of the whole run came back an error turn
+    ("raised TypeError"), a wasted run on a card. Said before any model loads, as a reward's is."""
+    from tinyrl.config import load_config
+    from tinyrl.tasks import all_tasks, task_problems
+
+    TOOLS["add"] = Tool("add", TOOLS["add"].schema, run)
+    arith = all_tasks()["arith"]
+    all_tasks()["arith"] = dataclasses.replace(arith, tools=("code_interpreter", "add"))
+    problems = [p for p in task_problems(load_config("countdown-tools-demo", check=False)) if "tools: " in p]
+    if said is None:
+        assert problems == []
+        return
+    (problem,) = problems
+    assert problem.startswith("the arith task's tools: tinyrl.tools.TOOLS['add'].run cannot be called as call_tool "
+                              "calls it, run(arguments, create_kwargs, timeout_s=..., memory_mb=...): ")
+    assert said in problem and "def run(arguments: dict, create_kwargs: dict, *, timeout_s" in problem
+
+
 def test_readmes_own_tool_script_runs_tinyrl_commands(tmp_path):
     """`python my_tinyrl.py COMMAND ...` is `tinyrl COMMAND ...` with the tool: the config check
     (which refuses a task's tool that tinyrl.tools.TOOLS lacks) passes for the tool demo's preset."""

@@ -101,7 +101,29 @@ def offered_problems(names: tuple[str, ...]) -> list[str]:
             out.append(f"tinyrl.tools.TOOLS[{name!r}] is named {said!r} in its schema (what the prompt offers) and "
                        f"{tool.name!r} as its Tool.name, but a call is looked up by its key, {name!r}: give all three "
                        "the same name")
+        if (wrong := _call_shape_problem(tool.run)) is not None:
+            out.append(f"tinyrl.tools.TOOLS[{name!r}].run cannot be called as call_tool calls it, "
+                       f"run(arguments, create_kwargs, timeout_s=..., memory_mb=...): {wrong}; every call would "
+                       "come back an error turn: define it as `def run(arguments: dict, create_kwargs: dict, *, "
+                       "timeout_s: float, memory_mb: int) -> ToolResult`")
     return out
+
+
+def _call_shape_problem(run: Callable[..., ToolResult]) -> str | None:
+    """Why `run` cannot take call_tool's arguments (None: it can, or it has no signature to read)."""
+    import inspect
+
+    if not callable(run):
+        return f"it is a {type(run).__name__}, not a function"
+    try:
+        signature = inspect.signature(run)
+    except (TypeError, ValueError):  # a builtin or C extension: its first call says what is wrong
+        return None
+    try:
+        signature.bind({}, {}, timeout_s=1.0, memory_mb=1)
+    except TypeError as e:
+        return str(e)
+    return None
 
 
 def call_tool(tool: Tool, arguments: dict[str, Any], create_kwargs: dict[str, Any], *, timeout_s: float,
