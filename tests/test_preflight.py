@@ -52,12 +52,12 @@ def tiny(*sets: str):
 
 
 def test_cpu_run_checks_disk_and_says_plans_are_for_cards(tmp_path):
-    notes = pf.preflight(tiny(), tmp_path / "run")
+    notes = pf.preflight(tiny(), tmp_path / "run").notes
     assert any(n.startswith("disk:") for n in notes)
     assert any("memory planning applies to CUDA cards" in n and "4096" in n for n in notes)
     assert not (tmp_path / "run").exists()  # nothing written
     # a budget left at 0 is said as the number the trainer takes (it read "critic default tokens")
-    ppo = pf.preflight(tiny("critic.micro_batch_tokens=0"), tmp_path / "run")
+    ppo = pf.preflight(tiny("critic.micro_batch_tokens=0"), tmp_path / "run").notes
     assert any("(actor 4096, critic 8192 tokens)" in n for n in ppo), ppo
 
 
@@ -164,7 +164,7 @@ def test_on_a_card_the_plan_fills_only_what_was_left_at_0(monkeypatch, tmp_path)
     with_vllm(monkeypatch)
     cfg = tiny("trainer.device=cuda", "rollout.engine=vllm", "actor.micro_batch_tokens=0",
                "critic.micro_batch_tokens=1000", "rollout.vllm.gpu_memory_utilization=0.3")
-    notes = pf.preflight(cfg, tmp_path / "run")
+    notes = pf.preflight(cfg, tmp_path / "run").notes
     plan = mp.read_plan(mp.plan_path(cfg, GPUS["rtx4090"]))
     assert plan is not None and plan.fits
     assert any("SIMULATED now" in n for n in notes)
@@ -173,15 +173,55 @@ def test_on_a_card_the_plan_fills_only_what_was_left_at_0(monkeypatch, tmp_path)
     assert cfg.rollout.vllm.gpu_memory_utilization == 0.3
     assert cfg.rollout.vllm.max_num_seqs == plan.vllm_max_num_seqs > 0
     again = tiny("trainer.device=cuda", "rollout.engine=vllm", "actor.micro_batch_tokens=0")
-    assert any(n.startswith("memory plan from") for n in pf.preflight(again, tmp_path / "run"))
-    # the run keeps the plan it trains with: report and dashboard hold the measured peaks against it
-    from tinyrl.memory.versus import read_run_plan
+    checked = pf.preflight(again, tmp_path / "run")
+    assert any(n.startswith("memory plan from") for n in checked.notes)
+    # the run keeps the plan it trains with (report and dashboard hold the measured peaks against
+    # it), written by the command once the run has started: preflight writes nothing
+    assert not (tmp_path / "run").exists()
+    from tinyrl.memory.versus import run_plan_record
 
-    kept = read_run_plan(tmp_path / "run")["phases"]["actor_update"]
+    kept = run_plan_record(checked.run_plan)["phases"]["actor_update"]
     parts = plan.phases["actor_update"].parts
     assert kept["micro_batch"] == plan.phases["actor_update"].micro_batch
     assert kept["planned_allocated_bytes"] == (plan.phases["actor_update"].peak - parts["cuda_context"]
                                                - parts["vllm_asleep"] - parts["allocator"])
+
+
+def test_a_start_on_a_card_refused_at_an_input_check_leaves_no_run_directory(monkeypatch, tmp_path, capsys,
+                                                                              countdown_train):
+    """On a card, preflight wrote RUN_DIR/memory_plan.json before the trainer's input checks, so a
+    start refused there (prompts longer than data.max_prompt_length) left the directory with the
+    plan and the lock in it. The plan is written once the run has started."""
+    on_card(monkeypatch, "rtx4090", ["sm_89"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the trainer's device: refused before any use
+    run = tmp_path / "runs" / "first"
+    sets = ["trainer.device=cuda", "rollout.engine=hf", f"data.train_path={countdown_train(64)}"]
+
+    def train(*more: str) -> int:
+        args = [a for s in (*sets, *more) for a in ("--set", s)]
+        monkeypatch.setattr(sys, "argv", ["tinyrl", "train", "--preset", "countdown-tiny", "--out", str(run),
+                                          "--no-dashboard", "--max-steps", "1", *args])
+        with pytest.raises(SystemExit) as exited:
+            main()
+        return exited.value.code
+
+    code = train("data.max_prompt_length=8")
+    err = " ".join(capsys.readouterr().err.replace("│", " ").split())  # the error panel's borders out
+    assert code == 2 and "longer than data.max_prompt_length = 8 tokens" in err, err
+    assert "checking the card, the disk and the memory plan" in err  # it got past the plan
+    assert not (tmp_path / "runs").exists()
+    # the same start with prompts that fit: the run keeps the plan it trains with (report and the
+    # dashboard hold its measured peaks against it). The trainer's own device is the CPU here.
+    import tinyrl.setup
+
+    monkeypatch.setattr(tinyrl.setup, "pick_device", lambda name: torch.device("cpu"))
+    assert train() in (0, None), capsys.readouterr().err[-3000:]
+    from tinyrl.memory.versus import read_run_plan
+
+    kept = read_run_plan(run)
+    planned = mp.read_plan(mp.plan_path(load_config("countdown-tiny", sets), GPUS["rtx4090"]))
+    assert kept is not None and kept["gpu"] == "rtx4090", kept
+    assert kept["phases"]["actor_update"]["micro_batch"] == planned.phases["actor_update"].micro_batch
 
 
 def test_apply_plan_sets_zeros_keeps_the_rest_and_warns_when_above_the_plan():
@@ -209,7 +249,7 @@ def test_train_reads_the_plan_probe_memory_wrote(monkeypatch, capsys, tmp_path):
     on_card(monkeypatch, "rtx4090", ["sm_89"])
     with_vllm(monkeypatch)
     cfg = tiny("trainer.device=cuda", "rollout.engine=vllm", "actor.micro_batch_tokens=0")
-    notes = pf.preflight(cfg, tmp_path / "run")
+    notes = pf.preflight(cfg, tmp_path / "run").notes
     assert f"memory plan from {written['train_reads']}" in notes
     assert mp.read_plan(mp.plan_path(cfg, GPUS["rtx4090"])).budget_bytes == 2 * 2**30
     assert cfg.actor.micro_batch_tokens == written["phases"]["actor_update"]["token_budget"]
@@ -222,7 +262,7 @@ def test_an_sft_preset_on_a_card_takes_its_micro_batches_from_the_sft_plan(monke
     has the actor's phases only, priced at whole rows of sft.max_length, and fills what was 0."""
     on_card(monkeypatch, "rtx4090", ["sm_80", "sm_86", "sm_89", "sm_90"])
     cfg = load_config("countdown-tiny-sft", ["trainer.device=cuda", "actor.micro_batch_tokens=0"])
-    notes = pf.preflight(cfg, tmp_path / "run")
+    notes = pf.preflight(cfg, tmp_path / "run").notes
     plan = mp.read_plan(mp.plan_path(cfg, GPUS["rtx4090"]))
     assert list(plan.phases) == ["forward", "actor_update"] and plan.fits
     assert plan.vllm_gpu_memory_utilization == 0 and plan.vllm_max_num_seqs == 0

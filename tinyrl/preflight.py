@@ -15,6 +15,7 @@ Knows: the config, the card, the filesystem. Does not know: how plans are made
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tinyrl.config import DEFAULT_MICRO_TOKENS, Config, has_critic, resolve_path
@@ -34,10 +35,19 @@ RUN_LOGS_BYTES = 64 * MiB
 CHECKPOINTS_NEEDED = 2  # the newest plus the one being written (or kept while it is written)
 
 
-def preflight(cfg: Config, run_dir: Path) -> list[str]:
-    """Raises TinyRLError for what would fail later; returns notes worth showing. May fill
-    cfg's micro-batch budgets and vLLM settings (only those left at 0) from the memory plan of
-    the preset's command (an RL step, or an SFT step: tinyrl.memory.plan.build_plan)."""
+@dataclass
+class Checked:
+    """What preflight found: notes worth showing, and on a card the memory plan the run trains
+    with (plan_dict), which the command keeps as RUN_DIR/memory_plan.json (tinyrl.memory.versus)
+    once the run has started: a start refused at a later input check leaves nothing."""
+    notes: list[str] = field(default_factory=list)
+    run_plan: dict | None = None  # None on the CPU: no plan is made there
+
+
+def preflight(cfg: Config, run_dir: Path) -> Checked:
+    """Raises TinyRLError for what would fail later. May fill cfg's micro-batch budgets and vLLM
+    settings (only those left at 0) from the memory plan of the preset's command (an RL step,
+    or an SFT step: tinyrl.memory.plan.build_plan)."""
     check_writable(run_dir)
     gpu = _card(cfg)
     check_engine_installed(cfg, cuda=gpu is not None)
@@ -49,8 +59,9 @@ def preflight(cfg: Config, run_dir: Path) -> list[str]:
         critic = f", critic {cfg.critic.micro_batch_tokens or DEFAULT_MICRO_TOKENS}" if has_critic(cfg) else ""
         notes.append("memory planning applies to CUDA cards; this CPU run uses the preset's micro-batch "
                      f"budgets (actor {cfg.actor.micro_batch_tokens or DEFAULT_MICRO_TOKENS}{critic} tokens)")
-        return notes
-    return notes + check_memory(cfg, gpu, run_dir)
+        return Checked(notes)
+    memory_notes, run_plan = check_memory(cfg, gpu)
+    return Checked(notes + memory_notes, run_plan)
 
 
 def _card(cfg: Config) -> GPU | None:
@@ -161,9 +172,10 @@ def _measured_then(cfg: Config, path: Path) -> tuple[str, str]:
             "or ")
 
 
-def check_memory(cfg: Config, gpu: GPU, run_dir: Path | None = None) -> list[str]:
-    """The card's plan: raises when a phase does not fit, fills the settings left at 0, and keeps
-    the plan in the run directory (report and dashboard hold the measured peaks against it)."""
+def check_memory(cfg: Config, gpu: GPU) -> tuple[list[str], dict]:
+    """The card's plan: raises when a phase does not fit, fills the settings left at 0 -> (notes,
+    the plan's record for the run directory: report and dashboard hold the measured peaks
+    against it)."""
     plan, path, cached = mp.load_or_build_plan(cfg, gpu)
     source = (f"memory plan from {path}" if cached else
               f"memory plan SIMULATED now (fake tensors; none cached for this config on {gpu.name}), "
@@ -175,8 +187,4 @@ def check_memory(cfg: Config, gpu: GPU, run_dir: Path | None = None) -> list[str
                           hint=f"{again}change the settings above with --set, then run again "
                                "(`tinyrl probe-memory` shows every phase)")
     settings = mp.apply_plan(cfg, plan)
-    if run_dir is not None:
-        from tinyrl.memory.versus import write_run_plan
-
-        write_run_plan(run_dir, mp.plan_dict(cfg, plan))
-    return [source] + settings
+    return [source] + settings, mp.plan_dict(cfg, plan)
