@@ -142,6 +142,10 @@ def test_a_cached_measured_plan_that_does_not_fit_says_it_was_measured_and_how_t
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(path.stat().st_mtime))
     said = " ".join(caught.value.message.split())
     assert f"(MEASURED by `tinyrl probe-memory` on this card at {when}: memory that other processes held" in said, said
+    # the measured phase kept the simulated bytes, under the budget: it read "0.00 GiB over the budget"
+    assert "actor_update did not fit the budget of 21.59 GiB when run on the card, though simulated at " in said
+    assert " GiB (not even one sequence per micro-batch fits)" in said and "0.00 GiB over" not in said, said
+    assert "try: lower rollout.max_response_length (now 40), e.g. 20;" in said  # it said "e.g. 64", a rise
     hint = " ".join(caught.value.hint.split())
     assert hint.startswith("if the card has more memory free now than then") and \
         f"`tinyrl probe-memory --preset countdown-tiny` with this run's --set options (it replaces {path}); or " \

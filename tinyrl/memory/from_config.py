@@ -164,8 +164,13 @@ def advice(cfg: Config, plan: MemoryPlan) -> list[str]:
         why = ("not even one sequence per micro-batch fits" if name in TRAINING_PHASES and ph.micro_batch < 1
                else "vLLM cannot hold one whole sequence" if name == "rollout" and plan.vllm_max_num_seqs < 1
                else "")
-        out.append(f"{name} needs {ph.peak / GiB:.2f} GiB, {max(over, 0) / GiB:.2f} GiB over the budget "
-                   f"of {plan.budget_bytes / GiB:.2f} GiB" + (f" ({why})" if why else ""))
+        if over > 0:
+            said = (f"{name} needs {ph.peak / GiB:.2f} GiB, {over / GiB:.2f} GiB over the budget of "
+                    f"{plan.budget_bytes / GiB:.2f} GiB")
+        else:  # measured on the card (cuda_probe keeps the simulated bytes): it ran out where they fit
+            said = (f"{name} did not fit the budget of {plan.budget_bytes / GiB:.2f} GiB when run on the card, "
+                    f"though simulated at {ph.peak / GiB:.2f} GiB")
+        out.append(said + (f" ({why})" if why else ""))
         fixed = fixed_bytes(cats[name])
         if fixed > plan.budget_bytes:
             stuck[name] = fixed
@@ -199,9 +204,10 @@ def _tips(cfg: Config, failing: set[str]) -> tuple[list[str], list[str], list[st
     engine and lengths, those that shrink the weights and their optimizer state, the other ones
     that shrink what grows with tokens)."""
     m, resp = cfg.model, cfg.rollout.max_response_length
+    shorter = max(64, resp // 2) if resp > 64 else resp // 2  # half, not below 64 unless already under it
     lead = ([f"lower sft.max_length (now {cfg.sft.max_length}: a longer row is an error, so drop or split the longest "
              "rows first)"] if cfg.command == "sft"
-            else [f"lower rollout.max_response_length (now {resp}), e.g. {max(64, resp // 2)}"])
+            else [f"lower rollout.max_response_length (now {resp})" + (f", e.g. {shorter}" if shorter >= 1 else "")])
     if "rollout" in failing and cfg.rollout.engine == "hf" and m.quantize == "none":
         # the HF engine holds every episode's whole context at once; vLLM pages what decodes
         lead.insert(0, "rollout.engine=vllm (its paged KV cache holds only the sequences decoding at once; "
