@@ -595,10 +595,11 @@ def render(est: CostEstimate) -> list:
     for name in names:
         phases.add_row(name, *(f"{c[name]:.2f}" if name in c else "—" for _, c in columns))
     phases.add_row("sum of the phases", *(f"{sum(c.values()):.2f}" for _, c in columns), style="bold")
+    under = []  # a line, not the table's caption: a caption wraps at the narrow table's width
     if est.source == "run" and est.phases and abs(sum(est.phases.values()) - est.sec_per_step) >= 0.005:
         # each phase's median is another step's: their sum is not the median step that prices the epoch
-        phases.caption = (f"run: the median of each phase over the steady steps; the median step, "
-                          f"{est.sec_per_step:.2f} s, prices the epoch")
+        under.append(Text(f"run: the median of each phase over the steady steps; the median step, "
+                          f"{est.sec_per_step:.2f} s, prices the epoch", style="dim"))
 
     # a WARNING is said under the figures it is about, not last below the tables
     warnings = [line for line in est.assumptions if line.startswith("WARNING: ")]
@@ -607,4 +608,4 @@ def render(est: CostEstimate) -> list:
         if line not in warnings:
             notes.append(f"  - {line}\n", style="")
     return [summary] + [Text(line, style="bold yellow") for line in warnings] + \
-        [phases if columns else Text("no phase breakdown: one given number has no parts"), notes]
+        ([phases, *under] if columns else [Text("no phase breakdown: one given number has no parts")]) + [notes]
