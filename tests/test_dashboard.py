@@ -425,7 +425,7 @@ def test_a_resumed_runs_dashboard_starts_from_the_validations_it_logged(tmp_path
     step-0 validation was in metrics.jsonl: the CLI hands the logged ones to the dashboard."""
     import json
 
-    from tinyrl.cli import _show_earlier_validations
+    from tinyrl.cli.run import _show_earlier_validations
 
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
         {"step": 0, "val/score": 0.164}, metrics(1), metrics(2, **{"val/score": 0.184}), metrics(3))))

@@ -478,7 +478,7 @@ def test_the_eval_table_prints_counts_whole_and_says_greedy_only():
     a temperature no sample was drawn at."""
     from rich.console import Console
 
-    from tinyrl.cli import eval_table
+    from tinyrl.cli.results import eval_table
 
     summary = {"model": "m", "task": "math", "engine": "hf", "device": "cpu", "n": 0, "temperature": 0.6,
                "files": {"test": {"path": "t.parquet", "greedy_acc": 0.123456, "response_length": 41.26,

@@ -26,9 +26,9 @@ def test_tiny_model_build_shows_its_progress_through_the_cli_logging(tmp_path):
     the trainer's INFO lines (which the dashboard shows) stay hidden."""
     code = textwrap.dedent(f"""
         import logging
-        from tinyrl.cli import _log_to_stderr
+        from tinyrl.cli.common import log_to_stderr
         from tinyrl.tiny_model import PROGRESS_LINES, build_tiny_model
-        _log_to_stderr()
+        log_to_stderr()
         build_tiny_model({str(tmp_path)!r}, warmup_steps=8)
         logging.getLogger("tinyrl.trainer").info("TRAINER-INFO")
         print(PROGRESS_LINES)
@@ -47,8 +47,8 @@ def test_a_hub_retry_warning_is_printed_once_through_the_cli_logging():
     """Offline, a Hub model's load retries ten times; each "Retrying in" line came out twice (the
     hub's own handler, then ours). A real retry of huggingface_hub's HTTP layer, to a closed port."""
     code = textwrap.dedent("""
-        from tinyrl.cli import _log_to_stderr
-        _log_to_stderr()
+        from tinyrl.cli.common import log_to_stderr
+        log_to_stderr()
         from huggingface_hub.utils._http import http_backoff
         try:
             http_backoff("HEAD", "http://127.0.0.1:9/config.json", max_retries=1, base_wait_time=0.01)
@@ -72,7 +72,7 @@ def test_first_use_data_generation_is_an_info_line(tmp_path, monkeypatch, caplog
         assert setup.ensure_train_data(cfg) == path and len(pd.read_parquet(path)) == 32
     said = [r for r in caplog.records if r.name == "tinyrl.setup" and "generating" in r.getMessage()]
     assert [r.levelno for r in said] == [logging.INFO]
-    from tinyrl.cli import PROGRESS_LOGGERS
+    from tinyrl.cli.common import PROGRESS_LOGGERS
 
     assert "tinyrl.setup" in PROGRESS_LOGGERS  # and the CLI shows it
 
@@ -86,9 +86,9 @@ def test_piped_first_use_data_generation_is_one_plain_line(tmp_path):
     code = textwrap.dedent(f"""
         from pathlib import Path
         from tinyrl import setup
-        from tinyrl.cli import _log_to_stderr
+        from tinyrl.cli.common import log_to_stderr
         from tinyrl.config import load_config
-        _log_to_stderr()
+        log_to_stderr()
         path = Path({str(path)!r})
         setup.generated_paths = lambda: {{str(path)}}  # as a preset's own path
         setup.ensure_train_data(load_config("countdown-tiny", [f"data.train_path={{path}}", "data.generate_train_size=32"]))

@@ -336,7 +336,7 @@ def test_a_preset_naming_another_is_refused_and_presets_show_saves_as_a_preset(t
         load_config(str(mine), ["preset=countdown-4090", "trainer.seed=x"])
     assert "in the file" in str(info.value) and "--set preset=countdown-4090" in str(info.value)
     assert "trainer.seed" in str(info.value)  # with the other problems, at once
-    from tinyrl.cli import presets_show
+    from tinyrl.cli.catalog import presets_show
 
     monkeypatch.setenv("COLUMNS", "200")
     presets_show("countdown-tiny", ["rollout.n=3"], as_json=False)

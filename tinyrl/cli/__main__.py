@@ -1,0 +1,5 @@
+"""`python -m tinyrl.cli`: the `tinyrl` command."""
+
+from tinyrl.cli import main
+
+main()
