@@ -125,7 +125,7 @@ def test_wrong_set_key_is_one_screen_and_exit_2():
     for fmt in ([], ["--json"]):
         bad = tinyrl("presets", "show", "countdown-4090", *fmt, "--set", "trainer.max_steps=-1")
         assert bad.returncode == 2 and "trainer.max_steps = -1" in bad.stderr, bad.stderr
-        assert "refuses this config" in bad.stderr and "what to do: fix them with --set" in bad.stderr
+        assert "refuses this config" in bad.stderr and "what to do: fix each as it says (a setting: with --set" in bad.stderr
         assert ('"rollout": {' if fmt else "[rollout.vllm]") in bad.stdout
 
 

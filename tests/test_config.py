@@ -529,7 +529,7 @@ def test_the_hint_names_the_preset_and_where_its_keys_can_be_fixed(tmp_path):
     mine.write_text("[actor]\nlrr = 1\n")
     with pytest.raises(TinyRLError) as own:
         load_config(str(mine))
-    assert f"or in {mine};" in own.value.hint and "> mine.toml" not in own.value.hint
+    assert f"or in {mine});" in own.value.hint and "> mine.toml" not in own.value.hint
 
 
 @pytest.mark.parametrize("text", ["", "# my preset, to fill in\n\n"])

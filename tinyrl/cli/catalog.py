@@ -57,8 +57,8 @@ def presets_show(
     problems = problems_of(cfg)
     if problems:  # printed in full above; exit 2 as `train` would refuse it (scripts see it too)
         # the same "what to do" as train's refusal (tinyrl.config's problems hint): it is the same config
-        err.print(Panel("\n".join(f"- {p}" for p in problems) + "\n\nwhat to do: fix them with --set key.sub=value "
-                        "or in the printed file (each problem says how)", border_style="red",
+        err.print(Panel("\n".join(f"- {p}" for p in problems) + "\n\nwhat to do: fix each as it says (a setting: with "
+                        "--set key.sub=value or in the printed file)", border_style="red",
                         title=f"{counted(len(problems), 'problem')}: `tinyrl {cfg.command}` refuses this config"))
         raise typer.Exit(2)
 

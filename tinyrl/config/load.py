@@ -51,7 +51,8 @@ def load_config(preset: str, overrides: list[str] | None = None, check: bool = T
                  f"mine.toml)" if shipped else f"or in {path}")
         raise TinyRLError(
             f"preset {cfg.preset!r} has {counted(len(problems), 'problem')}:\n" + "\n".join(f"  - {p}" for p in problems),
-            hint=f"fix them with --set key.sub=value, {where}; `tinyrl presets show {preset}` lists every key",
+            hint=f"fix each as it says (a setting: with --set key.sub=value, {where}); `tinyrl presets show {preset}` "
+                 "lists every key",
         )
     return cfg
 

@@ -197,5 +197,5 @@ def config_of_run(run_dir: Path, overrides: list[str] | None) -> Config:
     problems = apply_overrides(cfg, overrides) + problems_of(cfg)
     if problems:
         raise TinyRLError(f"the run's config has {counted(len(problems), 'problem')}:\n"
-                          + "\n".join(f"  - {p}" for p in problems), hint="fix them with --set key.sub=value")
+                          + "\n".join(f"  - {p}" for p in problems), hint="fix each as it says (a setting: with --set key.sub=value)")
     return cfg
