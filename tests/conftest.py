@@ -194,3 +194,17 @@ def tmpfs(tmp_path):
     yield make
     for where in mounted:
         unmount(where)
+
+
+@pytest.fixture
+def tool_registry(monkeypatch):
+    """tinyrl.tools.TOOLS and what task.extra_tools registered (tinyrl.tools.user), put back as they
+    were after the test: a tool registered by one test is not offered in another."""
+    from tinyrl.tools import TOOLS, user
+
+    monkeypatch.setattr(user, "_REGISTERED", {})
+    monkeypatch.setattr(user, "_MODULES", {})
+    before = dict(TOOLS)
+    yield TOOLS
+    TOOLS.clear()
+    TOOLS.update(before)

@@ -154,7 +154,7 @@ def test_tool_settings_for_a_task_without_tools_are_said_to_do_nothing():
     notes: list[str] = []
     load_config("countdown-tiny", ["rollout.max_turns=3", "rollout.tool_timeout_s=2"], notes=notes)
     assert notes == [f"rollout.{key} is given but this run does not read it: task 'countdown' calls no tools "
-                     "(tasks with tools: retool, arith)" for key in ("max_turns", "tool_timeout_s")], notes
+                     "(tasks with tools: retool, arith; or offer your own: task.extra_tools)" for key in ("max_turns", "tool_timeout_s")], notes
     for name in ("countdown-tools-demo", "countdown-tiny"):  # a task with tools, and no tool setting given
         quiet: list[str] = []
         load_config(name, ["rollout.max_turns=3"] if name == "countdown-tools-demo" else [], notes=quiet,
@@ -328,7 +328,7 @@ def test_another_tasks_option_is_said_to_be_unread():
     reads it (a note, as every unread setting); an option of a task named as a reward function is read."""
     from dataclasses import fields
 
-    from tinyrl.config import TaskConfig
+    from tinyrl.config.schema import EVERY_TASKS_KEYS, TaskConfig
     from tinyrl.tasks import all_tasks
 
     def notes_of(preset: str, *overrides: str) -> list[str]:
@@ -346,7 +346,7 @@ def test_another_tasks_option_is_said_to_be_unread():
     assert notes_of("retool-4090", "task.tool_error_penalty=0.2") == []
     # every option is some task's: a new [task] field must be claimed by the task that reads it
     claimed = set().union(*(t.options for t in all_tasks().values()))
-    assert {f.name for f in fields(TaskConfig)} - {"name", "template"} == claimed
+    assert {f.name for f in fields(TaskConfig)} - set(EVERY_TASKS_KEYS) == claimed
 
 
 def test_settings_that_would_train_wrongly_in_silence_are_refused_together():

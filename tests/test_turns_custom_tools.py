@@ -238,40 +238,58 @@ def test_call_tool_keeps_a_tools_own_result_and_gives_its_limits():
     assert result.seconds > 0.0
 
 
-def _readme_own_tool_script() -> str:
-    """README's example of a tool of one's own ("Your own tools"): the script, exactly as shown."""
+def _readme_section() -> str:
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("**Your own tools.**", 1)[1]
-    return section.split("```python\n", 1)[1].split("\n```", 1)[0] + "\n"
+    return readme.split("**Your own tools.**", 1)[1]
+
+
+def _readme_own_tool_file() -> str:
+    """README's example of a tool of one's own ("Your own tools"): add_tool.py, exactly as shown."""
+    return _readme_section().split("```python\n", 1)[1].split("\n```", 1)[0] + "\n"
+
+
+def _readme_own_tool_command() -> list[str]:
+    """The command README runs it with, as the shell splits it."""
+    import shlex
+
+    line = next(line for line in _readme_section().splitlines() if line.startswith("    tinyrl "))
+    return shlex.split(line)
 
 
 @pytest.fixture()
 def readme_tool():
-    """README's script run as a module (not __main__): its tool and its task's edit, undone after."""
+    """README's tool (its file run as a module) in TOOLS and in the arith task's own tools, as a
+    checkout that edits a task would have them; undone after."""
     from tinyrl.tasks import all_tasks
 
     tools, tasks = dict(TOOLS), dict(all_tasks())
     try:
-        exec(compile(_readme_own_tool_script(), "my_tinyrl.py", "exec"), {"__name__": "my_tinyrl"})
+        module: dict = {"__name__": "add_tool"}
+        exec(compile(_readme_own_tool_file(), "add_tool.py", "exec"), module)
+        TOOLS["add"] = module["add"]
+        all_tasks()["arith"] = dataclasses.replace(tasks["arith"], tools=(*tasks["arith"].tools, "add"))
         yield
     finally:
         TOOLS.clear(), TOOLS.update(tools)
         all_tasks().clear(), all_tasks().update(tasks)
 
 
-def test_readmes_own_tool_is_offered_by_its_task_and_called_in_an_episode(chat, readme_tool):
-    """Task.tools is not a config key and `tinyrl` imports no module of the user's: README's
-    script registers the tool and adds it to a task in the process. What the trainer rolls out
-    with (ToolRollout of the task's tools, as Trainer does) offers it and calls it."""
-    from tinyrl.config import RolloutConfig
+def test_readmes_own_tool_is_offered_after_the_tasks_and_called_in_an_episode(chat, tmp_path, monkeypatch,
+                                                                               tool_registry):
+    """README's add_tool.py named in task.extra_tools: what the trainer rolls out with (ToolRollout
+    of offered_tools, as Trainer does) offers it after code_interpreter and calls the file's run."""
+    from tinyrl.config import RolloutConfig, load_config
     from tinyrl.rollout.turns import ToolRollout
-    from tinyrl.tasks import get_task, task_problems
+    from tinyrl.tasks import offered_tools
 
+    (tmp_path / "add_tool.py").write_text(_readme_own_tool_file())
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("countdown-tools-demo", ['task.extra_tools=["add_tool.py:add"]', "model.init_from="])
+    assert offered_tools(cfg) == ("code_interpreter", "add")
     result = call_tool(TOOLS["add"], {"a": 2, "b": 3.5}, {}, timeout_s=1.0, memory_mb=256)
     assert (result.status, render(result)) == ("ok", "5.5")
-    assert "add" in get_task("arith").tools
 
     def script(context, j):
         if "<tool_response>" in context:
@@ -279,9 +297,10 @@ def test_readmes_own_tool_is_offered_by_its_task_and_called_in_an_episode(chat, 
         return "<tool_call>\n" + json.dumps({"name": "add", "arguments": {"a": 20, "b": 22}}) + "\n</tool_call>"
 
     engine = ScriptedEngine(chat.tokenizer, script)
-    rollout = ToolRollout(get_task("arith").tools, chat.tokenizer, engine, RolloutConfig())
+    rollout = ToolRollout(offered_tools(cfg), chat.tokenizer, engine, RolloutConfig())
     msgs = [{"role": "user", "content": "task 0: add"}]
-    assert '"name": "add"' in chat.tokenizer.decode(rollout.chat.render(msgs, generation_prompt=True))
+    prompt = chat.tokenizer.decode(rollout.chat.render(msgs, generation_prompt=True))
+    assert prompt.index('"name": "code_interpreter"') < prompt.index('"name": "add"')
     (e,) = run_episodes(engine, [rollout.chat.render(msgs, generation_prompt=True)],
                         SamplingSettings(n=1, max_new_tokens=400, seed=1), chat=rollout.chat,
                         tools=rollout.tools, limits=rollout.limits, messages=[msgs]).episodes
@@ -351,19 +370,28 @@ def test_a_tool_whose_run_cannot_take_the_calls_arguments_is_refused_at_the_conf
     assert said in problem and "def run(arguments: dict, create_kwargs: dict, *, timeout_s" in problem
 
 
-def test_readmes_own_tool_script_runs_tinyrl_commands(tmp_path):
-    """`python my_tinyrl.py COMMAND ...` is `tinyrl COMMAND ...` with the tool: the config check
-    (which refuses a task's tool that tinyrl.tools.TOOLS lacks) passes for the tool demo's preset."""
+def test_readmes_own_tool_command_is_checked_by_the_tinyrl_command(tmp_path):
+    """README's command line, `tinyrl train ... --set 'task.extra_tools=["add_tool.py:add"]'`, beside
+    its add_tool.py: the config check (which imports the file and refuses a tool it cannot call)
+    passes; run as estimate-cost here, which checks the same config and needs no SFT run. Without
+    its data.max_prompt_length, `train` stops at the prompt length README quotes."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    script = tmp_path / "my_tinyrl.py"
-    script.write_text(_readme_own_tool_script())
+    (tmp_path / "add_tool.py").write_text(_readme_own_tool_file())
+    words = _readme_own_tool_command()
+    assert words[:2] == ["tinyrl", "train"] and 'task.extra_tools=["add_tool.py:add"]' in words
     root = Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, str(script), "estimate-cost", "--preset", "countdown-tools-demo", "--json"],
-                          cwd=root, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(root)})
+    env = {**os.environ, "PYTHONPATH": str(root), "COLUMNS": "200"}
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "estimate-cost", *words[2:], "--json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout)
+    assert json.loads(done.stdout) and "roofline: tools: every episode makes" in done.stdout  # priced with its tools
+    short = words[:-2] if words[-2:] == ["--set", "data.max_prompt_length=203"] else pytest.fail(words)
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "train", *short[2:], "--set", "model.init_from=",
+                           "--max-steps", "1", "--no-dashboard", "--out", "run"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "longer than data.max_prompt_length = 192 tokens (the longest has 203" in done.stderr

@@ -272,9 +272,9 @@ def as_planned(cfg: Config, gpu: Any) -> tuple[Config, list[str]]:
 def tool_work(cfg: Config) -> dict[str, int]:
     """A task with tools: calls per episode at most, and how many run at once (0 = this machine's cores)."""
     from tinyrl.contention import usable_cpus
-    from tinyrl.tasks import get_task
+    from tinyrl.tasks import calls_tools
 
-    if not get_task(cfg.task.name).tools:
+    if not calls_tools(cfg):
         return {}
     return {"tool_calls": cfg.rollout.max_tool_calls, "tool_workers": cfg.rollout.tool_workers or usable_cpus()}
 

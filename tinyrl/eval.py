@@ -337,7 +337,7 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     from tinyrl.models import dtype_name, pick_dtype
     from tinyrl.rundir import start_dir
     from tinyrl.setup import load_tokenizer
-    from tinyrl.tasks import check_rows, get_task, table_hint
+    from tinyrl.tasks import check_rows, get_task, offered_tools, table_hint
 
     sampling, on = _sampling_problems(n, ks, greedy, temperature, top_p, max_new_tokens), _device_problems(device)
     if sampling or on:  # all at once, before a run is merged or a model loads (a bad temperature crashed after both)
@@ -410,8 +410,10 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
                               hint=f"give the {task.name} task's prompts: --data FILE (an SFT run's test file "
                                    f"holds conversations, scored by their loss, not by the task){or_run}") from exc
     max_new = max_new_tokens if max_new_tokens is not None else (cfg.rollout.max_response_length if cfg is not None else 1024)
-    with_tools = bool(task.tools) if tools is None else tools
-    if with_tools and not task.tools:
+    # a run's task.extra_tools too (registered in tinyrl.tools.TOOLS), when it is the run's task judged
+    offered = offered_tools(cfg) if cfg is not None and cfg.task.name == task.name else task.tools
+    with_tools = bool(offered) if tools is None else tools
+    if with_tools and not offered:
         raise TinyRLError(f"--tools: the {task.name} task declares no tools", hint="leave --tools out")
     chat = chat_template if chat_template is not None else (
         with_tools or bool(cfg is not None and cfg.data.chat_template))
@@ -453,7 +455,7 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
                               "the cache alone, no network tried)") from exc
         from tinyrl.setup import tool_schemas
 
-        schemas = tool_schemas(task.tools if with_tools else ())
+        schemas = tool_schemas(offered if with_tools else ())
         loaded = []
         for name, file in files:
             rows = rows_of[name]
@@ -467,7 +469,7 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
                 from tinyrl.config import RolloutConfig
                 from tinyrl.rollout.turns import ToolRollout
 
-                tool_rollout = ToolRollout(task.tools, tokenizer, eng, cfg.rollout if cfg is not None else RolloutConfig())
+                tool_rollout = ToolRollout(offered, tokenizer, eng, cfg.rollout if cfg is not None else RolloutConfig())
             results = _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, greedy, max_new,
                            seed, progress, tool_rollout, judge)
         finally:
@@ -478,9 +480,9 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
                "files": {r.name: {"path": str(p), "problems": len(rows), **r.metrics}
                          for r, (_, p), (_, _, rows, _) in zip(results, files, loaded)}}
     if with_tools:
-        summary["tools"] = list(task.tools)
-    elif task.tools:  # a tool-trained run read 0% here, every completion a bare "</answer>", nothing said
-        summary["tools_left_out"] = (f"the {task.name} task's tools ({', '.join(task.tools)}) were left out "
+        summary["tools"] = list(offered)
+    elif offered:  # a tool-trained run read 0% here, every completion a bare "</answer>", nothing said
+        summary["tools_left_out"] = (f"the {task.name} task's tools ({', '.join(offered)}) were left out "
                                      "(--no-tools): its prompts list none and no tool output comes back, so a "
                                      "model trained to call them can score near 0")
     if judge_spec is not None:

@@ -343,6 +343,7 @@ def _map_paths(cfg, fn) -> None:
         return f"{fn(where, setting)}:{func}" if where.endswith(".py") else spec
 
     r.fn, r.extra_fns = file_spec(r.fn, "reward.fn"), [file_spec(s, "reward.extra_fns") for s in r.extra_fns]
+    cfg.task.extra_tools = [file_spec(s, "task.extra_tools") for s in cfg.task.extra_tools]  # file.py:NAME
 
 
 def _elsewhere(run_dir: Path) -> Path | None:

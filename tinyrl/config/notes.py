@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tinyrl.config.schema import Config, get_setting, has_critic, resolve_rollout_is
+from tinyrl.config.schema import EVERY_TASKS_KEYS, Config, get_setting, has_critic, resolve_rollout_is
 from tinyrl.roles import ESTIMATOR_NAMES as ADV_ESTIMATORS
 from tinyrl.roles import ESTIMATORS
 
@@ -87,9 +87,9 @@ def _unread_because(cfg: Config, dotted: str) -> str | None:
     if dotted == "model.lora_dropout" and cfg.model.lora_dropout:
         return ("RL trains its adapters without dropout (tinyrl.models: the PPO ratio to the old "
                 "log-probs, computed without it, must start at 1); `tinyrl sft` reads it")
-    if dotted in TOOL_SETTINGS:
+    if dotted in TOOL_SETTINGS and not cfg.task.extra_tools:
         return _no_tools(cfg.task.name)
-    if section == "task" and key not in ("name", "template"):
+    if section == "task" and key not in EVERY_TASKS_KEYS:
         from tinyrl.tasks import option_unread  # local: the task modules import this one
 
         return option_unread(cfg, key)
@@ -114,4 +114,4 @@ def _no_tools(task_name: str) -> str | None:
     if task_name not in tasks or tasks[task_name].tools:
         return None  # an unknown task is a problem of its own, said by the config check
     with_tools = ", ".join(name for name, task in tasks.items() if task.tools)
-    return f"task {task_name!r} calls no tools (tasks with tools: {with_tools})"
+    return f"task {task_name!r} calls no tools (tasks with tools: {with_tools}; or offer your own: task.extra_tools)"

@@ -161,6 +161,12 @@ class TaskConfig:
     # retool (the maths options above, plus): subtracted once from an episode's score when any
     # of its tool calls failed (error, timeout, malformed, unknown tool, over the limit)
     tool_error_penalty: float = 0.0
+    # your own tools, offered after the task's: path/to/file.py:NAME, NAME a tinyrl.tools.Tool there
+    extra_tools: list[str] = field(default_factory=list)
+
+
+# [task] keys every task reads; the others are options of the tasks that list them (Task.options)
+EVERY_TASKS_KEYS = ("name", "template", "extra_tools")
 
 
 @dataclass

@@ -147,7 +147,8 @@ def export_verl(cfg: Config, out: Path, gpus: int = 1, nodes: int = 1, overwrite
             header.append("The reward reads whole rows: they ride along as JSON in extra_info.tinyrl_row.")
         if tool_files:
             header.append(f"Tools ({', '.join(tools.task_tools(cfg))}): multi-turn rollouts with {tools.TOOL_CONFIG}, "
-                          f"whose class ({tools.TOOL_MODULE}.py) runs tinyrl's Python sandbox.")
+                          f"whose class ({tools.TOOL_MODULE}.py) runs tinyrl's Python sandbox"
+                          + (f" and your task.extra_tools, copied into {tools.USER_TOOLS}/." if cfg.task.extra_tools else "."))
         for one in spec:
             if ":" in one and not one.startswith("user_reward/"):
                 header.append(f"reward.fn = {one}: that module must be importable where verl runs.")

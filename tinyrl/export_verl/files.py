@@ -127,6 +127,7 @@ def check_inputs_kept(cfg: Config, out: Path) -> None:
         source = _reward_file(spec)
         if source is not None:
             inputs.append((key, source, out / "user_reward" / source.name))
+    inputs += [("task.extra_tools", source, target) for source, target in tools.extra_tool_copies(cfg, out)]
     written = [target for *_, target in inputs] + [out / n for n in (
         "run_verl.sh", "reward_fn.py", "tinyrl_config.json", tools.TOOL_CONFIG, f"{tools.TOOL_MODULE}.py")]
     clashes = []

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tinyrl.config import REPO_ROOT, Config
+from tinyrl.errors import TinyRLError
 
 TOOL_CONFIG = "tool_config.yaml"
 TOOL_MODULE = "tinyrl_tool"           # OUT/tinyrl_tool.py, importable once OUT is on PYTHONPATH
@@ -36,9 +37,34 @@ SETTINGS = ("rollout.max_turns", "rollout.max_tool_calls", "rollout.max_tool_res
 
 
 def task_tools(cfg: Config) -> tuple[str, ...]:
-    from tinyrl.tasks import get_task
+    """The tools the run offers: its task's, then task.extra_tools' (registered here, as in a run)."""
+    from tinyrl.tasks import offered_tools
 
-    return get_task(cfg.task.name).tools
+    return offered_tools(cfg)
+
+
+USER_TOOLS = "user_tools"             # OUT/user_tools/: task.extra_tools' files, which tinyrl_tool.py registers
+
+
+def extra_tool_copies(cfg: Config, out: Path) -> list[tuple[Path, Path]]:
+    """(the file, its copy in OUT/user_tools/) of each task.extra_tools file, once each; two
+    files of one name from two directories are refused (one copy would replace the other)."""
+    from tinyrl.tools.user import parse_tool_spec
+
+    copies: dict[Path, Path] = {}
+    for spec in cfg.task.extra_tools:
+        parsed = parse_tool_spec(spec)
+        if parsed is None:
+            continue  # the config check has said so
+        source = parsed[0].resolve()
+        target = out / USER_TOOLS / source.name
+        clash = [s for s, t in copies.items() if t == target and s != source]
+        if clash:
+            raise TinyRLError(f"task.extra_tools names two files called {source.name}: {clash[0]} and {source}; "
+                              f"export-verl copies each into {USER_TOOLS}/ under its name",
+                              hint="rename one of them (and its entry in task.extra_tools)")
+        copies[source] = target
+    return list(copies.items())
 
 
 def map_tools(cfg: Config, m: Any, o: dict, rollout: str, tool_config_path: str) -> None:
@@ -121,6 +147,11 @@ except ImportError:
     sys.path.insert(0, TINYRL_SRC)
 from tinyrl.rollout.hermes import check_call
 from tinyrl.tools import TOOLS, call_tool, render
+from tinyrl.tools.user import register_extra_tools
+
+# task.extra_tools: the user's tool files, copied beside this one (user_tools/) and registered in
+# TOOLS as tinyrl's run registered them
+register_extra_tools([os.path.join(os.path.dirname(os.path.abspath(__file__)), spec) for spec in {extra!r}])
 
 
 class {cls}(BaseTool):
@@ -156,12 +187,22 @@ class {cls}(BaseTool):
 
 def write_tool_files(cfg: Config, out: Path, verl: str) -> list[Path]:
     """OUT/tool_config.yaml and OUT/tinyrl_tool.py for a task with tools (nothing otherwise)."""
+    import shutil
+
     import yaml
+
+    from tinyrl.tools.user import parse_tool_spec
 
     if not task_tools(cfg):
         return []
     config, module = out / TOOL_CONFIG, out / f"{TOOL_MODULE}.py"
     # JSON through YAML's safe dumper: plain types only, so verl's OmegaConf reads it as written
     config.write_text(yaml.safe_dump(json.loads(json.dumps(tool_config(cfg))), sort_keys=False))
-    module.write_text(TOOL_SOURCE.format(verl=verl, config=TOOL_CONFIG, src=str(REPO_ROOT), cls=TOOL_CLASS))
-    return [config, module]
+    copies = extra_tool_copies(cfg, out)
+    for source, target in copies:
+        target.parent.mkdir(exist_ok=True)
+        shutil.copyfile(source, target)
+    extra = [f"{USER_TOOLS}/{path.resolve().name}:{name}" for path, name in map(parse_tool_spec, cfg.task.extra_tools)]
+    module.write_text(TOOL_SOURCE.format(verl=verl, config=TOOL_CONFIG, src=str(REPO_ROOT), cls=TOOL_CLASS,
+                                         extra=extra))
+    return [config, module, *(target for _, target in copies)]

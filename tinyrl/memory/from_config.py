@@ -23,7 +23,7 @@ from tinyrl.memory.plan import MemoryPlan, PhasePlan, build_plan
 from tinyrl.model_specs import load_spec, param_count
 from tinyrl.phases import BUDGETED_PHASES, PLANNED_PHASES, Phase
 from tinyrl.roles import Role
-from tinyrl.tasks import get_task
+from tinyrl.tasks import calls_tools
 
 GiB = fm.GiB
 
@@ -109,7 +109,7 @@ def plan_for_config(cfg: Config, gpu: GPU, *, simulate: bool = True,
         quantize=None if m.quantize == "none" else m.quantize,
         gradient_checkpointing=m.gradient_checkpointing, logprob_chunk=m.logprob_chunk,
         engine=_engine(cfg), budget_bytes=budget_bytes, simulate=simulate,
-        multi_turn=not sft and bool(get_task(cfg.task.name).tools))  # a task with tools: episodes of turns
+        multi_turn=not sft and calls_tools(cfg))  # a task with tools: episodes of turns
 
 
 # ------------------------------------------------------------------------------- settings

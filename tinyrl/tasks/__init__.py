@@ -17,7 +17,7 @@ from pathlib import Path
 from tinyrl.errors import TinyRLError
 from tinyrl.tasks.base import RewardFn, Task
 
-__all__ = ["RewardFn", "Task", "all_tasks", "check_rows", "get_task", "option_unread", "task_problems", "template_of", "task_line", "answer_patterns"]
+__all__ = ["RewardFn", "Task", "all_tasks", "calls_tools", "check_rows", "get_task", "offered_tools", "option_unread", "task_problems", "template_of", "task_line", "answer_patterns"]
 
 _MODULES = ("countdown", "math", "retool", "arith")
 
@@ -34,6 +34,23 @@ def get_task(name: str) -> Task:
         raise TinyRLError(f"unknown task {name!r}", hint=(f"did you mean {near[0]!r}? " if near else "")
                           + f"tasks: {', '.join(tasks)} (`tinyrl tasks`)")
     return tasks[name]
+
+
+def calls_tools(cfg) -> bool:
+    """Whether a run's episodes offer tools (its task's, or task.extra_tools), read without
+    importing a user's file: a multi-turn rollout for the memory plan, the cost, the notes."""
+    return bool(get_task(cfg.task.name).tools or cfg.task.extra_tools)
+
+
+def offered_tools(cfg) -> tuple[str, ...]:
+    """The tools a run's episodes offer, in the order the prompt lists them: its task's
+    (Task.tools), then task.extra_tools' (registered in tinyrl.tools.TOOLS here)."""
+    own = get_task(cfg.task.name).tools
+    if not cfg.task.extra_tools:
+        return own
+    from tinyrl.tools.user import register_extra_tools
+
+    return own + register_extra_tools(cfg.task.extra_tools)
 
 
 def check_rows(task: Task, rows: list, path) -> None:
@@ -65,12 +82,18 @@ def task_problems(cfg) -> list[str]:
     if t.template and t.template not in task.templates:
         out.append(f"task.template = {t.template!r} is not a template of the {t.name} task; "
                    f"choose one of {', '.join(task.templates)}")
-    if task.tools:  # episodes with tools: the template lists the tools and writes the tool turns
-        from tinyrl.tools import offered_problems
+    if task.tools or t.extra_tools:  # episodes with tools: the template lists the tools and writes the tool turns
+        from tinyrl.tools import TOOLS, offered_problems
+        from tinyrl.tools.user import load_extra_tools
 
-        out += [f"the {t.name} task's tools: {problem}" for problem in offered_problems(task.tools)]
+        extra, said = load_extra_tools(t.extra_tools)  # read, not registered: a check changes nothing
+        out += said
+        registry = {**TOOLS, **{tool.name: tool for tool in extra}}
+        out += [f"the {t.name} task's tools: {problem}" for problem in offered_problems(task.tools, registry)]
+        out += [f"task.extra_tools: {problem}" for problem in offered_problems(tuple(x.name for x in extra), registry)]
         if not cfg.data.chat_template:
-            out.append(f"the {t.name} task calls tools, so its prompts must go through the chat template: "
+            whose = f"the {t.name} task calls tools" if task.tools else "task.extra_tools offers tools"
+            out.append(f"{whose}, so its prompts must go through the chat template: "
                        "set data.chat_template=true (and model.custom_chat_template when the tokenizer has none)")
     return out + task.config_problems(t)
 

@@ -79,21 +79,23 @@ TOOLS: dict[str, Tool] = {
 }
 
 
-def offered_problems(names: tuple[str, ...]) -> list[str]:
-    """What is wrong with the tools a task offers (`names`, TOOLS keys), each saying what to do: a
+def offered_problems(names: tuple[str, ...], registry: dict[str, Tool] | None = None) -> list[str]:
+    """What is wrong with the tools a task offers (`names`, keys of `registry`: TOOLS, or TOOLS and
+    the task.extra_tools about to be registered), each saying what to do: a
     name TOOLS lacks, or a tool registered under one name and called another in its schema (the
     name the prompt offers the model) or its Tool.name: the turn loop looks a call up by the key,
     so every call of the offered name would come back an unknown tool."""
     import difflib
 
+    tools = TOOLS if registry is None else registry
     out = []
     for name in names:
-        if name not in TOOLS:
-            near = difflib.get_close_matches(name, TOOLS, n=1)
-            out.append(f"{name!r} is not in tinyrl.tools.TOOLS (tools: {', '.join(TOOLS)})"
+        if name not in tools:
+            near = difflib.get_close_matches(name, tools, n=1)
+            out.append(f"{name!r} is not in tinyrl.tools.TOOLS (tools: {', '.join(tools)})"
                        + (f"; did you mean {near[0]!r}?" if near else "; register it there before the command runs"))
             continue
-        tool = TOOLS[name]
+        tool = tools[name]
         schema = tool.schema if isinstance(tool.schema, dict) else {}
         function = schema.get("function")
         said = (function if isinstance(function, dict) else schema).get("name")
