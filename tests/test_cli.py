@@ -51,6 +51,7 @@ def test_tasks_prints_each_data_command_whole_on_an_80_column_terminal():
     cells = "".join("".join(row[4].split()) for row in rows)  # the data column, read down
     for task in all_tasks().values():
         assert "".join(task.data_hint.split()) in cells, task.data_hint
+    assert "--set 'task.extra_tools=[\"file.py:NAME\"]'" in done.stdout  # a tool of one's own, with the shell's quotes
 
 
 def test_readmes_commands_table_has_every_data_command():

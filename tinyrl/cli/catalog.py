@@ -111,3 +111,6 @@ def tasks_list() -> None:
         table.add_row(name, ", ".join(task.templates), task.description, task.data_hint)
     out.print(table)
     out.print("Use one: [bold]--set task.name=NAME[/] (presets set it)  ·  data: [bold]tinyrl data NAME --help[/]")
+    # one line whatever the width: a command to copy, not one split where the terminal ends
+    out.print("Tools of your own (README, \"Your own tools\"), offered after a task's: "
+              "[bold]--set 'task.extra_tools=\\[\"file.py:NAME\"]'[/]", soft_wrap=True)
