@@ -192,6 +192,45 @@ def test_a_hung_tool_times_out_and_leaves_the_pool_to_the_next_call(chat):
     assert episode_metrics([first, second])["tools/timeouts"] == 1.0
 
 
+def test_a_tool_whose_calls_never_return_stops_the_run_past_the_limit_of_hung_calls(chat, monkeypatch):
+    """Each given-up call's thread runs on (Python cannot stop it): a tool that hangs for good
+    leaked one per call until the run could start no thread, hours in. Past MAX_HUNG_CALLS of one
+    tool's still running, the rollout stops with the tool's name (a resumable stop); calls that
+    returned since are not counted, so a backend that was down for a while does not stop a run."""
+    import tinyrl.tools as tools_module
+    from tinyrl.errors import TinyRLError
+
+    monkeypatch.setattr(tools_module, "MAX_HUNG_CALLS", 3)
+    monkeypatch.setattr(tools_module, "_hung", [])
+    release = threading.Event()
+    hung: list[threading.Thread] = []
+
+    def run(arguments, create_kwargs, **limits):
+        hung.append(threading.current_thread())
+        release.wait(60)
+        return _ok("late\n")
+
+    limits = EpisodeLimits(tool_timeout_s=0.05, tool_workers=4)
+    try:
+        episodes = _episodes(chat, run, k=3, limits=limits, grace_s=0.05)  # 3 hung: at the limit, not past it
+        assert [e.tool_calls[0].status for e in episodes] == ["timeout"] * 3
+        release.set()
+        for t in hung:
+            t.join()
+        release.clear()
+        episodes = _episodes(chat, run, k=3, limits=limits, grace_s=0.05)  # the first 3 returned: not counted
+        assert [e.tool_calls[0].status for e in episodes] == ["timeout"] * 3
+        with pytest.raises(TinyRLError) as info:
+            _episodes(chat, run, k=1, limits=limits, grace_s=0.05)
+    finally:
+        release.set()
+        for t in hung:
+            t.join()
+    assert info.value.message.startswith("tool 'code_interpreter': 4 of its calls are still running after being "
+                                         "given up (0.1 s each")
+    assert info.value.resumable and "return within timeout_s by itself" in info.value.hint
+
+
 def test_a_tools_own_result_needs_only_its_output_and_exit_code():
     """ToolResult's sandbox-only fields (timed_out, killed_by, ..., pid_namespace) default to a
     call that simply finished; a failing tool that gave no message still says its exit code."""

@@ -28,6 +28,13 @@ __all__ = ["TOOLS", "Tool", "ToolResult", "call_tool", "offered_problems", "rend
 
 # A tool's default grace (Tool.grace_s): a tool that keeps to timeout_s returns within a moment of it
 GRACE_S = 2.0
+# Calls given up on (call_tool) whose threads still run: Python cannot stop a thread, so a tool
+# that hangs for good leaks one per call, and a run went on until it could start no thread or
+# had no memory left, hours in. Past this many of one tool's at once the run stops and says why.
+# Many: a backend down for a minute hangs a few rounds of calls that all return later.
+MAX_HUNG_CALLS = 256
+_hung: list[tuple[str, threading.Thread]] = []
+_hung_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -151,6 +158,7 @@ def call_tool(tool: Tool, arguments: dict[str, Any], create_kwargs: dict[str, An
     worker.join(timeout_s + tool.grace_s)
     seconds = time.monotonic() - start
     if worker.is_alive():
+        _check_hung(tool.name, worker, timeout_s + tool.grace_s)
         return _failed(f"timed out: the tool did not return within {timeout_s:g} s (wall clock); its call "
                        "was given up", seconds, timed_out=True)
     if "stop" in box:
@@ -170,6 +178,25 @@ def call_tool(tool: Tool, arguments: dict[str, Any], create_kwargs: dict[str, An
             return _failed(f"error: tool {tool.name!r} returned a ToolResult whose {name} is a {type(value).__name__}, "
                            f"not a {want.__name__}", seconds)
     return replace(_bounded(result), seconds=seconds)
+
+
+def _check_hung(name: str, worker: threading.Thread, waited_s: float) -> None:
+    """Count `worker`, a call of tool `name` given up on; raise once more than MAX_HUNG_CALLS of
+    that tool's given-up calls are still running (those that returned since are not counted)."""
+    from tinyrl.errors import TinyRLError
+
+    with _hung_lock:
+        _hung[:] = [(n, t) for n, t in _hung if t.is_alive()]
+        _hung.append((name, worker))
+        running = sum(n == name for n, _ in _hung)
+    if running > MAX_HUNG_CALLS:
+        raise TinyRLError(
+            f"tool {name!r}: {running} of its calls are still running after being given up ({waited_s:g} s "
+            "each: its timeout_s and grace_s); Python cannot stop them, and each holds a thread, so the run "
+            "stops here before it runs out of threads or memory",
+            hint=f"make {name}'s run return within timeout_s by itself (a timeout on its network call or "
+                 "lock), or run its work in a subprocess that can be killed, as tinyrl.tools.run_code does",
+            resumable=True)
 
 
 _FIELD_TYPES = (("stdout", str), ("stderr", str), ("exit_code", int), ("message", str))
