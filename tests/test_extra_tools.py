@@ -208,6 +208,16 @@ def test_export_verl_copies_the_files_and_its_verl_tool_registers_them(tmp_path,
     assert (response.text, metrics["status"]) == ("42", "ok")
 
 
+def test_what_a_tool_file_prints_as_it_loads_leaves_a_json_commands_stdout_as_json(tmp_path):
+    (tmp_path / "add_tool.py").write_text('print("loading my tools")\n' + ADD_TOOL)
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "estimate-cost", "--preset", "countdown-tools-demo",
+                           "--set", 'task.extra_tools=["add_tool.py:add"]', "--json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["preset"] == "countdown-tools-demo" and "loading my tools" in done.stderr
+
+
 def test_a_bad_entry_is_one_screen_and_exit_2_from_the_command(tmp_path):
     (tmp_path / "add_tool.py").write_text(ADD_TOOL.replace("def add(arguments, create_kwargs, *, timeout_s, memory_mb)",
                                                            "def add(arguments)"))

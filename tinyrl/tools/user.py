@@ -11,6 +11,7 @@ version of it: the config check and the run share the import, and so one-time st
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -43,7 +44,9 @@ def _module(path: Path) -> ModuleType:
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses and pickling look the module up here
         try:
-            spec.loader.exec_module(module)
+            # what it prints as it loads goes to stderr: `--json` commands print one object on stdout
+            with contextlib.redirect_stdout(sys.stderr):
+                spec.loader.exec_module(module)
         except BaseException:
             del sys.modules[name]
             raise
