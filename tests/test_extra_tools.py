@@ -90,6 +90,53 @@ def test_a_run_offers_the_tools_of_a_file_after_the_tasks_and_calls_them(tmp_pat
                              out_dir=tmp_path / "eval", progress=False)
     assert summary["tools"] == ["add"] and summary["files"]["t"]["tools/calls"] > 0 and answers
 
+    # its export records the [task] section: eval of the merged model offers the tool as well
+    from tinyrl.export import export_run
+
+    exported = export_run(tmp_path / "run", tmp_path / "exported")
+    TOOLS.pop("add"), user._REGISTERED.clear(), user._MODULES.clear()
+    summary, _ = ev.evaluate(str(exported), [f"t={tmp_path}/data/test.parquet"], n=0, ks=[], engine="hf",
+                             out_dir=tmp_path / "eval-exported", progress=False)
+    assert summary["task"] == "countdown" and summary["tools"] == ["add"]
+    assert summary["files"]["t"]["tools/calls"] > 0
+
+
+def test_eval_of_any_model_offers_the_tools_given_with_extra_tool(tmp_path, tiny_model_dir, monkeypatch,
+                                                                  tool_registry):
+    """`tinyrl eval MODEL --task countdown --extra-tool add_tool.py:add`: a model before any run
+    (a baseline) is evaluated with the user's tool; without the flag the task has none."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from tinyrl import eval as ev
+    from tinyrl.data.countdown import generate_countdown
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.chat_template = HERMES_TEMPLATE
+    tok.save_pretrained(model)
+    generate_countdown(tmp_path / "data", 16, 8, progress=False)
+    (tmp_path / "add_tool.py").write_text(ADD_TOOL)
+    seen: list[str] = []
+
+    def script(context: str, j: int) -> str:
+        seen.append(context)
+        if "<tool_response>" in context:
+            return "<answer> 1 + 2 </answer>"
+        return "<tool_call>\n" + json.dumps({"name": "add", "arguments": {"a": 1, "b": 2}}) + "\n</tool_call>"
+
+    monkeypatch.setattr(ev, "_engine", lambda kind, path, tok, *a: ScriptedEngine(tok, script))
+    summary, _ = ev.evaluate(str(model), [f"t={tmp_path}/data/test.parquet"], task_name="countdown", n=0, ks=[],
+                             engine="hf", out_dir=tmp_path / "eval", progress=False,
+                             extra_tools=[f"{tmp_path}/add_tool.py:add"])
+    assert summary["tools"] == ["add"] and summary["files"]["t"]["tools/calls"] == 8
+    assert '"name": "add"' in seen[0] and any("<tool_response>\n3\n</tool_response>" in c for c in seen)
+    with pytest.raises(TinyRLError, match="--tools: the countdown task declares no tools"):
+        ev.evaluate(str(model), [f"t={tmp_path}/data/test.parquet"], task_name="countdown", n=0, ks=[],
+                    engine="hf", out_dir=tmp_path / "eval2", progress=False, tools=True)
+
 
 def test_every_problem_of_the_entries_is_said_at_once_and_nothing_is_registered(tmp_path, tool_registry):
     (tmp_path / "add_tool.py").write_text(ADD_TOOL)
@@ -128,12 +175,12 @@ def test_a_registered_file_checked_again_is_no_clash_and_an_edited_one_replaces_
     path.write_text(ADD_TOOL)
     setting = f"task.extra_tools={json.dumps([f'{path}:add'])}"
     cfg = tiny_config(tmp_path, *_hermes(tmp_path), setting)
-    assert offered_tools(cfg) == ("add",) and offered_tools(cfg) == ("add",)
+    assert offered_tools(cfg.task) == ("add",) and offered_tools(cfg.task) == ("add",)
     first = TOOLS["add"]
     assert tiny_config(tmp_path, *_hermes(tmp_path), setting).task.extra_tools == [f"{path}:add"]
     path.write_text(ADD_TOOL.replace("Add two numbers.", "Add two numbers, exactly."))
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
-    assert offered_tools(cfg) == ("add",) and TOOLS["add"] is not first
+    assert offered_tools(cfg.task) == ("add",) and TOOLS["add"] is not first
     assert TOOLS["add"].schema["function"]["description"] == "Add two numbers, exactly."
 
 
@@ -229,3 +276,13 @@ def test_a_bad_entry_is_one_screen_and_exit_2_from_the_command(tmp_path):
     assert "task.extra_tools: tinyrl.tools.TOOLS['add'].run cannot be called as call_tool calls it" in done.stderr
     assert "fix each as it says" in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.splitlines()) < 25
+    # eval's --extra-tool: the same check, before a model loads
+    from tinyrl.data.countdown import generate_countdown
+
+    generate_countdown(tmp_path / "data", 16, 8, progress=False)
+    done = subprocess.run([sys.executable, "-m", "tinyrl.cli", "eval", "no-model-needed", "--task", "countdown",
+                           "--data", "data/test.parquet", "--extra-tool", "add_tool.py:add"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "tinyrl.tools.TOOLS['add'].run cannot be called as call_tool calls it" in done.stderr

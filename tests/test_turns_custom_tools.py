@@ -326,7 +326,7 @@ def test_readmes_own_tool_is_offered_after_the_tasks_and_called_in_an_episode(ch
     (tmp_path / "add_tool.py").write_text(_readme_own_tool_file())
     monkeypatch.chdir(tmp_path)
     cfg = load_config("countdown-tools-demo", ['task.extra_tools=["add_tool.py:add"]', "model.init_from="])
-    assert offered_tools(cfg) == ("code_interpreter", "add")
+    assert offered_tools(cfg.task) == ("code_interpreter", "add")
     result = call_tool(TOOLS["add"], {"a": 2, "b": 3.5}, {}, timeout_s=1.0, memory_mb=256)
     assert (result.status, render(result)) == ("ok", "5.5")
 
@@ -336,7 +336,7 @@ def test_readmes_own_tool_is_offered_after_the_tasks_and_called_in_an_episode(ch
         return "<tool_call>\n" + json.dumps({"name": "add", "arguments": {"a": 20, "b": 22}}) + "\n</tool_call>"
 
     engine = ScriptedEngine(chat.tokenizer, script)
-    rollout = ToolRollout(offered_tools(cfg), chat.tokenizer, engine, RolloutConfig())
+    rollout = ToolRollout(offered_tools(cfg.task), chat.tokenizer, engine, RolloutConfig())
     msgs = [{"role": "user", "content": "task 0: add"}]
     prompt = chat.tokenizer.decode(rollout.chat.render(msgs, generation_prompt=True))
     assert prompt.index('"name": "code_interpreter"') < prompt.index('"name": "add"')

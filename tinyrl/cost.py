@@ -274,7 +274,7 @@ def tool_work(cfg: Config) -> dict[str, int]:
     from tinyrl.contention import usable_cpus
     from tinyrl.tasks import calls_tools
 
-    if not calls_tools(cfg):
+    if not calls_tools(cfg.task):
         return {}
     return {"tool_calls": cfg.rollout.max_tool_calls, "tool_workers": cfg.rollout.tool_workers or usable_cpus()}
 

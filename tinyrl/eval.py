@@ -320,15 +320,18 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
              ks: list[int] | None = None, temperature: float = 0.6, top_p: float = 1.0, greedy: bool = True,
              engine: str = "auto", max_new_tokens: int | None = None, out_dir: Path | None = None,
              chat_template: bool | None = None, seed: int = 0, progress: bool = True,
-             tools: bool | None = None, device: str = "auto", reward: str | None = None) -> tuple[dict, Path]:
+             tools: bool | None = None, device: str = "auto", reward: str | None = None,
+             extra_tools: list[str] | None = None) -> tuple[dict, Path]:
     """Evaluate; write OUT/eval.json and OUT/eval_samples.jsonl. -> (eval.json's dict, OUT)
     `data`: `name=path` or `path` items (None: a run directory's own held-back files, run_data).
     `device`: auto (a run's trainer.device when that is the CPU; else CUDA when torch sees a GPU,
     else the CPU), cpu or cuda. The hf engine runs a run's model.dtype (auto: bf16 on CUDA, fp32
     on the CPU; a model directory: auto): a run's val/score is this greedy accuracy on the device
     and dtype it validated with (EVAL_DEVICES: why a GPU can differ).
-    `tools` (default: on when the task declares tools): episodes with the task's tools, with the
-    run's rollout limits (rollout.max_turns ...; the defaults for a model directory).
+    `tools` (default: on when the task declares tools or task.extra_tools offers one): episodes
+    with the task's tools, then `extra_tools` (path/to/file.py:NAME; None: the run's or the
+    export's task.extra_tools), with the run's rollout limits (rollout.max_turns ...; the
+    defaults for a model directory).
     `reward`: judge by a user's function instead of the task's reward: "run" (the run's
     reward.fn, which judged its val/score) or path/to/file.py:func / module:func (solved: a
     score >= 1, as in train); the rows are then not checked against the task's reward."""
@@ -410,8 +413,9 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
                               hint=f"give the {task.name} task's prompts: --data FILE (an SFT run's test file "
                                    f"holds conversations, scored by their loss, not by the task){or_run}") from exc
     max_new = max_new_tokens if max_new_tokens is not None else (cfg.rollout.max_response_length if cfg is not None else 1024)
-    # a run's task.extra_tools too (registered in tinyrl.tools.TOOLS), when it is the run's task judged
-    offered = offered_tools(cfg) if cfg is not None and cfg.task.name == task.name else task.tools
+    if extra_tools is not None:  # --extra-tool: in place of the run's (or the export's) task.extra_tools
+        task_cfg.extra_tools = list(extra_tools)
+    offered = offered_tools(task_cfg)  # the task's, then task.extra_tools' (registered in tinyrl.tools.TOOLS)
     with_tools = bool(offered) if tools is None else tools
     if with_tools and not offered:
         raise TinyRLError(f"--tools: the {task.name} task declares no tools", hint="leave --tools out")

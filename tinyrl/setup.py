@@ -482,7 +482,7 @@ def prepare_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = Fals
     train_path = ensure_train_data(cfg, run_dir if resume and run_dir is not None else None)
     model_path = model_path_of(cfg, run_dir)
     tok = load_tokenizer(model_path, cfg.model.custom_chat_template)
-    tools = offered_tools(cfg)  # the task's and task.extra_tools', registered in tinyrl.tools.TOOLS
+    tools = offered_tools(cfg.task)  # the task's and task.extra_tools', registered in tinyrl.tools.TOOLS
     chat = dict(chat=cfg.data.chat_template, tools=tools, room=prompt_room(cfg))
     train_prompts, train_rows = tokenize_rows(train_path, tok, cfg.data.max_prompt_length, **chat)
     test_prompts, test_rows, test_path = [], [], None

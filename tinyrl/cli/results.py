@@ -27,7 +27,8 @@ def eval_cmd(
     device: str = typer.Option("auto", "--device", help="auto (a run pinned to the CPU by trainer.device: the CPU; else CUDA when torch sees a GPU, else the CPU) | cpu | cuda. A run's val/score is this greedy accuracy on the device and model.dtype it validated with (on a GPU, bf16, the two can differ by a few answers)."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Response limit (default: the run's, else 1024)."),
     chat_template: Optional[bool] = typer.Option(None, "--chat-template/--no-chat-template", help="Render prompts with the tokenizer's chat template (default: the run's data.chat_template)."),
-    tools: Optional[bool] = typer.Option(None, "--tools/--no-tools", help="Episodes with the task's tools (default: on when the task declares tools; limits: the run's rollout.max_turns ...)."),
+    tools: Optional[bool] = typer.Option(None, "--tools/--no-tools", help="Episodes with the task's tools (default: on when the task declares tools or --extra-tool gives one; limits: the run's rollout.max_turns ...)."),
+    extra_tools: Optional[list[str]] = typer.Option(None, "--extra-tool", help="A tool of yours offered after the task's: path/to/file.py:NAME, NAME a tinyrl.tools.Tool (repeatable; default: the run's or the exported model's task.extra_tools)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where eval.json and eval_samples.jsonl go (default: RUN_DIR/eval or eval/MODEL)."),
     seed: int = typer.Option(0, "--seed", help="Sampling seed."),
     reward: Optional[str] = typer.Option(None, "--reward", help="Judge by a reward function instead of the task's reward: 'run' (the run's reward.fn, as its val/score was judged) or path/to/file.py:func (solved: a score >= 1; no maj@k)."),
@@ -54,7 +55,7 @@ def eval_cmd(
         summary, where = evaluate(target, data, task_name=task, n=n, ks=ks, temperature=temperature, top_p=top_p,
                                   greedy=greedy, engine=engine, max_new_tokens=max_tokens, out_dir=out_dir,
                                   chat_template=chat_template, seed=seed, progress=not as_json, tools=tools,
-                                  device=device, reward=reward)
+                                  device=device, reward=reward, extra_tools=extra_tools)
     if as_json:
         print(json.dumps(summary, indent=2))
         return

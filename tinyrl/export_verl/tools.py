@@ -40,7 +40,7 @@ def task_tools(cfg: Config) -> tuple[str, ...]:
     """The tools the run offers: its task's, then task.extra_tools' (registered here, as in a run)."""
     from tinyrl.tasks import offered_tools
 
-    return offered_tools(cfg)
+    return offered_tools(cfg.task)
 
 
 USER_TOOLS = "user_tools"             # OUT/user_tools/: task.extra_tools' files, which tinyrl_tool.py registers

@@ -109,7 +109,7 @@ def plan_for_config(cfg: Config, gpu: GPU, *, simulate: bool = True,
         quantize=None if m.quantize == "none" else m.quantize,
         gradient_checkpointing=m.gradient_checkpointing, logprob_chunk=m.logprob_chunk,
         engine=_engine(cfg), budget_bytes=budget_bytes, simulate=simulate,
-        multi_turn=not sft and calls_tools(cfg))  # a task with tools: episodes of turns
+        multi_turn=not sft and calls_tools(cfg.task))  # a task with tools: episodes of turns
 
 
 # ------------------------------------------------------------------------------- settings

@@ -36,21 +36,21 @@ def get_task(name: str) -> Task:
     return tasks[name]
 
 
-def calls_tools(cfg) -> bool:
-    """Whether a run's episodes offer tools (its task's, or task.extra_tools), read without
-    importing a user's file: a multi-turn rollout for the memory plan, the cost, the notes."""
-    return bool(get_task(cfg.task.name).tools or cfg.task.extra_tools)
+def calls_tools(task_cfg) -> bool:
+    """Whether episodes of a [task] section (TaskConfig) offer tools: its task's, or
+    task.extra_tools, read without importing a user's file (the memory plan, the cost)."""
+    return bool(get_task(task_cfg.name).tools or task_cfg.extra_tools)
 
 
-def offered_tools(cfg) -> tuple[str, ...]:
-    """The tools a run's episodes offer, in the order the prompt lists them: its task's
-    (Task.tools), then task.extra_tools' (registered in tinyrl.tools.TOOLS here)."""
-    own = get_task(cfg.task.name).tools
-    if not cfg.task.extra_tools:
+def offered_tools(task_cfg) -> tuple[str, ...]:
+    """The tools episodes of a [task] section (TaskConfig) offer, in the order the prompt lists
+    them: its task's (Task.tools), then task.extra_tools' (registered in tinyrl.tools.TOOLS here)."""
+    own = get_task(task_cfg.name).tools
+    if not task_cfg.extra_tools:
         return own
     from tinyrl.tools.user import register_extra_tools
 
-    return own + register_extra_tools(cfg.task.extra_tools)
+    return own + register_extra_tools(task_cfg.extra_tools)
 
 
 def check_rows(task: Task, rows: list, path) -> None:
@@ -90,7 +90,6 @@ def task_problems(cfg) -> list[str]:
         out += said
         registry = {**TOOLS, **{tool.name: tool for tool in extra}}
         out += [f"the {t.name} task's tools: {problem}" for problem in offered_problems(task.tools, registry)]
-        out += [f"task.extra_tools: {problem}" for problem in offered_problems(tuple(x.name for x in extra), registry)]
         if not cfg.data.chat_template:
             whose = f"the {t.name} task calls tools" if task.tools else "task.extra_tools offers tools"
             out.append(f"{whose}, so its prompts must go through the chat template: "

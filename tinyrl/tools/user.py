@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 from tinyrl.errors import TinyRLError
-from tinyrl.tools import TOOLS, Tool
+from tinyrl.tools import TOOLS, Tool, offered_problems
 
 SPEC_SHAPE = "path/to/file.py:NAME, NAME a tinyrl.tools.Tool in that file"
 _MODULES: dict[tuple[Path, int], ModuleType] = {}   # (resolved file, mtime_ns) -> its module, imported once
@@ -80,8 +80,9 @@ def _load(spec: str) -> Tool | str:
 
 def load_extra_tools(specs: list[str]) -> tuple[list[Tool], list[str]]:
     """(the tools the specs name, every problem with them): nothing is registered. A problem is a
-    spec that names no Tool, or a tool whose name another tool already has (a tool of tinyrl's,
-    another file's, or another entry's): a call is looked up by that name, so one would be lost."""
+    spec that names no Tool; a tool whose name another tool already has (a tool of tinyrl's,
+    another file's, or another entry's): a call is looked up by that name, so one would be lost;
+    and what tinyrl.tools.offered_problems finds (a schema named otherwise, a run of another shape)."""
     tools, problems = [], []
     for spec in specs:
         tool = _load(spec)
@@ -97,6 +98,8 @@ def load_extra_tools(specs: list[str]) -> tuple[list[Tool], list[str]]:
                             + "; give it a name of its own (Tool.name and its schema's function.name)")
             continue
         tools.append(tool)
+    registry = {**TOOLS, **{tool.name: tool for tool in tools}}
+    problems += [f"task.extra_tools: {problem}" for problem in offered_problems(tuple(t.name for t in tools), registry)]
     return tools, problems
 
 
