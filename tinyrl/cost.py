@@ -29,6 +29,7 @@ from typing import Any
 from tinyrl import rundir
 from tinyrl.config import Config, DataConfig, has_critic, resolve_path
 from tinyrl.errors import TinyRLError
+from tinyrl.phases import Phase
 from tinyrl.roofline import (Assumptions, Card, DoesNotFit, ModelShape, Roofline, Workload, estimate_sft_step,
                              estimate_step)
 
@@ -36,7 +37,7 @@ WARMUP_STEPS = 1          # per segment of metrics.jsonl (the start, and each re
 MIN_STEADY_STEPS = 2      # a median of one step is a guess, not a measurement
 DTYPE_BYTES = {"auto": 2.0, "bf16": 2.0, "fp16": 2.0, "fp32": 4.0}  # auto is bf16 on CUDA
 NF4_BYTES_PER_PARAM = 0.5  # 4-bit weights in vLLM; scales ignored
-PHASE_ORDER = ("rollout", "forward", "actor_update", "critic_update", "overhead")  # tinyrl.phases names
+PHASE_ORDER = (Phase.ROLLOUT, Phase.FORWARD, Phase.ACTOR_UPDATE, Phase.CRITIC_UPDATE, "overhead")  # + the fixed rest
 
 
 # --------------------------------------------------------------------------- a run's own timings

@@ -47,6 +47,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from tinyrl.phases import Phase
+
 GiB = 1024**3
 
 
@@ -169,7 +171,7 @@ def estimate_sft_step(shape: ModelShape, card: Card, rows: int, max_tokens: int,
     rate = card.flops_per_s * a.train_mfu
     weights_s = update * shape.matmul_params * rows * tokens / rate
     attention_s = attention * rows * tokens / rate
-    return Roofline(phases={"actor_update": weights_s + attention_s, "overhead": a.sft_step_overhead_s},
+    return Roofline(phases={Phase.ACTOR_UPDATE: weights_s + attention_s, "overhead": a.sft_step_overhead_s},
                     details={"train_tokens_per_step": rows * tokens, "update_flops_per_param_token": update,
                              "attention_s": attention_s, "weights_s": weights_s})
 
@@ -210,13 +212,13 @@ def estimate_step(shape: ModelShape, card: Card, work: Workload, a: Assumptions 
     update = update_flops_per_token(work.lora, work.checkpointing)
     # FORWARD: old and reference log-probs, and the critic's values when there is one
     # (no critic, as in GRPO and friends: no value pass at all).
-    phases = {"rollout": prefill + decode,
-              "forward": 2 * forward + (2 * critic_params * tokens / train_rate if work.critic else 0.0)}
-    phases["actor_update"] = work.ppo_epochs * update * shape.matmul_params * tokens / train_rate
+    phases = {Phase.ROLLOUT: prefill + decode,
+              Phase.FORWARD: 2 * forward + (2 * critic_params * tokens / train_rate if work.critic else 0.0)}
+    phases[Phase.ACTOR_UPDATE] = work.ppo_epochs * update * shape.matmul_params * tokens / train_rate
     if work.critic:
-        phases["critic_update"] = work.ppo_epochs * update * critic_params * tokens / train_rate
+        phases[Phase.CRITIC_UPDATE] = work.ppo_epochs * update * critic_params * tokens / train_rate
     tools = seqs * work.tool_calls * a.tool_call_s / max(work.tool_workers, 1)
-    phases["rollout"] += tools
+    phases[Phase.ROLLOUT] += tools
     phases["overhead"] = a.step_overhead_s
     details = {
         "prefill_s": prefill,

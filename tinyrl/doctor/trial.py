@@ -413,7 +413,7 @@ def _nonfinite_row(history: list[dict]) -> Row:
 
 def memory_rows(cfg: Config, run_dir: Path) -> list[Row]:
     """CUDA: the allocator's per-phase peaks (timeline.jsonl) against the card's plan."""
-    from tinyrl.phases import PLANNED_PHASES
+    from tinyrl.phases import PLANNED_PHASES, Phase
 
     try:
         plan, source = _plan(cfg)
@@ -436,7 +436,7 @@ def memory_rows(cfg: Config, run_dir: Path) -> list[Row]:
         ratio = got / planned if planned else float("inf")
         data["ratio"] = ratio
         found = f"measured {human_bytes(got)} / planned {human_bytes(planned)} = {ratio:.2f}x ({source})"
-        if phase == "rollout":  # vLLM's pool is not torch's: the allocated peak is the trainer's side only
+        if phase == Phase.ROLLOUT:  # vLLM's pool is not torch's: the allocated peak is the trainer's side only
             rows.append(Row(name, "pass", found + "; the trainer's side only (vLLM's pool not counted)",
                             basis="simulated vs measured", data=data))
         elif ratio > 1.15:

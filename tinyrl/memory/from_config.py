@@ -119,11 +119,11 @@ def apply_plan(cfg: Config, plan: MemoryPlan) -> list[str]:
     kept, or worth a warning."""
     lines = []
     settings = [("actor.micro_batch_tokens", cfg.actor, "micro_batch_tokens",
-                 _budget(plan, "actor_update"), "tokens"),
+                 _budget(plan, Phase.ACTOR_UPDATE), "tokens"),
                 ("critic.micro_batch_tokens", cfg.critic, "micro_batch_tokens",
-                 _budget(plan, "critic_update"), "tokens"),
+                 _budget(plan, Phase.CRITIC_UPDATE), "tokens"),
                 ("actor.forward_micro_batch_tokens", cfg.actor, "forward_micro_batch_tokens",
-                 _budget(plan, "forward"), "tokens")]
+                 _budget(plan, Phase.FORWARD), "tokens")]
     if _engine(cfg) == "vllm":
         settings += [("rollout.vllm.gpu_memory_utilization", cfg.rollout.vllm, "gpu_memory_utilization",
                       plan.vllm_gpu_memory_utilization, "of the card"),
@@ -162,7 +162,7 @@ def advice(cfg: Config, plan: MemoryPlan) -> list[str]:
             continue
         over = ph.peak - plan.budget_bytes
         why = ("not even one sequence per micro-batch fits" if name in TRAINING_PHASES and ph.micro_batch < 1
-               else "vLLM cannot hold one whole sequence" if name == "rollout" and plan.vllm_max_num_seqs < 1
+               else "vLLM cannot hold one whole sequence" if name == Phase.ROLLOUT and plan.vllm_max_num_seqs < 1
                else "")
         if over > 0:
             said = (f"{name} needs {ph.peak / GiB:.2f} GiB, {over / GiB:.2f} GiB over the budget of "
@@ -208,7 +208,7 @@ def _tips(cfg: Config, failing: set[str]) -> tuple[list[str], list[str], list[st
     lead = ([f"lower sft.max_length (now {cfg.sft.max_length}: a longer row is an error, so drop or split the longest "
              "rows first)"] if cfg.command == "sft"
             else [f"lower rollout.max_response_length (now {resp})" + (f", e.g. {shorter}" if shorter >= 1 else "")])
-    if "rollout" in failing and cfg.rollout.engine == "hf" and m.quantize == "none":
+    if Phase.ROLLOUT in failing and cfg.rollout.engine == "hf" and m.quantize == "none":
         # the HF engine holds every episode's whole context at once; vLLM pages what decodes
         lead.insert(0, "rollout.engine=vllm (its paged KV cache holds only the sequences decoding at once; "
                        "the HF engine holds all of them whole)")
@@ -250,7 +250,7 @@ def categories(cfg: Config, plan: MemoryPlan) -> dict[str, dict[str, int]]:
     weights", 1.84 GiB of "adapters" on countdown-0.5b-4090)."""
     spec = load_spec(cfg.model.name)
     names = FULL_FINETUNE_NAMES if cfg.model.finetune == "full" else {}
-    ref = plan.phases.get("forward")
+    ref = plan.phases.get(Phase.FORWARD)
     base_w = ref.parts.get("base_weights", 0) if ref else 0
     out = {}
     for name, ph in plan.phases.items():
@@ -265,11 +265,11 @@ def categories(cfg: Config, plan: MemoryPlan) -> dict[str, dict[str, int]]:
         act = p.pop("activations", 0) + p.pop("hf_decode_transient", 0) + p.pop("hf_merge_fixes", 0) \
             + p.pop("trainer_measured", 0) + p.pop("hf_turn_prefill_transient", 0)
         chunk = 0
-        if name in ("forward", "actor_update") and "activations" in ph.parts:
+        if name in (Phase.FORWARD, Phase.ACTOR_UPDATE) and "activations" in ph.parts:
             # parts are for max(micro_batch, 1): a phase where nothing fits shows one sequence
             tokens = min(cfg.model.logprob_chunk, max(ph.micro_batch, 1) * row_shape(cfg)[1])
             chunk = min(act, fm.logprob_chunk_bytes(tokens, spec["vocab_size"],
-                                                    backward=name == "actor_update"))
+                                                    backward=name == Phase.ACTOR_UPDATE))
         c["activations"], c["log-prob chunk"] = act - chunk, chunk
         c["HF engine KV cache"] = p.pop("hf_kv_cache", 0)  # rollout.engine=hf: its own, not vLLM's
         reserved = p.pop("vllm_reserved", 0)
@@ -417,7 +417,7 @@ def _cpu_twin_prepare(spec: dict, step, hi: int) -> dict:
     return {"try_step": probe.real_try_step(spec, step, "cpu"), "hi": hi}
 
 
-def cpu_probe(cfg: Config, limit_bytes: int, phase: str = "actor_update") -> dict:
+def cpu_probe(cfg: Config, limit_bytes: int, phase: str = Phase.ACTOR_UPDATE) -> dict:
     """The GPU probe's CPU twin: the same doubling + bisection over tinyrl's real micro-step, in a
     child process whose address space may grow by `limit_bytes` beyond what it holds once the
     model is built (RAM, not VRAM). The largest micro-batch that ran, whether it runs again, and
@@ -451,10 +451,10 @@ def cpu_probe(cfg: Config, limit_bytes: int, phase: str = "actor_update") -> dic
 def _caps(cfg: Config) -> dict[str, int]:
     """Sequences per micro-batch worth trying: one optimizer step's, or the whole step's."""
     if cfg.command == "sft":  # one optimizer step over the whole batch of rows
-        return {"forward": cfg.trainer.train_batch_size, "actor_update": cfg.trainer.train_batch_size}
+        return {Phase.FORWARD: cfg.trainer.train_batch_size, Phase.ACTOR_UPDATE: cfg.trainer.train_batch_size}
     per_update = cfg.actor.ppo_mini_batch_size * cfg.rollout.n
-    return {"forward": cfg.trainer.train_batch_size * cfg.rollout.n,
-            "actor_update": per_update, "critic_update": per_update}
+    return {Phase.FORWARD: cfg.trainer.train_batch_size * cfg.rollout.n,
+            Phase.ACTOR_UPDATE: per_update, Phase.CRITIC_UPDATE: per_update}
 
 
 def cuda_probe(cfg: Config, gpu: GPU, plan: MemoryPlan) -> MemoryPlan:

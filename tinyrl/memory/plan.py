@@ -18,7 +18,7 @@ from tinyrl.errors import TinyRLError
 from tinyrl.hardware import GPU
 from tinyrl.memory import formulas as fm
 from tinyrl.memory import simulate as sim
-from tinyrl.model_specs import linear_shapes, param_count
+from tinyrl.model_specs import linear_shapes
 from tinyrl.phases import Phase
 
 GiB = fm.GiB
@@ -154,7 +154,7 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
         spec, gpu, budget, seq, per_step, engine, quantize, vllm_max_batched_tokens,
         _trainer_parts(spec, Phase.FORWARD, 1, seq, common, simulate, quantize),
         offload_optimizer_in_rollout, (prompts_per_step, prompt_len, common, multi_turn))
-    phases = {"rollout": rollout, **phases}
+    phases = {Phase.ROLLOUT: rollout, **phases}
     notes += rollout_notes
     if multi_turn:
         prefill = rollout.parts.get("hf_turn_prefill_transient")
@@ -277,7 +277,6 @@ def _rough_parts(spec: dict, phase: str, b: int, seq: int, common: dict) -> dict
     (per token: one saved hidden state per layer with checkpointing, or ~(16 h + 12 i) bytes
     per layer without, plus one layer's recompute and one log-prob chunk)."""
     h, i, layers = spec["hidden_size"], spec["intermediate_size"], spec["num_hidden_layers"]
-    n = param_count(spec)
     tokens = b * seq
     trained = 1 + common["critic"]  # models (or adapters) trained: the actor, and the critic if any
     if common["finetune"] == "lora":

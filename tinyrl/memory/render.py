@@ -13,6 +13,7 @@ from tinyrl.config import Config
 from tinyrl.memory.formulas import GiB
 from tinyrl.memory.from_config import TRAINING_PHASES, advice, apply_plan, categories
 from tinyrl.memory.plan import MemoryPlan
+from tinyrl.phases import Phase
 
 _SIM = "SIMULATED (fake-tensor trace on CPU, no GPU used)"
 
@@ -28,7 +29,7 @@ def render_plan(cfg: Config, plan: MemoryPlan, path: Path, out_path: Path | None
     head = Text(f"{plan.model} on {plan.gpu}: card {plan.card_bytes / GiB:.2f} GiB, every phase must stay "
                 f"under {plan.budget_bytes / GiB:.2f} GiB ({plan.budget_bytes / plan.card_bytes:.0%} of it)\n")
     head.append(_SIM if plan.simulated else "MEASURED on this card (training phases)"
-                + ("" if "rollout" not in plan.phases else "; rollout from formulas"),
+                + ("" if Phase.ROLLOUT not in plan.phases else "; rollout from formulas"),
                 style="bold yellow")
     head.append(f"  ·  planned in {seconds:.1f} s")
     cats = categories(cfg, plan)
