@@ -299,6 +299,27 @@ def test_a_reward_file_that_is_no_python_or_a_name_that_is_no_function_is_a_conf
     assert "trainer.memory_budget_gib = -1.0 must be >= 0" in message and "5 problems" in message, message
 
 
+@pytest.mark.parametrize("entry", ["tinyrl", "python -m tinyrl.cli"])
+def test_a_module_reward_beside_its_file_is_refused_the_same_by_both_entry_points(tmp_path, entry):
+    """`python -m` put the working directory on the path, so `reward.fn=my_reward:score` beside
+    my_reward.py was accepted there (the tests' and the doctor's way to start a command) and
+    refused by the `tinyrl` console script a user runs. Both refuse it now, naming the file form."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    script = shutil.which("tinyrl", path=os.path.dirname(sys.executable))
+    assert script, "the tinyrl console script is installed beside this Python"
+    Path(tmp_path / "my_reward.py").write_text("def score(c, e):\n    return 1.0\n")
+    command = [script] if entry == "tinyrl" else [sys.executable, "-m", "tinyrl.cli"]
+    done = subprocess.run([*command, "estimate-cost", "--preset", "countdown-tiny", "--set", "reward.fn=my_reward:score"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"COLUMNS": "300"})
+    assert done.returncode == 2, done.stdout[-1000:] + done.stderr[-1000:]
+    assert "my_reward.py is a file here: give my_reward.py:score" in " ".join(done.stderr.split())
+
+
 def test_a_module_reward_that_cannot_be_imported_is_a_config_problem_naming_the_file_here(tmp_path, monkeypatch):
     """`reward.fn=my_reward:score` beside my_reward.py: the console script does not put the working
     directory on the path, and the worker said `No module named 'my_reward'` after the run
