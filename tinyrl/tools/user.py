@@ -19,6 +19,7 @@ from types import ModuleType
 
 from tinyrl.errors import TinyRLError
 from tinyrl.tools import TOOLS, Tool, offered_problems
+from tinyrl.words import counted
 
 SPEC_SHAPE = "path/to/file.py:NAME, NAME a tinyrl.tools.Tool in that file"
 _MODULES: dict[tuple[Path, int], ModuleType] = {}   # (resolved file, mtime_ns) -> its module, imported once
@@ -113,8 +114,9 @@ def register_extra_tools(specs: list[str]) -> tuple[str, ...]:
     is wrong with them before a run gets here; a file changed since is said again, and raised."""
     tools, problems = load_extra_tools(specs)
     if problems:
-        raise TinyRLError("task.extra_tools: " + "; ".join(problems),
-                          hint=f"give each entry as {SPEC_SHAPE} (README, \"Your own tools\")")
+        raise TinyRLError(f"task.extra_tools has {counted(len(problems), 'problem')}; no tool of it was offered:\n"
+                          + "\n".join(f"  - {p}" for p in problems),
+                          hint=f"fix each as it says; an entry is {SPEC_SHAPE} (README, \"Your own tools\")")
     for spec, tool in zip(specs, tools):
         TOOLS[tool.name] = tool
         _REGISTERED[tool.name] = _file(spec)
