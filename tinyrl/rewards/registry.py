@@ -17,11 +17,11 @@ import importlib.util
 import inspect
 import math
 import numbers
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from tinyrl.errors import TinyRLError
+from tinyrl.pyfile import import_file
 from tinyrl.rewards import limits
 
 RewardFn = Callable[[str, Any], float]
@@ -47,18 +47,13 @@ def _load_file(path_str: str) -> Any:
     if not path.is_file():
         raise TinyRLError(f"reward file not found: {path}",
                           hint=f"check the path (relative paths start at {Path.cwd()}); {_SPEC_HINT}")
-    name = f"tinyrl_user_reward_{path.stem}_{abs(hash(str(path.resolve())))}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise TinyRLError(f"cannot import reward file {path}", hint="it must be a .py file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look the module up here
     try:
-        spec.loader.exec_module(module)
+        module = import_file(path, "tinyrl_user_reward")
     except (Exception, SystemExit) as e:  # any error in the user's module body is theirs to fix
-        del sys.modules[name]
         raise TinyRLError(f"importing reward file {path} failed: {type(e).__name__}: {e}",
                           hint="fix the file; run `python <file>` to see the full error") from e
+    if module is None:
+        raise TinyRLError(f"cannot import reward file {path}", hint="it must be a .py file")
     return module
 
 

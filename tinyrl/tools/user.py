@@ -12,12 +12,12 @@ version of it: the config check and the run share the import, and so one-time st
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
 
 from tinyrl.errors import TinyRLError
+from tinyrl.pyfile import import_file
 from tinyrl.tools import TOOLS, Tool, offered_problems
 from tinyrl.words import counted
 
@@ -38,19 +38,11 @@ def _module(path: Path) -> ModuleType:
     resolved = path.resolve()
     key = (resolved, resolved.stat().st_mtime_ns)
     if key not in _MODULES:
-        name = f"tinyrl_user_tools_{path.stem}_{abs(hash(str(resolved)))}"
-        spec = importlib.util.spec_from_file_location(name, resolved)
-        if spec is None or spec.loader is None:
+        # what it prints as it loads goes to stderr: `--json` commands print one object on stdout
+        with contextlib.redirect_stdout(sys.stderr):
+            module = import_file(resolved, "tinyrl_user_tools")
+        if module is None:
             raise ImportError(f"{path} cannot be imported as a Python file")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses and pickling look the module up here
-        try:
-            # what it prints as it loads goes to stderr: `--json` commands print one object on stdout
-            with contextlib.redirect_stdout(sys.stderr):
-                spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
         _MODULES[key] = module
     return _MODULES[key]
 
