@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tinyrl.models import make_batch
 from tinyrl.trainer import Trainer
 from test_trainer import tiny_config
+from tinyrl.roles import Role
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +44,8 @@ def test_export_merges_the_actor(tmp_path, trained):
     prompt, response = ids[0].tolist(), generated[0, ids.shape[1]:].tolist()
     batch = make_batch([prompt], [response], pad_id=tok.pad_token_id)
     with torch.no_grad():
-        actor = trainer.models.token_logprobs("actor", batch)
-        reference = trainer.models.token_logprobs("reference", batch)
+        actor = trainer.models.token_logprobs(Role.ACTOR, batch)
+        reference = trainer.models.token_logprobs(Role.REFERENCE, batch)
         logits = model(batch.input_ids).logits[:, -len(response) - 1:-1]
         exported = torch.log_softmax(logits.float(), -1).gather(-1, batch.input_ids[:, -len(response):, None])[..., 0]
     torch.testing.assert_close(exported, actor, atol=1e-4, rtol=0)

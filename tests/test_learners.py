@@ -23,6 +23,7 @@ from tinyrl.models import PolicyModels, make_batch
 from tinyrl.phases import Phase
 from tinyrl.rl import losses
 from tinyrl.trajectory import Trajectory
+from tinyrl.roles import Role
 
 ROLES = ("actor", "critic")
 
@@ -51,11 +52,11 @@ def _trajectory(models: PolicyModels, seed: int = 0) -> Trajectory:
     batch = make_batch(prompts, responses, pad_id=0)
     B, R = batch.response_mask.shape
     with torch.no_grad():
-        with models.role("actor"):
-            old = models.token_logprobs("actor", batch).float() - 0.05 * torch.rand(B, R, generator=g)
-        with models.role("critic"):
+        with models.role(Role.ACTOR):
+            old = models.token_logprobs(Role.ACTOR, batch).float() - 0.05 * torch.rand(B, R, generator=g)
+        with models.role(Role.CRITIC):
             values = models.values(batch).float() + 0.1 * torch.randn(B, R, generator=g)
-        ref = models.token_logprobs("reference", batch).float()
+        ref = models.token_logprobs(Role.REFERENCE, batch).float()
     return Trajectory(batch=batch, group_ids=torch.arange(B), old_lp=old, ref_lp=ref, values=values,
                       advantages=torch.randn(B, R, generator=g), returns=torch.randn(B, R, generator=g))
 
@@ -181,9 +182,9 @@ def test_the_actor_learner_back_propagates_actor_objective_with_the_config_coeff
     traj = _trajectory(models)
     traj.ref_lp = traj.ref_lp - 0.3  # a visible KL term
     traj.is_weights = torch.rand_like(traj.old_lp) * traj.mask
-    with models.role("actor"):
+    with models.role(Role.ACTOR):
         loss, stats = actor_loss_fn(cfg)(models, traj)
-        lp, ent = models.token_logprobs("actor", traj.batch, 0.9, with_entropy=True)
+        lp, ent = models.token_logprobs(Role.ACTOR, traj.batch, 0.9, with_entropy=True)
     pg, _ = losses.policy_loss(lp, traj.old_lp, traj.advantages, traj.mask, eps_low=0.1, eps_high=0.3,
                                agg_mode="seq-mean-token-mean", max_len=cfg.rollout.max_response_length,
                                is_weights=traj.is_weights)
@@ -192,7 +193,7 @@ def test_the_actor_learner_back_propagates_actor_objective_with_the_config_coeff
     torch.testing.assert_close(loss, pg - 0.05 * entropy + 0.7 * kl)
     assert float(stats["kl_loss"]) == pytest.approx(float(kl)) and float(kl) > 0.01
     cfg.algorithm.use_kl_loss = False  # KL in the reward instead: no KL term in the loss
-    with models.role("actor"):
+    with models.role(Role.ACTOR):
         loss_no_kl, _ = actor_loss_fn(cfg)(models, traj)
     torch.testing.assert_close(loss_no_kl, pg - 0.05 * entropy)
 
@@ -211,8 +212,8 @@ def test_a_pass_outside_its_role_is_refused(tiny_model_dir):
     batch = make_batch([[1, 2, 3]], [[4, 5]], pad_id=0)
     with pytest.raises(RuntimeError, match="models.role"):
         models.values(batch)
-    with models.role("critic"), pytest.raises(RuntimeError, match="models.role"):
-        models.token_logprobs("actor", batch)
+    with models.role(Role.CRITIC), pytest.raises(RuntimeError, match="models.role"):
+        models.token_logprobs(Role.ACTOR, batch)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
@@ -223,9 +224,9 @@ def test_a_one_pass_update_equals_the_two_pass_one(tiny_model_dir, checkpointing
     cfg = _config("full", checkpointing, **{"actor.clip_ratio_low": 0.1})
     models = _models(cfg, tiny_model_dir)
     traj = _trajectory(models)
-    with torch.no_grad(), models.role("actor"):
+    with torch.no_grad(), models.role(Role.ACTOR):
         models.train(False)  # as the trainer's FORWARD phase
-        traj.old_lp = models.token_logprobs("actor", traj.batch, cfg.rollout.temperature).float()
+        traj.old_lp = models.token_logprobs(Role.ACTOR, traj.batch, cfg.rollout.temperature).float()
     models.train(True)
     one_pass = dataclasses.replace(traj, old_lp=None)
     learner = make_learners(cfg, models, BudgetKeeper({p: 10**6 for p in Phase}), False, lambda m: None)["actor"]
@@ -235,7 +236,7 @@ def test_a_one_pass_update_equals_the_two_pass_one(tiny_model_dir, checkpointing
         for p, s in zip(learner.params, start):
             p.data.copy_(s)
         learner.opt = type(learner.opt)(learner.params, lr=cfg.actor.lr)
-        with models.role("actor"):
+        with models.role(Role.ACTOR):
             learner.opt.zero_grad(set_to_none=True)
             stats = learner.accumulate_gradients(t, [slice(0, 2), slice(2, 4)])
         grads = [p.grad.clone() for p in learner.params]
@@ -373,7 +374,7 @@ def test_the_critic_update_is_a_plain_value_regression(tiny_model_dir):
         return ref_head(h[:, -R - 1:-1, :]).squeeze(-1)
 
     def own_values():
-        with torch.no_grad(), models.role("critic"):
+        with torch.no_grad(), models.role(Role.CRITIC):
             return models.values(b).float()
 
     with torch.no_grad():
@@ -410,8 +411,8 @@ def test_rl_update_passes_run_without_lora_dropout_so_the_first_ratio_is_one(tin
             for mode in (False, True):
                 models.train(mode)
                 torch.manual_seed(0)
-                with models.role("actor"):
-                    out.append(models.token_logprobs("actor", batch))
+                with models.role(Role.ACTOR):
+                    out.append(models.token_logprobs(Role.ACTOR, batch))
             return out
 
     old, update = eval_and_train_logprobs(_models(cfg, tiny_model_dir))
@@ -458,15 +459,15 @@ def test_rl_runs_every_role_without_the_models_own_dropout(tiny_model_dir, monke
         return out
 
     def actor(models):
-        with models.role("actor"):
-            return models.token_logprobs("actor", batch)
+        with models.role(Role.ACTOR):
+            return models.token_logprobs(Role.ACTOR, batch)
 
     def critic(models):
-        with models.role("critic"):
+        with models.role(Role.CRITIC):
             return models.values(batch)
 
     rl = _models(cfg, tiny_model_dir)  # every role: actor, critic, value head, reference
-    for read in (actor, critic, lambda m: m.token_logprobs("reference", batch)):
+    for read in (actor, critic, lambda m: m.token_logprobs(Role.REFERENCE, batch)):
         old, update, again = passes(rl, read)
         assert torch.equal(update, again) and torch.equal(old, update)
     sft = PolicyModels(cfg.model, str(tiny_model_dir), torch.device("cpu"), actor_only=True)

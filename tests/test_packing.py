@@ -15,6 +15,7 @@ import torch
 
 from tinyrl.config import load_config
 from tinyrl.models import PolicyModels, make_batch
+from tinyrl.roles import Role
 
 
 def _models(tiny_model_dir, finetune: str, checkpointing: bool) -> PolicyModels:
@@ -40,12 +41,12 @@ def _passes(models: PolicyModels, batch, padding_free: bool):
     models.cfg.padding_free = padding_free
     models.train(True)
     mask = batch.response_mask
-    with models.role("actor"):
-        lp, ent = models.token_logprobs("actor", batch, 0.9, with_entropy=True)
+    with models.role(Role.ACTOR):
+        lp, ent = models.token_logprobs(Role.ACTOR, batch, 0.9, with_entropy=True)
         ((lp * mask).sum() + 0.1 * (ent * mask).sum()).backward()
     with torch.no_grad():
-        ref = models.token_logprobs("reference", batch)
-    with models.role("critic"):
+        ref = models.token_logprobs(Role.REFERENCE, batch)
+    with models.role(Role.CRITIC):
         values = models.values(batch)
         ((values * mask) ** 2).sum().backward()
     params = models.actor_parameters() + models.critic_parameters()
@@ -101,10 +102,10 @@ def test_a_packed_sequence_does_not_see_its_neighbours(tiny_model_dir):
     # Each sequence's log-probs alone equal those it gets packed between others.
     models = _models(tiny_model_dir, "full", False)
     batch = _batch(1)
-    with torch.no_grad(), models.role("actor"):
-        together = models.token_logprobs("actor", batch)
+    with torch.no_grad(), models.role(Role.ACTOR):
+        together = models.token_logprobs(Role.ACTOR, batch)
         for i in range(batch.input_ids.shape[0]):
-            alone = models.token_logprobs("actor", batch.rows(slice(i, i + 1)))
+            alone = models.token_logprobs(Role.ACTOR, batch.rows(slice(i, i + 1)))
             torch.testing.assert_close(together[i] * batch.response_mask[i], alone[0] * batch.response_mask[i],
                                        rtol=1e-4, atol=1e-5)
 

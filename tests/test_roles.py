@@ -107,7 +107,7 @@ def test_a_critic_free_run_builds_no_critic(tiny_model_dir, monkeypatch, finetun
     assert not [n for n in _parameter_names(models) if "critic" in n]
     assert set(models.trainable_state()) == {"actor"}
     with pytest.raises(ValueError, match="no critic"):
-        with models.role("critic"):
+        with models.role(Role.CRITIC):
             pass
 
 
@@ -119,6 +119,27 @@ def test_ppo_builds_every_role(tiny_model_dir, monkeypatch, finetune):
     assert counts.loads == (3 if finetune == "full" else 1) and counts.heads == 1
     assert set(models.trainable_state()) == {"actor", "critic", "value_head"}
     assert models.critic_parameters()
+
+
+def test_a_role_is_passed_as_a_role_not_its_string(tiny_model_dir):
+    """One name per role: models.role and token_logprobs take Role members; a string (a
+    caller's typo, or a name that is only equal to a role's value) is refused, saying what to pass."""
+    from tinyrl.models import make_batch
+
+    cfg = load_config("countdown-tiny").model
+    models = PolicyModels(cfg, str(tiny_model_dir), torch.device("cpu"), roles=frozenset(Role))
+    batch = make_batch([[5, 6, 7]], [[10, 11]], pad_id=0)
+    for name in ("critic", "actor", "reference", Role.REFERENCE):
+        with pytest.raises(ValueError, match=r"pass Role\.ACTOR or Role\.CRITIC"):
+            with models.role(name):
+                pass
+    for name in ("actor", "reference", Role.CRITIC):
+        with pytest.raises(ValueError, match=r"pass Role\.ACTOR or Role\.REFERENCE"), torch.no_grad():
+            models.token_logprobs(name, batch)
+    with torch.no_grad(), models.role(Role.CRITIC):
+        assert models.values(batch).shape == (1, 2)
+    with torch.no_grad():
+        assert models.token_logprobs(Role.REFERENCE, batch).shape == (1, 2)
 
 
 def test_the_critic_adapter_learns_from_its_first_backward(tiny_model_dir):
@@ -136,7 +157,7 @@ def test_the_critic_adapter_learns_from_its_first_backward(tiny_model_dir):
     assert torch.equal(again.value_head.proj.weight, w)
     batch = make_batch([[5, 6, 7], [5, 6, 7, 8]], [[10, 11, 12], [13]], pad_id=0)
     models.train(True)
-    with models.role("critic"):
+    with models.role(Role.CRITIC):
         models.values(batch).sum().backward()
     named = dict(models.actor.named_parameters())
     lora_b = {n: p.grad for n, p in named.items() if ".critic." in n and "lora_B" in n}
@@ -160,6 +181,8 @@ def test_a_grpo_run_never_builds_a_critic_and_saves_none(tmp_path, countdown_tra
     state = ckpt.load_latest(tmp_path / "run" / "checkpoints")
     assert state["step"] == 2
     assert set(state["models"]) == {"actor"} and set(state["learners"]) == {"actor"}
+    # plain strings: a checkpoint names no tinyrl class (Role compares equal to its string)
+    assert all(type(k) is str for part in ("models", "learners") for k in state[part])
     assert set(state["budgets"]) == {"forward", "actor_update"}
     actor_tensors = sum(1 for v in state["models"]["actor"].values() if isinstance(v, torch.Tensor))
     assert actor_tensors == len(trainer.models.actor_parameters()) or finetune == "full"

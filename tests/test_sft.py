@@ -16,6 +16,7 @@ from test_safety import cli  # tinyrl ARGS in this process: (exit code, stderr)
 from tinyrl.config import REPO_ROOT, load_config
 from tinyrl.errors import TinyRLError
 from tinyrl.rl.losses import sft_loss
+from tinyrl.roles import Role
 
 # A chat template for the tiny tokenizer (it has none): Qwen's layout, tools in a system turn.
 TEMPLATE = ("{% if tools %}<|im_start|>system\nTools: {% for t in tools %}{{ t['name'] }} {% endfor %}"
@@ -249,7 +250,7 @@ def test_the_loss_equals_transformers_own_loss_over_the_same_labels(tmp_path, ti
     for path in (sft_files[0], chat):
         data = load_sft(path, tok, cfg)
         part = data.batch(list(range(min(5, len(data)))), tok.pad_token_id)
-        with models.role("actor"), torch.no_grad():
+        with models.role(Role.ACTOR), torch.no_grad():
             ours, _ = sft_loss_fn()(models, part)
             R = part.batch.response_len
             labels = torch.full_like(part.batch.input_ids, -100)
@@ -275,7 +276,7 @@ def test_changing_tokens_outside_the_assistant_turns_leaves_the_loss_alone(tmp_p
     part = data.batch([0, 1], tok.pad_token_id)
 
     def loss_of(p):
-        with models.role("actor"), torch.no_grad():
+        with models.role(Role.ACTOR), torch.no_grad():
             return float(sft_loss_fn()(models, p)[0])
 
     base = loss_of(part)
@@ -435,13 +436,13 @@ def test_rl_from_an_sft_run_has_the_sft_model_as_reference_and_start(tmp_path, s
     with torch.no_grad():
         sft.models.train(False)
         rl.models.train(False)
-        with sft.models.role("actor"):
-            sft_lp = sft.models.token_logprobs("actor", batch)
-        with rl.models.role("actor"):
-            actor_lp = rl.models.token_logprobs("actor", batch)
-        ref_lp = rl.models.token_logprobs("reference", batch)
+        with sft.models.role(Role.ACTOR):
+            sft_lp = sft.models.token_logprobs(Role.ACTOR, batch)
+        with rl.models.role(Role.ACTOR):
+            actor_lp = rl.models.token_logprobs(Role.ACTOR, batch)
+        ref_lp = rl.models.token_logprobs(Role.REFERENCE, batch)
         base = Trainer(load_config("countdown-tiny", rl_sets), tmp_path / "base")
-        base_lp = base.models.token_logprobs("reference", batch)
+        base_lp = base.models.token_logprobs(Role.REFERENCE, batch)
     torch.testing.assert_close(ref_lp, sft_lp, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(actor_lp, sft_lp, atol=1e-5, rtol=1e-5)
     assert (ref_lp - base_lp).abs().max() > 1e-2  # SFT moved the model: the check can fail
@@ -452,7 +453,7 @@ def test_rl_from_an_sft_run_has_the_sft_model_as_reference_and_start(tmp_path, s
     resumed = Trainer(rl_cfg, tmp_path / "rl", resume=True)
     assert json.loads(marker.read_text())["step"] == 2
     with torch.no_grad():
-        torch.testing.assert_close(resumed.models.token_logprobs("reference", batch), sft_lp, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(resumed.models.token_logprobs(Role.REFERENCE, batch), sft_lp, atol=1e-5, rtol=1e-5)
     # With checkpoints, a lost starting model is not silently rebuilt from the source's newer step.
     resumed.save()
     shutil.rmtree(tmp_path / "rl" / "init_model")

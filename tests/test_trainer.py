@@ -11,6 +11,7 @@ from tinyrl.config import load_config
 from tinyrl.models import make_batch
 from tinyrl.phases import Phase
 from tinyrl.trainer import Trainer
+from tinyrl.roles import Role
 
 
 def tiny_config(tmp_path, *extra: str):
@@ -43,12 +44,12 @@ def test_lora_keeps_one_copy_of_the_base(trainer):
     # reference log-probs must not move, while the actor's do.
     batch = make_batch([[1, 2, 3, 4]], [[5, 6, 7]], pad_id=0)
     with torch.no_grad():
-        ref_before = models.token_logprobs("reference", batch)
+        ref_before = models.token_logprobs(Role.REFERENCE, batch)
         for p in models.actor_parameters():
             p.add_(0.05)
-        ref_after = models.token_logprobs("reference", batch)
-        with models.role("actor"):
-            actor_after = models.token_logprobs("actor", batch)
+        ref_after = models.token_logprobs(Role.REFERENCE, batch)
+        with models.role(Role.ACTOR):
+            actor_after = models.token_logprobs(Role.ACTOR, batch)
         for p in models.actor_parameters():
             p.sub_(0.05)
     assert torch.allclose(ref_before, ref_after)

@@ -29,6 +29,7 @@ from tinyrl.rollout.turns import EpisodeLimits, run_episodes
 from tinyrl.tools import TOOLS
 from tinyrl.trainer import Trainer
 from tinyrl.trajectory import engine_logprobs, trajectory_of
+from tinyrl.roles import Role
 
 
 def _call(code: str) -> str:
@@ -97,10 +98,10 @@ def test_tool_tokens_get_no_gradient_in_any_loss_term(tiny_model_dir, agg):
     traj = trajectory_of(episodes, tok.pad_token_id, torch.device("cpu"))
     traj.rollout_lp = engine_logprobs(episodes, traj.mask)
     with torch.no_grad():  # FORWARD, as the trainer does it
-        with models.role("actor"):
-            traj.old_lp = models.token_logprobs("actor", traj.batch, 1.0)
-        traj.ref_lp = models.token_logprobs("reference", traj.batch, 1.0)
-        with models.role("critic"):
+        with models.role(Role.ACTOR):
+            traj.old_lp = models.token_logprobs(Role.ACTOR, traj.batch, 1.0)
+        traj.ref_lp = models.token_logprobs(Role.REFERENCE, traj.batch, 1.0)
+        with models.role(Role.CRITIC):
             traj.values = models.values(traj.batch)
     traj.scores = torch.tensor([1.0, 0.0, 0.5, -1.0])
     trainer = Trainer.__new__(Trainer)  # only what ADVANTAGES reads

@@ -22,6 +22,7 @@ from tinyrl import rundir
 from tinyrl.config import config_from_dict
 from tinyrl.errors import TinyRLError
 from tinyrl.export_info import ExportInfo
+from tinyrl.roles import Role
 from tinyrl.writable import check_writable, make_dir, staged
 
 
@@ -86,14 +87,14 @@ def export_run(run_dir: Path, out_dir: Path, overwrite: bool = False, dtype: str
                                + (f" and from {start}, where the run started" if start else "")
                                + "; put it back there, or on a machine without internet have the "
                                  "Hugging Face model in the cache") from exc
-    actor_state = state["models"]["actor"]
+    actor_state = state["models"][str(Role.ACTOR)]
     if cfg.model.finetune == "lora":
         from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 
         lora = LoraConfig(r=cfg.model.lora_rank, lora_alpha=cfg.model.lora_alpha,
                           target_modules=list(cfg.model.lora_targets), task_type="CAUSAL_LM")
-        model = get_peft_model(base, lora, adapter_name="actor")
-        set_peft_model_state_dict(model, actor_state, adapter_name="actor")
+        model = get_peft_model(base, lora, adapter_name=str(Role.ACTOR))
+        set_peft_model_state_dict(model, actor_state, adapter_name=str(Role.ACTOR))
         merged = model.merge_and_unload()
     else:
         base.load_state_dict(actor_state)

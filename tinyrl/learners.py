@@ -22,6 +22,7 @@ from tinyrl.optim import AdamW
 from tinyrl.phases import Phase
 from tinyrl.rl import losses
 from tinyrl.rl.grad import clip_grad_norm_or_skip
+from tinyrl.roles import Role
 from tinyrl.trajectory import Trajectory
 
 LossFn = Callable[[PolicyModels, Trajectory], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -31,7 +32,7 @@ def actor_loss_fn(cfg: Config) -> LossFn:
     a, alg = cfg.actor, cfg.algorithm
 
     def loss(models: PolicyModels, part: Trajectory):
-        lp, entropy = models.token_logprobs("actor", part.batch, cfg.rollout.temperature, with_entropy=True)
+        lp, entropy = models.token_logprobs(Role.ACTOR, part.batch, cfg.rollout.temperature, with_entropy=True)
         # No old log-probs: the trainer skipped their pass (trainer.one_pass_update), this one
         # optimizer step starts from the parameters that would have computed them.
         old_lp = lp.detach() if part.old_lp is None else part.old_lp
@@ -60,13 +61,13 @@ def sft_loss_fn() -> LossFn:
     loss mask (losses.sft_loss). Here, beside the RL losses, so that the memory simulation traces
     this very function without importing the SFT trainer."""
     def loss(models: PolicyModels, part):
-        lp = models.token_logprobs("actor", part.batch)  # [B, R], temperature 1
+        lp = models.token_logprobs(Role.ACTOR, part.batch)  # [B, R], temperature 1
         return losses.sft_loss(lp, part.mask)
     return loss
 
 
 class Learner:
-    def __init__(self, role: str, phase: Phase, cfg: LearnerConfig, models: PolicyModels,
+    def __init__(self, role: Role, phase: Phase, cfg: LearnerConfig, models: PolicyModels,
                  params: list[torch.nn.Parameter], loss_fn: LossFn, budgets: BudgetKeeper,
                  on_skip: Callable[[str], None] = lambda msg: None):
         self.role, self.phase, self.cfg = role, phase, cfg
@@ -148,10 +149,10 @@ class Learner:
 
 
 def make_learners(cfg: Config, models: PolicyModels, budgets: BudgetKeeper, with_critic: bool,
-                  on_skip: Callable[[str], None]) -> dict[str, Learner]:
-    learners = {"actor": Learner("actor", Phase.ACTOR_UPDATE, cfg.actor, models, models.actor_parameters(),
-                                 actor_loss_fn(cfg), budgets, on_skip)}
+                  on_skip: Callable[[str], None]) -> dict[Role, Learner]:
+    learners = {Role.ACTOR: Learner(Role.ACTOR, Phase.ACTOR_UPDATE, cfg.actor, models, models.actor_parameters(),
+                                    actor_loss_fn(cfg), budgets, on_skip)}
     if with_critic:
-        learners["critic"] = Learner("critic", Phase.CRITIC_UPDATE, cfg.critic, models, models.critic_parameters(),
-                                     critic_loss_fn(cfg), budgets, on_skip)
+        learners[Role.CRITIC] = Learner(Role.CRITIC, Phase.CRITIC_UPDATE, cfg.critic, models, models.critic_parameters(),
+                                        critic_loss_fn(cfg), budgets, on_skip)
     return learners

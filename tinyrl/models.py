@@ -277,16 +277,16 @@ class PolicyModels:
         return [p for p in body.parameters() if p.requires_grad] + head
 
     @contextlib.contextmanager
-    def role(self, name: str):
-        """Make `name` ("actor" or "critic") the active role for everything inside: forward AND
+    def role(self, name: Role):
+        """Make `name` (Role.ACTOR or Role.CRITIC) the active role for everything inside: forward AND
         backward. With shared-base LoRA this matters twice: peft's set_adapter marks inactive
         adapters requires_grad=False (peft 0.21 tuners_utils.BaseTunerLayer.set_adapter), so
         switching away before backward drops that adapter's gradients; and activation
         checkpointing recomputes the forward during backward with whichever adapter is active
         then. So a role's micro-batch loop runs entirely inside one `with models.role(...)`.
         The actor is restored on exit (the engine and the reference expect it)."""
-        if name not in (Role.ACTOR, Role.CRITIC):
-            raise ValueError(f"unknown role {name!r}")
+        if name not in (Role.ACTOR, Role.CRITIC) or not isinstance(name, Role):  # one name per role: no strings
+            raise ValueError(f"role {name!r}: pass Role.ACTOR or Role.CRITIC (tinyrl.roles)")
         if name == Role.CRITIC and not self.with_critic:
             raise ValueError(f"no critic in this run (roles: {sorted(map(str, self.roles))})")
         previous = self._role
@@ -296,15 +296,15 @@ class PolicyModels:
         finally:
             self._switch(previous)
 
-    def _switch(self, name: str) -> None:
+    def _switch(self, name: Role) -> None:
         if self.lora and self.actor.active_adapter != name:
             self.actor.set_adapter(str(name))
-        self._role = Role(name)
+        self._role = name
 
-    def _require_role(self, name: str) -> None:
+    def _require_role(self, name: Role) -> None:
         if self._role != name:
             raise RuntimeError(f"{name} pass while the {self._role} role is active: wrap it in "
-                               f"`with models.role({name!r})` (forward and backward)")
+                               f"`with models.role(Role.{name.name})` (forward and backward)")
 
     # ----------------------------------------------------------------- forward passes
 
@@ -337,16 +337,18 @@ class PolicyModels:
         out = body(input_ids=ids, attention_mask=masks, position_ids=pos, use_cache=False, tinyrl_layout=layout)
         return unpack(out.last_hidden_state, layout)  # [B, P + R, H], zeros at padding
 
-    def token_logprobs(self, role: str, batch: Batch, temperature: float = 1.0,
+    def token_logprobs(self, role: Role, batch: Batch, temperature: float = 1.0,
                        with_entropy: bool = False):
-        """Log-prob of each response token under `role` ('actor' or 'reference'): [B, R]
+        """Log-prob of each response token under `role` (Role.ACTOR or Role.REFERENCE): [B, R]
         (and entropy [B, R] when asked)."""
+        if role not in (Role.ACTOR, Role.REFERENCE) or not isinstance(role, Role):  # one name per role: no strings
+            raise ValueError(f"log-probs of role {role!r}: pass Role.ACTOR or Role.REFERENCE (tinyrl.roles)")
         if role == Role.REFERENCE:
             if not self.lora and self.reference is None:
                 raise ValueError("no reference copy in this run: it is loaded only when a KL term reads it")
             model, ctx = (self.actor, self.actor.disable_adapter()) if self.lora else (self.reference, contextlib.nullcontext())
         else:
-            self._require_role("actor")
+            self._require_role(Role.ACTOR)
             model, ctx = self.actor, contextlib.nullcontext()
         with ctx:
             hidden = self._hidden(model, batch)
@@ -373,8 +375,8 @@ class PolicyModels:
 
     def values(self, batch: Batch) -> torch.Tensor:
         """V(s) before each response token: [B, R] (verl: values[:, -R-1:-1]).
-        Call it inside `with models.role("critic")`, together with its backward."""
-        self._require_role("critic")
+        Call it inside `with models.role(Role.CRITIC)`, together with its backward."""
+        self._require_role(Role.CRITIC)
         hidden = self._hidden(self.critic_backbone, batch)
         R = batch.response_len
         return self.value_head(hidden[:, -R - 1:-1, :])

@@ -40,6 +40,7 @@ from tinyrl.microbatch import BudgetKeeper
 from tinyrl.models import Batch, PolicyModels
 from tinyrl.phases import BETWEEN_STEPS, Phase
 from tinyrl.rl import advantages as adv
+from tinyrl.roles import Role
 from tinyrl.rl import kl as klmod
 from tinyrl.rl import losses
 from tinyrl.rl.masking import masked_mean
@@ -311,8 +312,8 @@ class Trainer:
         g = torch.Generator().manual_seed(cfg.trainer.seed * 31 + step)
         learner_stats = {}
         # verl's critic warm-up: the actor waits while trainer.critic_warmup > the 1-based step
-        actor = self.learners["actor"] if cfg.trainer.critic_warmup <= step + 1 else None
-        for phase, learner in ((Phase.ACTOR_UPDATE, actor), (Phase.CRITIC_UPDATE, self.learners.get("critic"))):
+        actor = self.learners[Role.ACTOR] if cfg.trainer.critic_warmup <= step + 1 else None
+        for phase, learner in ((Phase.ACTOR_UPDATE, actor), (Phase.CRITIC_UPDATE, self.learners.get(Role.CRITIC))):
             if learner is not None:
                 with timed(phase), self._counting_tokens(phase):
                     learner_stats.update(learner.update(traj, generator=g))
@@ -432,13 +433,13 @@ class Trainer:
         temp = cfg.rollout.temperature
         with torch.no_grad():
             if not self.one_pass_update:  # else the actor learner uses its own log-probs, detached
-                with self.models.role("actor"):
-                    traj.old_lp = self._forward_rows(lambda b: self.models.token_logprobs("actor", b, temp),
+                with self.models.role(Role.ACTOR):
+                    traj.old_lp = self._forward_rows(lambda b: self.models.token_logprobs(Role.ACTOR, b, temp),
                                                      traj.batch)
             if cfg.algorithm.kl_in_reward or cfg.algorithm.use_kl_loss:
-                traj.ref_lp = self._forward_rows(lambda b: self.models.token_logprobs("reference", b, temp), traj.batch)
+                traj.ref_lp = self._forward_rows(lambda b: self.models.token_logprobs(Role.REFERENCE, b, temp), traj.batch)
             if self.with_critic:
-                with self.models.role("critic"):
+                with self.models.role(Role.CRITIC):
                     traj.values = self._forward_rows(self.models.values, traj.batch)
 
     def _advantages(self, traj: Trajectory) -> dict[str, float]:
@@ -580,7 +581,7 @@ class Trainer:
 
     def state(self) -> dict:
         return {"step": self.step, "models": self.models.trainable_state(),
-                "learners": {role: learner.state_dict() for role, learner in self.learners.items()},
+                "learners": {str(role): learner.state_dict() for role, learner in self.learners.items()},  # plain keys: a checkpoint names no tinyrl class
                 "budgets": {str(phase): tokens for phase, tokens in self.budgets.budgets.items()},
                 "rng": ckpt.rng_state(), **self._extra_state()}
 
@@ -620,7 +621,7 @@ class Trainer:
             self._notice(f"--resume: the checkpoint's {', '.join(ignored)} tensors are ignored: "
                          f"{self.cfg.algorithm.adv_estimator} trains no critic")
         for role, learner in self.learners.items():
-            learner.load_state_dict(state["learners"][role])
+            learner.load_state_dict(state["learners"][str(role)])
         self.budgets.budgets.update({Phase(name): tokens for name, tokens in state["budgets"].items()
                                      if Phase(name) in self.budgets.budgets})  # an old critic-free run saved a critic's
         ckpt.set_rng_state(state["rng"])

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import torch
+from tinyrl.roles import Role
 
 
 def vm(field: str) -> int:
@@ -48,8 +49,8 @@ def main() -> None:
     n, p_len, r_len = 16, 200, 600
     batch = make_batch([torch.randint(3, 700, (p_len,), generator=g).tolist() for _ in range(n)],
                        [torch.randint(3, 700, (r_len,), generator=g).tolist() for _ in range(n)], pad_id=0)
-    with torch.no_grad(), trainer.models.role("actor"):
-        old = trainer.models.token_logprobs("actor", batch)
+    with torch.no_grad(), trainer.models.role(Role.ACTOR):
+        old = trainer.models.token_logprobs(Role.ACTOR, batch)
     traj = Trajectory(batch=batch, group_ids=torch.arange(n), old_lp=old, ref_lp=old,
                       advantages=torch.randn(n, r_len, generator=g))
     # Autograd starts its device threads on the first backward, asking every backend for its
@@ -62,7 +63,7 @@ def main() -> None:
     before = vm("VmSize")
     if headroom:
         resource.setrlimit(resource.RLIMIT_AS, (before + headroom, before + headroom))
-    stats = trainer.learners["actor"].update(traj, generator=torch.Generator().manual_seed(0))
+    stats = trainer.learners[Role.ACTOR].update(traj, generator=torch.Generator().manual_seed(0))
     digest = sum(float(p.detach().double().sum()) for p in trainer.models.actor_parameters())
     print(json.dumps({"vm_before": before, "vm_peak": vm("VmPeak"), "oom_events": trainer.budgets.oom_events,
                       "digest": digest, "pg_loss": stats["actor/pg_loss"]}))

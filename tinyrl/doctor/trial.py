@@ -341,11 +341,12 @@ def sync_row(trainer) -> Row:
 
     def trainer_lp():
         from tinyrl.models import make_batch
+        from tinyrl.roles import Role
 
         batch = make_batch([prompt], [response], trainer.inputs.pad_id).to(trainer.device)
         trainer.models.train(False)
-        with torch.no_grad(), trainer.models.role("actor"):
-            return trainer.models.token_logprobs("actor", batch, 1.0)[0].float().cpu()
+        with torch.no_grad(), trainer.models.role(Role.ACTOR):
+            return trainer.models.token_logprobs(Role.ACTOR, batch, 1.0)[0].float().cpu()
 
     def gap(a, b) -> float:
         return float((torch.tensor(a, dtype=torch.float32) - b).abs().mean())

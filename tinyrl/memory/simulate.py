@@ -327,9 +327,9 @@ def make_optimizers(models) -> dict[str, torch.optim.Optimizer]:
     tensors (its temporaries count); on CPU tensors the default would be the per-tensor loop."""
     from tinyrl.optim import AdamW
 
-    opts = {"actor": AdamW(models.actor_parameters(), lr=1e-6, foreach=True)}
+    opts = {Role.ACTOR: AdamW(models.actor_parameters(), lr=1e-6, foreach=True)}
     if models.with_critic:  # a critic-free run builds no critic optimizer (tinyrl.learners)
-        opts["critic"] = AdamW(models.critic_parameters(), lr=1e-5, foreach=True)
+        opts[Role.CRITIC] = AdamW(models.critic_parameters(), lr=1e-5, foreach=True)
     return opts
 
 
@@ -341,9 +341,9 @@ def warm_start(models, opts: dict[str, torch.optim.Optimizer], phase: str) -> No
             p.grad = torch.zeros_like(p)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    role = {Phase.ACTOR_UPDATE: "actor", Phase.CRITIC_UPDATE: "critic"}.get(phase)
+    role = {Phase.ACTOR_UPDATE: Role.ACTOR, Phase.CRITIC_UPDATE: Role.CRITIC}.get(phase)
     if role:
-        for p in (models.actor_parameters() if role == "actor" else models.critic_parameters()):
+        for p in (models.actor_parameters() if role == Role.ACTOR else models.critic_parameters()):
             p.grad = torch.zeros_like(p)
 
 
@@ -360,15 +360,15 @@ def run_phase(models, opts: dict, step: Step, batch,
     mark("forward")
     if step.phase == Phase.FORWARD:
         with torch.no_grad():
-            models.token_logprobs("actor", batch)                          # old log-probs
+            models.token_logprobs(Role.ACTOR, batch)                          # old log-probs
             if step.reference:
-                models.token_logprobs("reference", batch)                  # reference
+                models.token_logprobs(Role.REFERENCE, batch)                  # reference
             if step.critic:
-                with models.role("critic"):
+                with models.role(Role.CRITIC):
                     models.values(batch)
         return
     mask = batch.response_mask                                             # [B, R]
-    role = "actor" if step.phase == Phase.ACTOR_UPDATE else "critic"
+    role = Role.ACTOR if step.phase == Phase.ACTOR_UPDATE else Role.CRITIC
     with models.role(role):  # held through backward: the critic adapter's grads count
         if step.sft:
             from tinyrl.sft.data import SFTBatch
@@ -378,9 +378,9 @@ def run_phase(models, opts: dict, step: Step, batch,
             ones = torch.ones_like(mask, dtype=torch.float32)              # [B, R], on the batch's device
             part = Trajectory(batch=batch, group_ids=torch.zeros_like(mask[:, 0]), advantages=ones,
                               returns=ones, values=torch.zeros_like(ones))
-            loss_fn = actor_loss_fn if role == "actor" else critic_loss_fn
+            loss_fn = actor_loss_fn if role == Role.ACTOR else critic_loss_fn
             loss, _ = loss_fn(_loss_config(step))(models, part)
-        params = models.actor_parameters() if role == "actor" else models.critic_parameters()
+        params = models.actor_parameters() if role == Role.ACTOR else models.critic_parameters()
         mark("backward")
         loss.backward()
     mark("optimizer")

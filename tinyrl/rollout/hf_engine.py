@@ -29,6 +29,7 @@ import torch
 from tinyrl.memory.formulas import MERGE_FIX_DENOMINATOR
 from tinyrl.rollout.base import Episode, RolloutResult, SamplingSettings
 from tinyrl.rollout.decode import can_keep_cache, sample_tokens
+from tinyrl.roles import Role
 from tinyrl.rollout.kept_cache import KeptCacheSession
 
 
@@ -48,7 +49,7 @@ class HFEngine:
         device: str | torch.device = "cpu",
         *,
         max_batch_sequences: int = 256,
-        adapter_name: str = "actor",
+        adapter_name: str = str(Role.ACTOR),
         merge_adapter: bool = True,
         keep_context_cache: bool = True,
     ) -> None:

@@ -47,6 +47,7 @@ from pathlib import Path
 import torch
 
 from tinyrl.errors import TinyRLError
+from tinyrl.roles import Role
 from tinyrl.rollout.base import Episode, RolloutResult, SamplingSettings
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ class VLLMEngine:
         seed: int = 0,
         enforce_eager: bool = False,
         kv_cache_memory_bytes: int | None = None,
-        adapter_name: str = "actor",
+        adapter_name: str = str(Role.ACTOR),
     ) -> None:
         vllm = import_vllm()
         from vllm.platforms import current_platform

@@ -32,6 +32,7 @@ from tinyrl.memory.from_config import row_width
 from tinyrl.microbatch import BudgetKeeper
 from tinyrl.models import PolicyModels
 from tinyrl.phases import Phase
+from tinyrl.roles import Role
 from tinyrl.runlog import memory_reading
 from tinyrl.sft.data import SFTRows, load_sft, start_notes
 from tinyrl.trainer import Trainer, _Timer
@@ -71,7 +72,7 @@ class SFTTrainer(Trainer):
         self.budgets = BudgetKeeper({Phase.ACTOR_UPDATE: tokens,
                                      Phase.FORWARD: cfg.actor.forward_micro_batch_tokens or 2 * tokens},
                                     row_width=row_width(cfg))  # packed: no more rows than the plan priced
-        self.learners = {"actor": Learner("actor", Phase.ACTOR_UPDATE, sft_learner_config(cfg), self.models,
+        self.learners = {Role.ACTOR: Learner(Role.ACTOR, Phase.ACTOR_UPDATE, sft_learner_config(cfg), self.models,
                                           self.models.actor_parameters(), sft_loss_fn(), self.budgets,
                                           self._notice)}
         self._start_run(run_dir, resume, len(self.train_rows), "rows")
@@ -113,7 +114,7 @@ class SFTTrainer(Trainer):
         with _Timer(timings, str(Phase.ACTOR_UPDATE)):
             self.models.train(True)
             g = torch.Generator().manual_seed(self.cfg.trainer.seed * 31 + step)
-            stats = self.learners["actor"].update(part, generator=g)
+            stats = self.learners[Role.ACTOR].update(part, generator=g)
         self.step += 1
         timings["step"] = time.perf_counter() - t_step
         n_tokens = int(part.batch.attention_mask.sum())
@@ -141,7 +142,7 @@ class SFTTrainer(Trainer):
             sums.clear()
             for s in slices:
                 part = everything.rows(s)
-                lp = self.models.token_logprobs("actor", part.batch)
+                lp = self.models.token_logprobs(Role.ACTOR, part.batch)
                 sums.append((float((-lp * part.mask).sum()), float(part.mask.sum())))
             return {}
 
