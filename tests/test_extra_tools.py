@@ -166,6 +166,23 @@ def test_every_problem_of_the_entries_is_said_at_once_and_nothing_is_registered(
     assert "task.extra_tools offers tools, so its prompts must go through the chat template" in info.value.message
 
 
+def test_a_tool_file_that_imports_a_module_beside_it_is_told_it_stands_alone(tmp_path, tool_registry):
+    """`python add_tool.py` runs (a script's directory is on the path), so "run it with python"
+    showed nothing; tinyrl and export-verl's copy import the file alone. A package beside it too."""
+    (tmp_path / "helper.py").write_text("def total(a, b):\n    return a + b\n")
+    (tmp_path / "add_tool.py").write_text("import helper\n" + ADD_TOOL)
+    (tmp_path / "mylib").mkdir()
+    (tmp_path / "mylib" / "__init__.py").write_text("")
+    (tmp_path / "sub_tool.py").write_text("from mylib.maths import sub\n")
+    said = _problems(tmp_path, f"task.extra_tools={json.dumps([f'{tmp_path}/add_tool.py:add', f'{tmp_path}/sub_tool.py:sub'])}")
+    assert (f"add_tool.py imports 'helper', which is beside it in {tmp_path}: tinyrl imports add_tool.py alone, "
+            "without its directory on the import path (so does export-verl's copy of it); put what it uses from "
+            "helper into add_tool.py, or install helper as a package") in said, said
+    assert "sub_tool.py imports 'mylib', which is beside it" in said
+    assert subprocess.run([sys.executable, str(tmp_path / "add_tool.py")]).returncode == 0  # what the user saw work
+    assert set(TOOLS) == {"code_interpreter"}
+
+
 def test_a_registered_file_checked_again_is_no_clash_and_an_edited_one_replaces_its_tool(tmp_path, tool_registry):
     """A config loaded again in the process that registered the tools (a notebook, export-verl
     after a check) is not refused as naming its own tool twice; a file edited since is read again."""

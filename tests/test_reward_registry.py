@@ -201,6 +201,32 @@ def test_a_module_whose_import_fails_is_said_at_load_as_the_modules_error(tmp_pa
     assert f"importing reward file {path} failed" in info.value.message and said in info.value.message
 
 
+def test_a_reward_file_that_imports_a_module_beside_it_is_told_it_stands_alone(tmp_path):
+    """`python my_reward.py` runs it (a script's directory is on the path); tinyrl imports the file
+    alone, as export-verl copies it. The refusal says so instead of "run it with python"."""
+    import subprocess
+    import sys
+
+    write(tmp_path, "def score(c):\n    return float(c == 'x')\n", name="helper.py")
+    path = write(tmp_path, "import helper\n\n\ndef f(c, e):\n    return helper.score(c)\n")
+    with pytest.raises(TinyRLError) as info:
+        load_reward_fn(f"{path}:f")
+    assert "ModuleNotFoundError: No module named 'helper'" in info.value.message
+    assert info.value.hint.startswith(f"my_reward.py imports 'helper', which is beside it in {tmp_path}: tinyrl "
+                                      "imports my_reward.py alone"), info.value.hint
+    assert "put what it uses from helper into my_reward.py" in info.value.hint
+    assert subprocess.run([sys.executable, str(path)]).returncode == 0  # what the user saw work
+
+    # not beside it: the hint's command shows the error as tinyrl met it
+    path = write(tmp_path, "import helper_nowhere\n", name="other.py")
+    with pytest.raises(TinyRLError) as info:
+        load_reward_fn(f"{path}:f")
+    command = f"python -P {path}"
+    assert command in info.value.hint
+    shown = subprocess.run([sys.executable, *command.split()[1:]], capture_output=True, text=True)
+    assert "No module named 'helper_nowhere'" in shown.stderr
+
+
 @pytest.mark.parametrize("signature", ["c", "c, e, extra", "c, e, *, episode"])
 def test_a_function_that_cannot_take_a_sample_is_refused_when_it_loads(tmp_path, signature):
     """Said before any model loads, not at the first reward of step 1; a required keyword-only

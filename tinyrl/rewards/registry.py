@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tinyrl.errors import TinyRLError
-from tinyrl.pyfile import import_file
+from tinyrl.pyfile import import_failure_hint, import_file
 from tinyrl.rewards import limits
 
 RewardFn = Callable[[str, Any], float]
@@ -51,7 +51,7 @@ def _load_file(path_str: str) -> Any:
         module = import_file(path, "tinyrl_user_reward")
     except (Exception, SystemExit) as e:  # any error in the user's module body is theirs to fix
         raise TinyRLError(f"importing reward file {path} failed: {type(e).__name__}: {e}",
-                          hint="fix the file; run `python <file>` to see the full error") from e
+                          hint=import_failure_hint(path, e)) from e
     if module is None:
         raise TinyRLError(f"cannot import reward file {path}", hint="it must be a .py file")
     return module

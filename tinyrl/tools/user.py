@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 from tinyrl.errors import TinyRLError
-from tinyrl.pyfile import import_file
+from tinyrl.pyfile import import_failure_hint, import_file
 from tinyrl.tools import TOOLS, Tool, offered_problems
 from tinyrl.words import counted
 
@@ -59,8 +59,7 @@ def _load(spec: str) -> Tool | str:
     try:
         module = _module(path)
     except (Exception, SystemExit) as e:  # any error in the user's file is theirs to fix
-        return (f"{setting}: importing {path} failed: {type(e).__name__}: {e} (run `python {path}` to see "
-                "the whole error)")
+        return f"{setting}: importing {path} failed: {type(e).__name__}: {e} ({import_failure_hint(path, e)})"
     if not hasattr(module, name):
         tools = [n for n, v in vars(module).items() if isinstance(v, Tool)]
         return f"{setting}: {path} binds no {name!r} (its tinyrl.tools.Tool objects: {', '.join(tools) or 'none'})"
