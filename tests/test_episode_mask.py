@@ -25,6 +25,7 @@ from tinyrl.models import PolicyModels
 from tinyrl.phases import Phase
 from tinyrl.rl import kl as klmod
 from tinyrl.rl.rollout_is import probs_diff
+from tinyrl.roles import Role
 from tinyrl.rollout.base import Episode, Turn
 from tinyrl.trainer import Trainer
 from tinyrl.trajectory import engine_logprobs, trajectory_of
@@ -196,8 +197,8 @@ def test_inserted_tail_ids_change_no_loss_and_no_gradient(tiny_model_dir):
         traj.values, traj.returns = torch.randn(B, R, generator=gg), torch.randn(B, R, generator=gg)
         traj.advantages = torch.randn(B, R, generator=gg)
         out = {}
-        for role, fn, params in (("actor", actor_loss_fn(cfg), models.actor_parameters()),
-                                 ("critic", critic_loss_fn(cfg), models.critic_parameters())):
+        for role, fn, params in ((Role.ACTOR, actor_loss_fn(cfg), models.actor_parameters()),
+                                 (Role.CRITIC, critic_loss_fn(cfg), models.critic_parameters())):
             with models.role(role):
                 for p in params:
                     p.grad = None

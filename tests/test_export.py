@@ -12,9 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tinyrl.models import make_batch
+from tinyrl.roles import Role
 from tinyrl.trainer import Trainer
 from test_trainer import tiny_config
-from tinyrl.roles import Role
 
 
 @pytest.fixture(scope="module")

@@ -22,10 +22,10 @@ from tinyrl.microbatch import BudgetKeeper
 from tinyrl.models import PolicyModels, make_batch
 from tinyrl.phases import Phase
 from tinyrl.rl import losses
-from tinyrl.trajectory import Trajectory
 from tinyrl.roles import Role
+from tinyrl.trajectory import Trajectory
 
-ROLES = ("actor", "critic")
+ROLES = (Role.ACTOR, Role.CRITIC)
 
 
 def _config(finetune: str, checkpointing: bool, dtype: str = "fp32", **extra):

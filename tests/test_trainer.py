@@ -10,8 +10,8 @@ import torch
 from tinyrl.config import load_config
 from tinyrl.models import make_batch
 from tinyrl.phases import Phase
-from tinyrl.trainer import Trainer
 from tinyrl.roles import Role
+from tinyrl.trainer import Trainer
 
 
 def tiny_config(tmp_path, *extra: str):

@@ -23,13 +23,13 @@ from tinyrl.microbatch import BudgetKeeper
 from tinyrl.models import PolicyModels
 from tinyrl.phases import Phase
 from tinyrl.rl import kl as klmod
+from tinyrl.roles import Role
 from tinyrl.rollout.base import SamplingSettings
 from tinyrl.rollout.chat import ToolChat
 from tinyrl.rollout.turns import EpisodeLimits, run_episodes
 from tinyrl.tools import TOOLS
 from tinyrl.trainer import Trainer
 from tinyrl.trajectory import engine_logprobs, trajectory_of
-from tinyrl.roles import Role
 
 
 def _call(code: str) -> str:
@@ -123,8 +123,8 @@ def test_tool_tokens_get_no_gradient_in_any_loss_term(tiny_model_dir, agg):
     capture = _Capture(models)
     budgets = BudgetKeeper({Phase.ACTOR_UPDATE: 1 << 20, Phase.CRITIC_UPDATE: 1 << 20})
     for role, phase, section, fn, params in (
-            ("actor", Phase.ACTOR_UPDATE, cfg.actor, actor_loss_fn(cfg), models.actor_parameters()),
-            ("critic", Phase.CRITIC_UPDATE, cfg.critic, critic_loss_fn(cfg), models.critic_parameters())):
+            (Role.ACTOR, Phase.ACTOR_UPDATE, cfg.actor, actor_loss_fn(cfg), models.actor_parameters()),
+            (Role.CRITIC, Phase.CRITIC_UPDATE, cfg.critic, critic_loss_fn(cfg), models.critic_parameters())):
         learner = Learner(role, phase, section, capture, params, fn, budgets)
         with models.role(role):
             learner.accumulate_gradients(traj, [slice(0, 1), slice(1, 4)])  # two micro-batches

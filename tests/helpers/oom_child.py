@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import torch
+
 from tinyrl.roles import Role
 
 
