@@ -48,16 +48,21 @@ def _problems(tmp_path, *extra) -> str:
     return info.value.message
 
 
-def test_a_run_offers_the_tools_of_a_file_after_the_tasks_and_calls_them(tmp_path, monkeypatch, tool_registry):
+def test_a_run_offers_the_tools_of_a_file_after_the_tasks_and_calls_them(tmp_path, monkeypatch, tool_registry,
+                                                                         capsys):
     """countdown declares no tool: with task.extra_tools its prompts list `add`, its rollouts are
     episodes whose calls of `add` run the file's function, and the step reports the calls. `tinyrl
-    eval RUN` evaluates the run with them (a fresh process: the run's config registers them)."""
+    eval RUN` evaluates the run with them (a fresh process: the run's config registers them).
+    What the tool prints goes to RUN_DIR/tool_prints.log (eval: stderr), never to stdout."""
     from tinyrl import eval as ev
     from tinyrl.rollout.turns import ToolRollout
     from tinyrl.tools import user
     from tinyrl.trainer import Trainer
 
-    (tmp_path / "add_tool.py").write_text(ADD_TOOL)
+    printing = ADD_TOOL.replace("    return ToolResult(", "    print('adding', arguments['a'], arguments['b'])\n"
+                                                         "    return ToolResult(", 1)
+    assert printing != ADD_TOOL
+    (tmp_path / "add_tool.py").write_text(printing)
     cfg = tiny_config(tmp_path, *_hermes(tmp_path), f"task.extra_tools={json.dumps([f'{tmp_path}/add_tool.py:add'])}",
                       "rollout.max_response_length=160", "data.max_prompt_length=600")
     assert "add" not in TOOLS  # the config check reads the file; only the run registers its tools
@@ -76,9 +81,13 @@ def test_a_run_offers_the_tools_of_a_file_after_the_tasks_and_calls_them(tmp_pat
         return "<tool_call>\n" + json.dumps({"name": "add", "arguments": {"a": 20, "b": j}}) + "\n</tool_call>"
 
     trainer.engine = ScriptedEngine(trainer.inputs.tokenizer, script)
-    trainer.tool_rollout = ToolRollout(trainer.inputs.tools, trainer.inputs.tokenizer, trainer.engine, cfg.rollout)
+    trainer.tool_rollout = ToolRollout(trainer.inputs.tools, trainer.inputs.tokenizer, trainer.engine, cfg.rollout,
+                                       prints_to=trainer.tool_rollout.prints_to)
     m = trainer.train_step()
     assert m["tools/calls"] == cfg.trainer.train_batch_size * cfg.rollout.n
+    printed = (tmp_path / "run" / "tool_prints.log").read_text().splitlines()
+    assert sorted(set(printed)) == [f"adding 20 {j}" for j in range(cfg.rollout.n)]
+    assert len(printed) == m["tools/calls"] and "adding" not in capsys.readouterr().out
     assert (m["tools/errors"], m["episode/turns"]) == (0.0, 2.0)
     assert sorted(set(answers)) == [str(20 + j) for j in range(cfg.rollout.n)]  # the file's add, each call
 
@@ -89,6 +98,8 @@ def test_a_run_offers_the_tools_of_a_file_after_the_tasks_and_calls_them(tmp_pat
     summary, _ = ev.evaluate(str(tmp_path / "run"), [f"t={tmp_path}/data/test.parquet"], n=1, ks=[1], engine="hf",
                              out_dir=tmp_path / "eval", progress=False)
     assert summary["tools"] == ["add"] and summary["files"]["t"]["tools/calls"] > 0 and answers
+    seen = capsys.readouterr()
+    assert "adding" not in seen.out and "adding 20 0" in seen.err  # `eval --json`: stdout is the JSON
 
     # its export records the [task] section: eval of the merged model offers the tool as well
     from tinyrl.export import export_run

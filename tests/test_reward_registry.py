@@ -88,10 +88,10 @@ def test_a_reward_functions_prints_go_to_the_runs_file_not_the_trainers_stdout(t
 def test_reward_prints_are_bounded():
     import io
 
-    from tinyrl.rewards.worker import _Bounded
+    from tinyrl.printsink import BoundedText
 
     kept = io.StringIO()
-    stream = _Bounded(kept, 10)
+    stream = BoundedText(lambda: kept, 10, "the reward function")
     for _ in range(3):
         print("x" * 6, file=stream)
     assert kept.getvalue().startswith("xxxxxx\nxxx\n[tinyrl: the reward function printed more than 10 characters")

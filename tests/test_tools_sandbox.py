@@ -727,7 +727,7 @@ def test_not_root_mode_through_an_unprivileged_process(nonroot_uid):
         pkg = src / "tinyrl"
         shutil.copytree(REPO / "tinyrl" / "tools", pkg / "tools",
                         ignore=shutil.ignore_patterns("__pycache__"))
-        for name in ("__init__.py", "_compat.py", "errors.py"):
+        for name in ("__init__.py", "_compat.py", "errors.py", "printsink.py"):
             shutil.copy(REPO / "tinyrl" / name, pkg / name)
         for d in [src, *src.rglob("*")]:
             os.chmod(d, 0o755 if d.is_dir() else 0o644)

@@ -473,6 +473,7 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
                 from tinyrl.config import RolloutConfig
                 from tinyrl.rollout.turns import ToolRollout
 
+                # what a tool prints: stderr (prints_to None), so that --json's stdout is the JSON alone
                 tool_rollout = ToolRollout(offered, tokenizer, eng, cfg.rollout if cfg is not None else RolloutConfig())
             results = _run(eng, tokenizer, loaded, task, task_cfg, n, ks, temperature, top_p, greedy, max_new,
                            seed, progress, tool_rollout, judge)

@@ -93,8 +93,10 @@ class Trainer:
         # a task with tools: rollouts are episodes of turns (rollout/turns.py)
         if self.inputs.tools:
             from tinyrl.rollout.turns import ToolRollout
+            from tinyrl.tools.prints import PRINTS_FILE
 
-            self.tool_rollout = ToolRollout(self.inputs.tools, self.inputs.tokenizer, self.engine, cfg.rollout)
+            self.tool_rollout = ToolRollout(self.inputs.tools, self.inputs.tokenizer, self.engine, cfg.rollout,
+                                            prints_to=run_dir / PRINTS_FILE)
         self.rollout_is = resolve_rollout_is(cfg.algorithm.rollout_is, self.engine.name)
         self.one_pass_update = one_pass_update(cfg, self.engine.name, self.rollout_is)
         self._start_run(run_dir, resume, len(self.inputs.train_prompts), "prompts")

@@ -199,7 +199,7 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
         inputs = getattr(trainer, "inputs", None)  # the RL trainer's prompts; an SFT run has its own data
         _print_accuracy_change(run_dir, len(inputs.test_prompts) if inputs is not None else None, cfg.to_dict())
         out.print(message, highlight=False, soft_wrap=True, markup=False)
-        _say_reward_prints(run_dir)
+        _say_user_prints(run_dir)
         return
     if trainer.stopped_by is None:  # the run went on to its end, but not everything is on disk
         raise TinyRLError(message, hint=interrupts.unsaved_hint(trainer.saves.last_error, resume_cmd), exit_code=code)
@@ -217,14 +217,16 @@ def _continue_hint(hint: str, saved: Optional[int], resume_cmd: str) -> str:
     return f"{hint + '; then ' if hint else ''}continue the run {where} with: {resume_cmd}"
 
 
-def _say_reward_prints(run_dir: Path) -> None:
-    """Where a user's reward function's prints went (tinyrl.rewards.worker: not the dashboard's stdout)."""
-    from tinyrl.tasks.rewards import PRINTS_FILE
+def _say_user_prints(run_dir: Path) -> None:
+    """Where a user's reward function's and tools' prints went (tinyrl.rewards.worker,
+    tinyrl.tools.prints: not the dashboard's stdout)."""
+    from tinyrl.tasks.rewards import PRINTS_FILE as REWARD_PRINTS
+    from tinyrl.tools.prints import PRINTS_FILE as TOOL_PRINTS
 
-    prints = run_dir / PRINTS_FILE
-    if prints.is_file() and (size := prints.stat().st_size):
-        out.print(f"your reward function's prints ({size:,} bytes): {prints}",
-                  highlight=False, soft_wrap=True, markup=False)
+    for whose, name in (("reward function's", REWARD_PRINTS), ("tools'", TOOL_PRINTS)):
+        prints = run_dir / name
+        if prints.is_file() and (size := prints.stat().st_size):
+            out.print(f"your {whose} prints ({size:,} bytes): {prints}", highlight=False, soft_wrap=True, markup=False)
 
 
 def _show_earlier_validations(dash, run_dir: Path) -> None:

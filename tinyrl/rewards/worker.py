@@ -31,7 +31,6 @@ Cost: a process start and the module's import once, then ~0.1 ms of pipe and pic
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import signal
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from tinyrl.errors import TinyRLError
+from tinyrl.printsink import BoundedText
 from tinyrl.rewards import limits
 
 BACKSTOP_S = 30.0  # past the worker's own limit (timeout + faulthandler's grace): it is hung
@@ -159,35 +159,10 @@ def _unpickled(blob: bytes | None) -> BaseException | None:
         return None
 
 
-class _Bounded(io.TextIOBase):
-    """A text stream that keeps the first `limit` characters written to it, then one line saying
-    the rest was dropped (a print per call of 100 kB would fill the disk in a long run)."""
-
-    def __init__(self, stream, limit: int):
-        self.stream, self.left, self.limit = stream, limit, limit
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        if self.left > 0:
-            kept = text[:self.left]
-            self.left -= len(kept)
-            self.stream.write(kept)
-            if self.left == 0:
-                self.stream.write(f"\n[tinyrl: the reward function printed more than {self.limit:,} characters; "
-                                  "the rest is dropped]\n")
-            self.stream.flush()
-        return len(text)
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-
 def _send_prints(prints_to: str | None) -> None:
     """The worker's stdout (fd 1: print, and C code or programs it starts) to `prints_to`, or to
     stderr when there is none (or it cannot be opened: said there)."""
-    if isinstance(sys.stdout, _Bounded):  # from stderr to the file: what is buffered goes first
+    if isinstance(sys.stdout, BoundedText):  # from stderr to the file: what is buffered goes first
         sys.stdout.flush()
     target = 2
     if prints_to is not None:
@@ -199,8 +174,8 @@ def _send_prints(prints_to: str | None) -> None:
     os.dup2(target, 1)
     if target != 2:
         os.close(target)
-    if not isinstance(sys.stdout, _Bounded):  # one bound for the worker's life
-        sys.stdout = _Bounded(open(1, "w", buffering=1, closefd=False), MAX_PRINTS)
+    if not isinstance(sys.stdout, BoundedText):  # one bound for the worker's life
+        sys.stdout = BoundedText(lambda: open(1, "w", buffering=1, closefd=False), MAX_PRINTS, "the reward function")
 
 
 def serve(fd: int, prints_to: str | None = None) -> None:

@@ -82,9 +82,11 @@ class EpisodeLimits:
 
 class ToolRollout:
     """What a run with tools rolls out with: the chat template with the tools' schemas, the tools
-    and the limits. `run(engine, prompts, sampling, rows)` -> run_episodes(...)."""
+    and the limits. `run(engine, prompts, sampling, rows)` -> run_episodes(...), with what the
+    tools print going to `prints_to` (a run's RUN_DIR/tool_prints.log; None: stderr), not to
+    the dashboard's or a --json command's stdout (tinyrl.tools.prints)."""
 
-    def __init__(self, names: tuple[str, ...], tokenizer, engine, rollout_cfg):
+    def __init__(self, names: tuple[str, ...], tokenizer, engine, rollout_cfg, prints_to=None):
         from tinyrl.errors import TinyRLError
         from tinyrl.tools import TOOLS
 
@@ -94,14 +96,18 @@ class ToolRollout:
         self.tools = {name: TOOLS[name] for name in names}
         self.chat = ToolChat(tokenizer, [t.schema for t in self.tools.values()], engine.stop_ids)
         self.limits = EpisodeLimits.of(rollout_cfg)
+        self.prints_to = prints_to
 
     def run(self, engine, prompt_ids: list[list[int]], sampling: SamplingSettings, rows: list) -> RolloutResult:
         """`rows`: each prompt's dataset row: its messages (the re-render check) and its tools'
         create_kwargs (extra_info.tools_kwargs)."""
         from tinyrl.data.io import prompt_messages, tools_kwargs
+        from tinyrl.tools.prints import routed
 
-        return run_episodes(engine, prompt_ids, sampling, chat=self.chat, tools=self.tools, limits=self.limits,
-                            messages=[prompt_messages(r) for r in rows], tools_kwargs=[tools_kwargs(r) for r in rows])
+        with routed(self.prints_to):
+            return run_episodes(engine, prompt_ids, sampling, chat=self.chat, tools=self.tools, limits=self.limits,
+                                messages=[prompt_messages(r) for r in rows],
+                                tools_kwargs=[tools_kwargs(r) for r in rows])
 
 
 @dataclass

@@ -22,9 +22,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+from tinyrl.tools.prints import in_tool_call
 from tinyrl.tools.python import _BACKSTOP_S, ToolResult, run_code, run_many
 
-__all__ = ["TOOLS", "Tool", "ToolResult", "call_tool", "offered_problems", "render", "run_code", "run_many"]
+__all__ = ["TOOLS", "Tool", "ToolResult", "call_tool", "offered_problems", "prints", "render", "run_code", "run_many"]
 
 # A tool's default grace (Tool.grace_s): a tool that keeps to timeout_s returns within a moment of it
 GRACE_S = 2.0
@@ -147,7 +148,8 @@ def call_tool(tool: Tool, arguments: dict[str, Any], create_kwargs: dict[str, An
 
     def target() -> None:
         try:
-            box["result"] = tool.run(arguments, create_kwargs, timeout_s=timeout_s, memory_mb=memory_mb)
+            with in_tool_call():  # its prints: RUN_DIR/tool_prints.log (tinyrl.tools.prints)
+                box["result"] = tool.run(arguments, create_kwargs, timeout_s=timeout_s, memory_mb=memory_mb)
         except Exception as e:  # the tool's failure: the model reads it in the tool turn
             box["error"] = e
         except BaseException as e:  # a stop of the run: raised again in the caller's thread

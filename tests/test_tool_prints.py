@@ -1,0 +1,120 @@
+"""A tool's prints (tinyrl.tools.prints): a tool runs on a thread of its own in the tinyrl
+process, and what it prints went to the terminal above the dashboard, and onto `tinyrl eval
+--json`'s stdout. While a rollout with tools runs, a tool call's prints go to the run's
+RUN_DIR/tool_prints.log (or stderr), and every other thread's where they went."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+from tinyrl.tools import Tool, ToolResult, call_tool, prints
+
+
+def _printing_tool() -> Tool:
+    def run(arguments, create_kwargs, *, timeout_s, memory_mb):
+        print("tool says", arguments["x"])
+        print("tool warns", arguments["x"], file=sys.stderr)
+        sys.stdout.writelines(["tool lines\n"])
+        return ToolResult(stdout=f"{arguments['x']}\n", stderr="", exit_code=0)
+
+    return Tool("loud", {"type": "function", "function": {"name": "loud"}}, run)
+
+
+def _call(tool: Tool, x: int) -> ToolResult:
+    return call_tool(tool, {"x": x}, {}, timeout_s=5, memory_mb=256)
+
+
+def test_a_tool_calls_prints_go_to_the_file_and_everything_else_where_it_went(tmp_path, capsys):
+    tool = _printing_tool()
+    before = sys.stdout, sys.stderr
+    log = tmp_path / "run" / prints.PRINTS_FILE
+    log.parent.mkdir()
+    with prints.routed(log):
+        assert not log.exists()  # made at the first print: a run whose tools print nothing has no file
+        print("the trainer's line")
+        print("the trainer's warning", file=sys.stderr)
+        assert _call(tool, 1).stdout == "1\n" and _call(tool, 2).stdout == "2\n"  # the tool's result is its own
+    assert (sys.stdout, sys.stderr) == before
+    assert log.read_text() == ("tool says 1\ntool warns 1\ntool lines\n"
+                               "tool says 2\ntool warns 2\ntool lines\n")
+    seen = capsys.readouterr()
+    assert (seen.out, seen.err) == ("the trainer's line\n", "the trainer's warning\n")
+
+    _call(tool, 3)  # outside a rollout: where the process prints, as before
+    assert "tool says 3" in capsys.readouterr().out
+    with prints.routed(log):  # a resumed run appends
+        _call(tool, 4)
+    assert log.read_text().endswith("tool says 4\ntool warns 4\ntool lines\n") and "tool says 1" in log.read_text()
+
+
+def test_without_a_run_directory_a_tools_prints_go_to_stderr(capsys):
+    """eval: `--json` prints one object on stdout; the tool's lines go to stderr."""
+    with prints.routed(None):
+        _call(_printing_tool(), 7)
+    seen = capsys.readouterr()
+    assert seen.out == "" and "tool says 7" in seen.err and "tool warns 7" in seen.err
+
+
+def test_a_tools_prints_are_bounded_per_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(prints, "MAX_PRINTS", 30)
+    log = tmp_path / prints.PRINTS_FILE
+    for x in range(3):  # three rollouts of one run: one bound
+        with prints.routed(log):
+            _call(_printing_tool(), x)
+    text = log.read_text()
+    assert text == ("tool says 0\ntool warns 0\ntool "  # 30 characters
+                    "\n[tinyrl: the tools printed more than 30 characters; the rest is dropped]\n")
+
+
+def test_inside_a_live_dashboard_a_tools_prints_stay_off_the_screen(tmp_path):
+    """Rich's Live swaps sys.stdout for a proxy that prints above the display; the router sits
+    inside it (a rollout runs while the dashboard is up), so a tool's line never reaches the
+    screen, and the trainer's still do, above the display."""
+    from rich.console import Console
+    from rich.live import Live
+
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=60)
+    before = sys.stdout
+    log = tmp_path / prints.PRINTS_FILE
+    with Live("dashboard", console=console, auto_refresh=False):
+        proxied = sys.stdout
+        assert proxied is not before  # Live redirected it
+        with prints.routed(log):
+            _call(_printing_tool(), 5)
+            print("the trainer's line")
+        assert sys.stdout is proxied
+    assert sys.stdout is before
+    assert "tool" not in screen.getvalue() and "the trainer's line" in screen.getvalue()
+    assert "tool says 5" in log.read_text()
+
+
+def test_lines_stay_whole_when_calls_print_at_once(tmp_path):
+    """print() writes a line in pieces (each argument, the separators, the newline) and a rollout
+    runs many calls at once: the file gets whole lines, a last one without its newline too."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(arguments, create_kwargs, *, timeout_s, memory_mb):
+        for i in range(50):
+            print("call", arguments["x"], "line", i, "of", 50)
+        print("no newline from", arguments["x"], end="")
+        return ToolResult(stdout="", stderr="", exit_code=0)
+
+    tool = Tool("chatty", {"type": "function", "function": {"name": "chatty"}}, run)
+    log = tmp_path / prints.PRINTS_FILE
+    with prints.routed(log), ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda x: _call(tool, x), range(8)))
+    lines = log.read_text().splitlines()
+    assert sorted(lines) == sorted([f"call {x} line {i} of 50" for x in range(8) for i in range(50)]
+                                   + [f"no newline from {x}" for x in range(8)])
+
+
+def test_the_end_of_a_run_says_where_the_prints_went(tmp_path, capsys):
+    from tinyrl.cli.run import _say_user_prints
+
+    (tmp_path / "tool_prints.log").write_text("tool says 1\n")
+    (tmp_path / "reward_prints.log").write_text("")  # empty: not said
+    _say_user_prints(tmp_path)
+    out = capsys.readouterr().out
+    assert out == f"your tools' prints (12 bytes): {tmp_path / 'tool_prints.log'}\n"
