@@ -15,10 +15,12 @@ import traceback
 from rich.panel import Panel
 from rich.text import Text
 
-from tinyrl.cli.common import app, err, width_from_environment
+from tinyrl.cli.common import app, err, examples_on_lines_of_their_own, width_from_environment
 # Each module adds its commands to `app` on import; `tinyrl --help` lists them in this order.
 from tinyrl.cli import catalog, run, machine, results, exports  # noqa: E402,F401  isort: skip
 from tinyrl.errors import TinyRLError
+
+examples_on_lines_of_their_own(app)  # every command is registered by now
 
 __all__ = ["app", "main"]
 

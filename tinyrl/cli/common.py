@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
+import re
 import sys
 from typing import Callable, Iterator, Optional, Union
 
@@ -162,3 +164,22 @@ def log_to_stderr() -> None:
         hub.removeHandler(handler)
     for name in PROGRESS_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO)
+
+
+_EXAMPLE_START = re.compile(r"^(Example(?: \([^()]*\))?:) (tinyrl\b)", re.MULTILINE)
+
+
+def examples_on_lines_of_their_own(typer_app: typer.Typer) -> None:
+    """Every help's "Example (what it shows): tinyrl ..." paragraph starts its command on a line of
+    its own (a markdown hard break after the label), so that a command of up to 78 characters reads
+    whole at 80 columns, ready to copy. Until 2026-11-29 it followed its label and wrapped in the
+    middle. Run once, after every command is registered (tinyrl.cli); groups included."""
+    def lines(text):
+        return _EXAMPLE_START.sub(r"\1\\\n\2", text) if isinstance(text, str) else text
+
+    typer_app.info.help = lines(typer_app.info.help)
+    for info in typer_app.registered_commands:
+        info.help = lines(info.help if info.help is not None else inspect.getdoc(info.callback))
+    for group in typer_app.registered_groups:
+        group.help = lines(group.help)
+        examples_on_lines_of_their_own(group.typer_instance)

@@ -24,8 +24,8 @@ def _train_help() -> str:
             "checkpoints/. Kill it any time; --resume continues at the same step with the same data. "
             "Start from an SFT run with --set model.init_from=RUN_DIR (it is the reference too).\n\n"
             "Example (the CPU demo's RL step): tinyrl train --preset countdown-demo --set trainer.seed=2 "
-            "--out runs/demo-seed2\n\n"
-            "Example (continue it after a stop): tinyrl train --out runs/demo-seed2 --resume")
+            "--out runs/seed2\n\n"
+            "Example (continue it after a stop): tinyrl train --out runs/seed2 --resume")
 
 
 @app.command(help=_train_help())
