@@ -428,6 +428,22 @@ def test_an_adaptive_kl_controller_without_the_kl_in_the_reward_is_said_to_be_un
     assert not [n for n in quiet if "kl_ctrl" in n]
 
 
+def test_rl_settings_given_to_sft_are_said_to_be_unread():
+    """`tinyrl sft` said nothing of an [algorithm] or [critic] setting, or of task.extra_tools
+    (its rows bring their own tools): the run went on as if they had been read. Its own
+    settings, and the rollout/reward ones its validation samples with, are not said."""
+    notes: list[str] = []
+    load_config("countdown-tiny-sft", ["algorithm.gamma=0.9", "critic.lr=1e-3", "task.extra_tools=[]",
+                                       "actor.lr=1e-4", "rollout.temperature=0.7", "sft.max_length=256"], notes=notes)
+    unread = sorted(n.partition(" ")[0] for n in notes if "`tinyrl sft` does not read it" in n)
+    assert unread == ["algorithm.gamma", "critic.lr", "task.extra_tools"], notes
+    assert any("task.extra_tools is given but `tinyrl sft` does not read it: SFT's rows carry their own tools"
+               in n for n in notes)
+    rl: list[str] = []
+    load_config("countdown-tiny", ["algorithm.gamma=0.9"], notes=rl)  # train reads it under gae
+    assert not [n for n in rl if "gamma" in n]
+
+
 def test_settings_this_run_does_not_read_are_said_at_the_start():
     """Given through --set (or a preset), these were taken without a word and the run trained as
     if they had not been given."""

@@ -36,11 +36,28 @@ def unread_setting_notes(cfg: Config, given: set[str]) -> list[str]:
     """Settings the preset or --set gave that this RL run never reads, each with why: they used
     to be taken without a word (algorithm.lam under GRPO, critic.lr without a critic, a KL
     coefficient with the KL in neither the reward nor the loss), and the run trained as if they
-    had not been given. Notes, not problems: a preset may carry keys for other algorithms."""
+    had not been given. Notes, not problems: a preset may carry keys for other algorithms.
+    `tinyrl sft`: the RL-only sections and task.extra_tools (_unread_by_sft)."""
+    if cfg.command == "sft":
+        return [f"{dotted} is given but `tinyrl sft` does not read it: {why}"
+                for dotted in sorted(given) if (why := _unread_by_sft(dotted))]
     if cfg.command != "train" or cfg.algorithm.adv_estimator not in ADV_ESTIMATORS:
         return []
     return [f"{dotted} is given but this run does not read it: {why}"
             for dotted in sorted(given) if (why := _unread_because(cfg, dotted))]
+
+
+def _unread_by_sft(dotted: str) -> str | None:
+    """Why SFT never reads `dotted`, for the settings that are surely RL's alone: it has no
+    advantages and no critic, and its rows bring their own tools. (Its validation samples with
+    the rollout.* and reward.* settings, so those are not said.)"""
+    section = dotted.partition(".")[0]
+    if section in ("algorithm", "critic"):
+        return f"[{section}] is RL's (`tinyrl train`): SFT trains the actor on its rows' tokens alone"
+    if dotted == "task.extra_tools":
+        return (f"SFT's rows carry their own tools (the column sft.tools_key names); offer the tool to RL "
+                "with `tinyrl train --set task.extra_tools=[...]`")
+    return None
 
 
 def _setting_or_none(cfg: Config, dotted: str) -> Any:
