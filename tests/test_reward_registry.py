@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 
 import numpy as np
@@ -225,6 +226,24 @@ def test_a_reward_file_that_imports_a_module_beside_it_is_told_it_stands_alone(t
     assert command in info.value.hint
     shown = subprocess.run([sys.executable, *command.split()[1:]], capture_output=True, text=True)
     assert "No module named 'helper_nowhere'" in shown.stderr
+
+
+def test_a_files_module_has_one_name_in_every_process_and_its_objects_travel(tmp_path):
+    """Two processes (each with its own str hash seed) import a user's file under one module
+    name, so an object of a class the file defines, pickled in one, unpickles in the other."""
+    import subprocess
+    import sys
+
+    path = write(tmp_path, "class Verdict:\n    def __init__(self, ok):\n        self.ok = ok\n", name="verdicts.py")
+    code = ("import pickle, sys; from pathlib import Path; from tinyrl.pyfile import import_file; "
+            f"m = import_file(Path({str(path)!r}), 'tinyrl_user_reward'); "
+            "sys.stdout.buffer.write(pickle.dumps(m.Verdict(True))) if sys.argv[1] == 'dump' else "
+            "print(pickle.loads(sys.stdin.buffer.read()).ok)")
+    dumped = subprocess.run([sys.executable, "-c", code, "dump"], capture_output=True, check=True,
+                            env={**os.environ, "PYTHONHASHSEED": "1"}).stdout
+    loaded = subprocess.run([sys.executable, "-c", code, "load"], input=dumped, capture_output=True,
+                            env={**os.environ, "PYTHONHASHSEED": "2"})
+    assert loaded.returncode == 0 and loaded.stdout.strip() == b"True", loaded.stderr.decode()[-800:]
 
 
 @pytest.mark.parametrize("signature", ["c", "c, e, extra", "c, e, *, episode"])

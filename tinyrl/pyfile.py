@@ -12,6 +12,7 @@ tinyrl is installed without its dependencies.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -19,9 +20,11 @@ from types import ModuleType
 
 
 def import_file(path: Path, prefix: str) -> ModuleType | None:
-    """`path` run as a module named `{prefix}_{stem}_{hash of its resolved path}`; None when
+    """`path` run as a module named `{prefix}_{stem}_{digest of its resolved path}`; None when
     Python cannot import it as a file at all (no loader). What its body raises is raised."""
-    name = f"{prefix}_{path.stem}_{abs(hash(str(path.resolve())))}"
+    # a digest, not hash(): str hashes differ between processes (PYTHONHASHSEED), so an object of
+    # a class the file defines did not unpickle in another process that imported the same file
+    name = f"{prefix}_{path.stem}_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         return None
