@@ -288,7 +288,7 @@ class Trainer:
 
         def timed(phase: Phase):
             self._phase(phase)
-            return _Timer(timings, str(phase))
+            return PhaseTimer(timings, str(phase))
 
         with timed(Phase.SYNC):
             # vLLM's order on CUDA: wake the weights, push the actor, then wake the KV cache.
@@ -664,7 +664,10 @@ def one_pass_update(cfg: Config, engine_name: str, rollout_is: str) -> bool:
             and not cfg.algorithm.kl_in_reward and rollout_is == "off" and engine_name == "hf")
 
 
-class _Timer:
+class PhaseTimer:
+    """`with PhaseTimer(timings, name):` adds the block's wall-clock seconds to timings[name] (a
+    phase timed in parts adds up: the RL and SFT steps' per-phase seconds)."""
+
     def __init__(self, sink: dict, name: str):
         self.sink, self.name = sink, name
 

@@ -35,7 +35,7 @@ from tinyrl.phases import Phase
 from tinyrl.roles import Role
 from tinyrl.runlog import memory_reading
 from tinyrl.sft.data import SFTRows, load_sft, start_notes
-from tinyrl.trainer import Trainer, _Timer
+from tinyrl.trainer import PhaseTimer, Trainer
 
 
 def sft_learner_config(cfg: Config):
@@ -111,7 +111,7 @@ class SFTTrainer(Trainer):
         rows = self._prompt_rows(step)
         part = self.train_rows.batch(rows, self.pad_id).to(self.device)
         self._phase(Phase.ACTOR_UPDATE)
-        with _Timer(timings, str(Phase.ACTOR_UPDATE)):
+        with PhaseTimer(timings, str(Phase.ACTOR_UPDATE)):
             self.models.train(True)
             g = torch.Generator().manual_seed(self.cfg.trainer.seed * 31 + step)
             stats = self.learners[Role.ACTOR].update(part, generator=g)
