@@ -435,7 +435,9 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     if device.type == "cpu":
         _warn_if_cores_shared()
     dtype = pick_dtype(cfg.model.dtype if cfg is not None else "auto", device)
-    engine = engine if engine != "auto" else ("vllm" if device.type == "cuda" else "hf")
+    from tinyrl.rollout.factory import resolve_engine
+
+    engine = resolve_engine(engine, device.type == "cuda")
     judge = None
     if judge_spec is not None:  # its worker starts (and an import error is said) before a model loads
         from tinyrl.tasks.rewards import reward_set

@@ -19,12 +19,17 @@ log = logging.getLogger(__name__)
 ENGINE_KINDS = ("hf", "vllm", "auto")
 
 
+def resolve_engine(kind: str, cuda: bool) -> str:
+    """The engine `kind` builds: "auto" is vLLM on CUDA and hf elsewhere (_auto; on CUDA a vLLM
+    that does not import is an error there, not a fallback); "hf" and "vllm" are themselves."""
+    return ("vllm" if cuda else "hf") if kind == "auto" else kind
+
+
 def rolls_out_with_vllm(cfg, cuda: bool) -> bool:
     """Whether a run of `cfg` (a tinyrl Config) rolls out with vLLM on this machine: `tinyrl
     train` with rollout.engine = vllm, or auto on a card (_auto). No other command builds a
     rollout engine: an SFT step rolls nothing out (sft.val_generate samples with the hf engine)."""
-    engine = cfg.rollout.engine
-    return cfg.command == "train" and (engine == "vllm" or (engine == "auto" and cuda))
+    return cfg.command == "train" and resolve_engine(cfg.rollout.engine, cuda) == "vllm"
 
 
 def make_engine(
@@ -85,7 +90,7 @@ def _auto(*, model, tokenizer, model_path, device, **vllm_kwargs):
     """vLLM on CUDA, hf elsewhere. On CUDA a vLLM that does not import is an error, not a
     silent fallback: the memory plan gave vLLM its share of the card and sized the trainer's
     micro-batches around it, and the hf engine is several times slower at rollouts."""
-    if torch.device(device).type != "cuda":
+    if resolve_engine("auto", torch.device(device).type == "cuda") == "hf":
         log.info("rollout engine: hf (no CUDA device)")
         return _hf(model=model, tokenizer=tokenizer, model_path=model_path, device=device)
     reason = _vllm_unusable_reason()
