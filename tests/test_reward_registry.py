@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import textwrap
 
 import numpy as np
@@ -205,9 +207,6 @@ def test_a_module_whose_import_fails_is_said_at_load_as_the_modules_error(tmp_pa
 def test_a_reward_file_that_imports_a_module_beside_it_is_told_it_stands_alone(tmp_path):
     """`python my_reward.py` runs it (a script's directory is on the path); tinyrl imports the file
     alone, as export-verl copies it. The refusal says so instead of "run it with python"."""
-    import subprocess
-    import sys
-
     write(tmp_path, "def score(c):\n    return float(c == 'x')\n", name="helper.py")
     path = write(tmp_path, "import helper\n\n\ndef f(c, e):\n    return helper.score(c)\n")
     with pytest.raises(TinyRLError) as info:
@@ -231,9 +230,6 @@ def test_a_reward_file_that_imports_a_module_beside_it_is_told_it_stands_alone(t
 def test_a_files_module_has_one_name_in_every_process_and_its_objects_travel(tmp_path):
     """Two processes (each with its own str hash seed) import a user's file under one module
     name, so an object of a class the file defines, pickled in one, unpickles in the other."""
-    import subprocess
-    import sys
-
     path = write(tmp_path, "class Verdict:\n    def __init__(self, ok):\n        self.ok = ok\n", name="verdicts.py")
     code = ("import pickle, sys; from pathlib import Path; from tinyrl.pyfile import import_file; "
             f"m = import_file(Path({str(path)!r}), 'tinyrl_user_reward'); "

@@ -285,8 +285,7 @@ class PolicyModels:
         checkpointing recomputes the forward during backward with whichever adapter is active
         then. So a role's micro-batch loop runs entirely inside one `with models.role(...)`.
         The actor is restored on exit (the engine and the reference expect it)."""
-        if name not in (Role.ACTOR, Role.CRITIC) or not isinstance(name, Role):  # one name per role: no strings
-            raise ValueError(f"role {name!r}: pass Role.ACTOR or Role.CRITIC (tinyrl.roles)")
+        _check_role_arg(name, (Role.ACTOR, Role.CRITIC), "role")
         if name == Role.CRITIC and not self.with_critic:
             raise ValueError(f"no critic in this run (roles: {sorted(map(str, self.roles))})")
         previous = self._role
@@ -341,8 +340,7 @@ class PolicyModels:
                        with_entropy: bool = False):
         """Log-prob of each response token under `role` (Role.ACTOR or Role.REFERENCE): [B, R]
         (and entropy [B, R] when asked)."""
-        if role not in (Role.ACTOR, Role.REFERENCE) or not isinstance(role, Role):  # one name per role: no strings
-            raise ValueError(f"log-probs of role {role!r}: pass Role.ACTOR or Role.REFERENCE (tinyrl.roles)")
+        _check_role_arg(role, (Role.ACTOR, Role.REFERENCE), "log-probs of role")
         if role == Role.REFERENCE:
             if not self.lora and self.reference is None:
                 raise ValueError("no reference copy in this run: it is loaded only when a KL term reads it")
@@ -447,6 +445,12 @@ class PolicyModels:
 
     def _trained_roles(self) -> list[Role]:
         return [Role.ACTOR] + ([Role.CRITIC] if self.with_critic else [])
+
+
+def _check_role_arg(name, allowed: tuple[Role, ...], what: str) -> None:
+    """One name per role: a Role member of `allowed`, never its string (a str equals its Role)."""
+    if not isinstance(name, Role) or name not in allowed:
+        raise ValueError(f"{what} {name!r}: pass {' or '.join(f'Role.{r.name}' for r in allowed)} (tinyrl.roles)")
 
 
 def _without_dropout(model: nn.Module) -> None:

@@ -40,11 +40,11 @@ from tinyrl.microbatch import BudgetKeeper
 from tinyrl.models import Batch, PolicyModels
 from tinyrl.phases import BETWEEN_STEPS, Phase
 from tinyrl.rl import advantages as adv
-from tinyrl.roles import Role
 from tinyrl.rl import kl as klmod
 from tinyrl.rl import losses
 from tinyrl.rl.masking import masked_mean
 from tinyrl.rl.rollout_is import probs_diff, rollout_is_weights
+from tinyrl.roles import Role
 from tinyrl.rollout.base import SamplingSettings, response_texts
 from tinyrl.trajectory import Trajectory, engine_logprobs, trajectory_of
 from tinyrl.runlog import RunLog, memory_reading
@@ -582,8 +582,9 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def state(self) -> dict:
+        # plain string keys (str(role)): a checkpoint names no tinyrl class
         return {"step": self.step, "models": self.models.trainable_state(),
-                "learners": {str(role): learner.state_dict() for role, learner in self.learners.items()},  # plain keys: a checkpoint names no tinyrl class
+                "learners": {str(role): learner.state_dict() for role, learner in self.learners.items()},
                 "budgets": {str(phase): tokens for phase, tokens in self.budgets.budgets.items()},
                 "rng": ckpt.rng_state(), **self._extra_state()}
 

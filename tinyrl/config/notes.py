@@ -55,7 +55,7 @@ def _unread_by_sft(dotted: str) -> str | None:
     if section in ("algorithm", "critic"):
         return f"[{section}] is RL's (`tinyrl train`): SFT trains the actor on its rows' tokens alone"
     if dotted == "task.extra_tools":
-        return (f"SFT's rows carry their own tools (the column sft.tools_key names); offer the tool to RL "
+        return ("SFT's rows carry their own tools (the column sft.tools_key names); offer the tool to RL "
                 "with `tinyrl train --set task.extra_tools=[...]`")
     return None
 

@@ -27,9 +27,9 @@ from collections.abc import Iterator
 import torch
 
 from tinyrl.memory.formulas import MERGE_FIX_DENOMINATOR
+from tinyrl.roles import Role
 from tinyrl.rollout.base import Episode, RolloutResult, SamplingSettings
 from tinyrl.rollout.decode import can_keep_cache, sample_tokens
-from tinyrl.roles import Role
 from tinyrl.rollout.kept_cache import KeptCacheSession
 
 
