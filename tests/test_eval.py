@@ -207,12 +207,23 @@ def test_reward_run_judges_by_the_runs_own_function_on_rows_the_task_cannot_read
 
 def test_a_run_without_data_is_evaluated_on_the_files_its_validation_scored(math_run, tmp_path, monkeypatch):
     """`tinyrl eval RUN` alone: data.test_path (as `test`) and data.val_files, found from any
-    directory (shipped files, and generated ones where the run was started); a run's file that is
+    directory (shipped files, and generated ones where the run was started), their first
+    data.max_test_prompts rows, which the run's validation scored: eval's greedy accuracy of the
+    last checkpoint is the run's last val/score (fp32 on the CPU, as trained); a run's file that is
     gone, or a model directory without --data, is refused before anything loads."""
     run, _ = math_run
     monkeypatch.chdir(tmp_path)  # not the directory the run was trained in
-    summary, _ = ev.evaluate(str(run), n=0, progress=False, engine="hf", out_dir=tmp_path / "ev")
-    assert {name: m["problems"] for name, m in summary["files"].items()} == {"test": 64, "mini": 64}
+    summary, _ = ev.evaluate(str(run), n=0, progress=False, engine="hf", out_dir=tmp_path / "ev", device="cpu")
+    # data.max_test_prompts = 4 of the files' 64 rows; until 2026-11-29 eval scored all 64
+    assert {name: m["problems"] for name, m in summary["files"].items()} == {"test": 4, "mini": 4}
+    assert "first 4 rows" in summary["rows"]
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 1 and "step 1" in summary["model"]
+    assert summary["files"]["test"]["greedy_acc"] == last["val/score"]
+    assert summary["files"]["mini"]["greedy_acc"] == last["val/mini/greedy_acc"]
+    everything, _ = ev.evaluate(str(run), [summary["files"]["test"]["path"]], n=0, progress=False, engine="hf",
+                                out_dir=tmp_path / "ev-all", device="cpu")
+    assert everything["files"]["test"]["problems"] == 64 and "rows" not in everything  # a file given: every row
     assert summary["files"]["test"]["path"].endswith("data/math-tiny/test.parquet")
 
     moved = Path(shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("eval")))

@@ -397,10 +397,14 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
     judge_spec = _judge_spec(reward, cfg)
     own_fn = cfg is not None and cfg.reward.fn not in ("task", task_cfg.name) and judge_spec is None
     rows_of = {}
+    # a run's own files: the rows its validation scored (tinyrl.setup.load_inputs), so that eval's
+    # greedy_acc is the run's val/score; until 2026-11-29 every row (the tool demo: 1,024 against
+    # its 128, 5 minutes on a CPU for another figure than the one the run had printed)
+    first = None if data else cfg.data.max_test_prompts
     for name, file in files:  # another task's file: said before a run is merged and a model loads
         try:
             make = f"give --data a file of the {task.name} task's prompts; make one with {task.data_hint}"
-            rows_of[name] = load_prompts(file, make=make, convert=table_hint(task, file)).to_dict("records")
+            rows_of[name] = load_prompts(file, first, make=make, convert=table_hint(task, file)).to_dict("records")
             if judge_spec is None:  # a user's function reads its rows its own way
                 check_rows(task, rows_of[name], file)
         except TinyRLError as exc:
@@ -486,6 +490,9 @@ def evaluate(target: str, data: list[str] | None = None, *, task_name: str | Non
                "temperature": temperature, "top_p": top_p, "greedy": greedy, "max_new_tokens": max_new,
                "files": {r.name: {"path": str(p), "problems": len(rows), **r.metrics}
                          for r, (_, p), (_, _, rows, _) in zip(results, files, loaded)}}
+    if first is not None:
+        summary["rows"] = (f"the first {first:,} rows of each file at most (the run's data.max_test_prompts), "
+                           "the rows its validation scored; --data FILE: every row")
     if with_tools:
         summary["tools"] = list(offered)
     elif offered:  # a tool-trained run read 0% here, every completion a bare "</answer>", nothing said

@@ -16,7 +16,7 @@ from tinyrl.errors import TinyRLError
 @app.command("eval")
 def eval_cmd(
     target: str = typer.Argument(..., metavar="RUN_DIR|MODEL", help="A run directory (its latest checkpoint), or a Hugging Face model directory or id."),
-    data: Optional[list[str]] = typer.Option(None, "--data", help="Parquet file(s) of the task, name=FILE or FILE (repeatable). Default for a run directory: the files its validation scored (data.test_path as `test`, data.val_files)."),
+    data: Optional[list[str]] = typer.Option(None, "--data", help="Parquet file(s) of the task, name=FILE or FILE (repeatable). Default for a run directory: the rows its validation scored (the first data.max_test_prompts of data.test_path as `test` and of data.val_files; give the file for every row)."),
     task: Optional[str] = typer.Option(None, "--task", help="Task (`tinyrl tasks`); default: the run's."),
     n: int = typer.Option(32, "--n", help="Sampled completions per problem (0: greedy only)."),
     k: Optional[str] = typer.Option(None, "--k", help="pass@k / maj@k for these k, each <= n (default: 1,8,32, those <= n)."),
@@ -60,6 +60,8 @@ def eval_cmd(
         print(json.dumps(summary, indent=2))
         return
     out.print(eval_table(summary))
+    if "rows" in summary:
+        out.print(f"rows: {summary['rows']}", highlight=False, soft_wrap=True, markup=False)
     if "judged_by" in summary:
         out.print(f"judged by {summary['judged_by']}", highlight=False, soft_wrap=True, markup=False)
     if "tools_left_out" in summary:
