@@ -118,3 +118,50 @@ def test_the_end_of_a_run_says_where_the_prints_went(tmp_path, capsys):
     _say_user_prints(tmp_path)
     out = capsys.readouterr().out
     assert out == f"your tools' prints (12 bytes): {tmp_path / 'tool_prints.log'}\n"
+
+
+def test_a_call_given_up_on_still_prints_to_the_file_after_its_rollout(tmp_path, capsys):
+    """A call past its timeout is given up (tinyrl.tools.call_tool) and runs on in its thread:
+    what it printed after its rollout had ended went onto the terminal, above the dashboard.
+    The routers now stay while such a call runs; the next rollouts take them over (one router,
+    not one more a rollout), and they go at the end of the first rollout after no call runs."""
+    import threading
+
+    release, slow_threads = threading.Event(), []
+
+    def run(arguments, create_kwargs, *, timeout_s, memory_mb):
+        slow_threads.append(threading.current_thread())
+        release.wait(60)
+        print("late line of call", arguments["x"])
+        return ToolResult(stdout="", stderr="", exit_code=0)
+
+    tool = Tool("slow", {"type": "function", "function": {"name": "slow"}}, run, grace_s=0.0)
+    before = sys.stdout, sys.stderr
+    log = tmp_path / prints.PRINTS_FILE
+    for x in range(3):  # three rollouts of a run, each with a call given up on
+        with prints.routed(log):
+            assert call_tool(tool, {"x": x}, {}, timeout_s=0.05, memory_mb=256).timed_out
+        print("the trainer's line", x)
+    assert isinstance(sys.stdout, prints._Router) and sys.stdout.stream is before[0]  # one deep
+    assert isinstance(sys.stderr, prints._Router) and sys.stderr.stream is before[1]
+    release.set()
+    for thread in slow_threads:
+        thread.join(60)
+    assert sorted(log.read_text().splitlines()) == [f"late line of call {x}" for x in range(3)]
+    assert capsys.readouterr().out == "".join(f"the trainer's line {x}\n" for x in range(3))
+    with prints.routed(log):  # no call runs at its end: what was there is put back
+        pass
+    assert (sys.stdout, sys.stderr) == before
+
+    release.clear()  # a call left running, then prints routed to stderr (eval's): to stderr, not
+    with prints.routed(log):  # to the router left in place (a line written to itself, forever)
+        assert call_tool(tool, {"x": 3}, {}, timeout_s=0.05, memory_mb=256).timed_out
+    with prints.routed(None):
+        _call(_printing_tool(), 8)
+    release.set()
+    slow_threads[-1].join(60)
+    seen = capsys.readouterr()
+    assert seen.out == "" and "tool says 8" in seen.err and "late line of call 3" in seen.err
+    with prints.routed(None):
+        pass
+    assert (sys.stdout, sys.stderr) == before

@@ -11,9 +11,14 @@ or to stderr where there is no run directory (eval); every other thread's writes
 went (Rich's live display, which swaps sys.stdout itself, is started before a rollout and
 stopped after it, so a router always sits inside it).
 
+A call given up on (past its timeout, tinyrl.tools.call_tool) runs on in its thread: while one
+does, the routers stay after the rollout, so what it prints later goes to the same file (until
+2026-11-29 onto the dashboard), and the next rollout takes them over rather than adding one
+more. They go once no call runs at a rollout's end; Rich's display puts back its own stream when
+the run ends, after which such a call's prints go where the process prints.
+
 Python-level writes only: a tool's C code or a program it starts writes to the process's fd 1
-directly (the code tool's sandbox captures its programs' output itself). A call given up on that
-prints after its rollout has ended prints where the process prints.
+directly (the code tool's sandbox captures its programs' output itself).
 """
 
 from __future__ import annotations
@@ -34,12 +39,16 @@ MAX_PRINTS = 10_000_000          # characters a process keeps of a file's tool p
 _calling = threading.local()
 _sinks: dict[Path, BoundedText] = {}
 _sinks_lock = threading.Lock()
+_calls = {"running": 0}  # threads inside a tool's call, those given up on included
+_calls_lock = threading.Lock()
 
 
 @contextlib.contextmanager
 def in_tool_call() -> Iterator[None]:
     """Marks the calling thread as running a tool's call (call_tool's thread, for the call)."""
     _calling.active, _calling.pending, _calling.sink = True, "", None
+    with _calls_lock:
+        _calls["running"] += 1
     try:
         yield
     finally:
@@ -47,6 +56,8 @@ def in_tool_call() -> Iterator[None]:
         if _calling.pending and _calling.sink is not None:  # a last print without its newline
             _calling.sink.write(_calling.pending + "\n")
         _calling.pending, _calling.sink = "", None
+        with _calls_lock:
+            _calls["running"] -= 1
 
 
 class _Router:
@@ -56,6 +67,11 @@ class _Router:
 
     def __init__(self, stream, sink):
         self._stream, self._sink = stream, sink
+
+    @property
+    def stream(self):
+        """What was there before: where every other thread's writes go."""
+        return self._stream
 
     def write(self, text: str) -> int:
         if not getattr(_calling, "active", False):
@@ -90,15 +106,32 @@ def _file_sink(path: Path) -> BoundedText:
 
 @contextlib.contextmanager
 def routed(prints_to: Path | None) -> Iterator[None]:
-    """While inside: a tool call's prints (stdout and stderr) to `prints_to`, or to stderr (None)."""
-    sink = _file_sink(prints_to) if prints_to is not None else sys.stderr
-    before = sys.stdout, sys.stderr
-    out, err = _Router(sys.stdout, sink), _Router(sys.stderr, sink)
+    """While inside: a tool call's prints (stdout and stderr) to `prints_to`, or to stderr (None);
+    after it too while a call given up on still runs (the module's docstring)."""
+    # never a router itself: one left for a given-up call would write a tool's line to itself
+    sink = _file_sink(prints_to) if prints_to is not None else _beneath(sys.stderr)
+    out, err = _router_of(sys.stdout, sink), _router_of(sys.stderr, sink)
     sys.stdout, sys.stderr = out, err
     try:
         yield
-    finally:  # put back what was there, unless something else swapped them meanwhile
-        if sys.stdout is out:
-            sys.stdout = before[0]
-        if sys.stderr is err:
-            sys.stderr = before[1]
+    finally:
+        with _calls_lock:
+            given_up_running = _calls["running"] > 0
+        # put back what was there, unless a call still runs or something else swapped them meanwhile
+        if not given_up_running and sys.stdout is out:
+            sys.stdout = out.stream
+        if not given_up_running and sys.stderr is err:
+            sys.stderr = err.stream
+
+
+def _beneath(stream):
+    return stream.stream if isinstance(stream, _Router) else stream
+
+
+def _router_of(stream, sink) -> _Router:
+    """A router over `stream`; the one left by an earlier rollout for its given-up calls is taken
+    over (a router in a router each rollout would nest as deep as the run is long)."""
+    if isinstance(stream, _Router):
+        stream._sink = sink
+        return stream
+    return _Router(stream, sink)
