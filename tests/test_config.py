@@ -444,6 +444,35 @@ def test_rl_settings_given_to_sft_are_said_to_be_unread():
     assert not [n for n in rl if "gamma" in n]
 
 
+# what an RL preset's [algorithm] and [critic] sections, copied into an SFT one, may hold that RL
+# itself refuses; each pair: a --set, and the words of its refusal by `tinyrl train`
+RL_ONLY_PROBLEMS = [
+    (["algorithm.adv_estimator=grpo", "rollout.n=1"], "rollout.n must be at least 2"),
+    (["algorithm.kl_in_reward=true", "algorithm.use_kl_loss=true"], "the KL would be counted twice"),
+    (["algorithm.gamma=1.5"], "algorithm.gamma = 1.5 must be in [0, 1]"),
+    (["critic.grad_clip=0"], "critic.grad_clip = 0.0 must be > 0"),
+    (["critic.ppo_mini_batch_size=3"], "critic.ppo_mini_batch_size = 3 does not divide"),
+    (["algorithm.overlong_buffer=100000"], "algorithm.overlong_buffer = 100000 tokens is longer"),
+    (["algorithm.rollout_is_cap=1.0"], "algorithm.rollout_is_cap = 1.0 must be > 1"),
+    (["algorithm.adv_estimator=grpo", "trainer.critic_warmup=5"], "trainer.critic_warmup = 5 holds the actor back"),
+]
+
+
+@pytest.mark.parametrize("sets, refusal", RL_ONLY_PROBLEMS)
+def test_sft_does_not_refuse_rl_settings_it_never_reads(sets, refusal):
+    """`tinyrl sft` refused a config for [algorithm] / [critic] values it never reads (rollout.n = 1
+    under a grouped estimator, a gamma above 1, ...): the problem was RL's, the run SFT's. Now
+    those settings are notes there, as the unread ones are; `tinyrl train` still refuses each."""
+    with pytest.raises(TinyRLError) as refused:
+        load_config("countdown-tiny", sets)  # gae: its critic's settings are read
+    assert refusal in refused.value.message
+    notes: list[str] = []
+    cfg = load_config("countdown-tiny-sft", sets, notes=notes)
+    assert not [p for p in problems_of(cfg) if refusal in p]
+    said = [n for n in notes if "`tinyrl sft` does not read it" in n]
+    assert said, notes
+
+
 def test_settings_this_run_does_not_read_are_said_at_the_start():
     """Given through --set (or a preset), these were taken without a word and the run trained as
     if they had not been given."""

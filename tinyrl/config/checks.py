@@ -68,6 +68,8 @@ def problems_of(cfg: Config, resume_dir: Path | None = None, planning: bool = Fa
     out += _algorithm_range_problems(cfg)
     for role in ("actor", "critic"):
         mini = get_setting(cfg, f"{role}.ppo_mini_batch_size")
+        if cfg.command == "sft" and not _read_by_run(cfg, f"{role}.ppo_mini_batch_size"):
+            continue  # an RL preset's critic section copied into an SFT one
         if mini < 0:
             out.append(f"{role}.ppo_mini_batch_size = {mini} must be >= 0 (0 = the whole batch)")
         elif mini > t.train_batch_size:
@@ -77,11 +79,11 @@ def problems_of(cfg: Config, resume_dir: Path | None = None, planning: bool = Fa
             out.append(f"{role}.ppo_mini_batch_size = {mini} does not divide "
                        f"trainer.train_batch_size = {t.train_batch_size}; pick a divisor")
     est = ESTIMATORS.get(cfg.algorithm.adv_estimator)  # an unknown name is reported above
-    if est is not None and est.grouped and r.n < 2:
+    if est is not None and est.grouped and r.n < 2 and _read_by_run(cfg, "algorithm.adv_estimator"):
         out.append(f"algorithm.adv_estimator = {cfg.algorithm.adv_estimator} compares samples of one "
                    f"prompt, so rollout.n must be at least 2 (got {r.n}); set rollout.n=8")
     out += _critic_warmup_problems(cfg)
-    if cfg.algorithm.kl_in_reward and cfg.algorithm.use_kl_loss:
+    if cfg.algorithm.kl_in_reward and cfg.algorithm.use_kl_loss and _read_by_run(cfg, "algorithm.use_kl_loss"):
         out.append("algorithm.kl_in_reward and algorithm.use_kl_loss are both true: the KL would be "
                    "counted twice; set one of them to false")
     if a.clip_ratio_c <= 1.0:
@@ -90,7 +92,8 @@ def problems_of(cfg: Config, resume_dir: Path | None = None, planning: bool = Fa
         out.append(f"rollout.top_p = {r.top_p} must be in (0, 1]")
     if r.temperature <= 0:
         out.append(f"rollout.temperature = {r.temperature} must be > 0 (validation is greedy anyway)")
-    if cfg.algorithm.rollout_is_cap <= 1.0:
+    # SFT never reads it; RL only with rollout IS on, but the value is checked whatever it is
+    if cfg.algorithm.rollout_is_cap <= 1.0 and cfg.command != "sft":
         out.append(f"algorithm.rollout_is_cap = {cfg.algorithm.rollout_is_cap} must be > 1 (a cap of 1 "
                    "zeroes every token the engine found likelier than the trainer); set 2.0")
     if r.max_probs_diff <= 0:
@@ -122,7 +125,7 @@ def _critic_warmup_problems(cfg: Config) -> list[str]:
     w = cfg.trainer.critic_warmup
     if w < 0:
         return [f"trainer.critic_warmup = {w} must be >= 0 (0 = the actor updates from the first step)"]
-    if w > 1 and cfg.algorithm.adv_estimator in ADV_ESTIMATORS and not has_critic(cfg):
+    if w > 1 and cfg.algorithm.adv_estimator in ADV_ESTIMATORS and not has_critic(cfg) and cfg.command != "sft":
         return [f"trainer.critic_warmup = {w} holds the actor back for a critic, but algorithm.adv_estimator = "
                 f"{cfg.algorithm.adv_estimator} has none; set trainer.critic_warmup=0"]
     return []
@@ -248,13 +251,14 @@ def _algorithm_range_problems(cfg: Config) -> list[str]:
             out.append(f"{dotted} = {value} must be >= 0")
     # (kl_ctrl = adaptive without the KL in the reward: a note, unread_setting_notes; verl's
     # controller too is the in-reward KL's. A refusal stopped runs started before it from resuming.)
-    if alg.kl_ctrl == "adaptive" and alg.kl_in_reward and alg.kl_target <= 0:
+    if (alg.kl_ctrl == "adaptive" and alg.kl_in_reward and alg.kl_target <= 0
+            and _read_by_run(cfg, "algorithm.kl_target")):
         out.append(f"algorithm.kl_target = {alg.kl_target} must be > 0 for algorithm.kl_ctrl = adaptive; set 0.1")
     dropout = cfg.model.lora_dropout  # read by `tinyrl sft` alone (RL: a note); torch took 5 only at the model load
     if cfg.command == "sft" and cfg.model.finetune == "lora" and math.isfinite(dropout) and not 0 <= dropout < 1:
         out.append(f"model.lora_dropout = {dropout} must be in [0, 1) (the share of adapter inputs zeroed "
                    "in training); set 0.05, or 0 for none")
-    if alg.overlong_buffer > cfg.rollout.max_response_length:
+    if alg.overlong_buffer > cfg.rollout.max_response_length and _read_by_run(cfg, "algorithm.overlong_buffer"):
         out.append(f"algorithm.overlong_buffer = {alg.overlong_buffer} tokens is longer than rollout.max_response_length "
                    f"= {cfg.rollout.max_response_length}; set it below that (DAPO: a quarter of it), or 0 for off")
     return out

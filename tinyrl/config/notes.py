@@ -114,7 +114,12 @@ def _unread_because(cfg: Config, dotted: str) -> str | None:
 
 
 def _read_by_run(cfg: Config, dotted: str) -> bool:
-    """Whether this run reads `dotted` (an unknown estimator: assume so, it is a problem of its own)."""
+    """Whether this run reads `dotted` (an unknown estimator: assume so, it is a problem of its own).
+    `tinyrl sft` reads no [algorithm] or [critic] setting (_unread_by_sft): the config check asks
+    nothing of them there (until 2026-11-29 it refused, e.g., rollout.n = 1 under a grouped
+    estimator, neither of which SFT uses)."""
+    if cfg.command == "sft" and _unread_by_sft(dotted) is not None:
+        return False
     return cfg.algorithm.adv_estimator not in ADV_ESTIMATORS or _unread_because(cfg, dotted) is None
 
 
