@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tinyrl.config.files import resolve_path
-from tinyrl.config.notes import _read_by_run
+from tinyrl.config.notes import _ignored_by_sft, _read_by_run
 from tinyrl.config.schema import Config, get_setting, has_critic
 from tinyrl.errors import TinyRLError
 from tinyrl.rl.kl_names import KL_NAMES, KL_REFUSED
@@ -68,7 +68,7 @@ def problems_of(cfg: Config, resume_dir: Path | None = None, planning: bool = Fa
     out += _algorithm_range_problems(cfg)
     for role in ("actor", "critic"):
         mini = get_setting(cfg, f"{role}.ppo_mini_batch_size")
-        if cfg.command == "sft" and not _read_by_run(cfg, f"{role}.ppo_mini_batch_size"):
+        if _ignored_by_sft(cfg, f"{role}.ppo_mini_batch_size"):
             continue  # an RL preset's critic section copied into an SFT one
         if mini < 0:
             out.append(f"{role}.ppo_mini_batch_size = {mini} must be >= 0 (0 = the whole batch)")
@@ -92,8 +92,8 @@ def problems_of(cfg: Config, resume_dir: Path | None = None, planning: bool = Fa
         out.append(f"rollout.top_p = {r.top_p} must be in (0, 1]")
     if r.temperature <= 0:
         out.append(f"rollout.temperature = {r.temperature} must be > 0 (validation is greedy anyway)")
-    # SFT never reads it; RL only with rollout IS on, but the value is checked whatever it is
-    if cfg.algorithm.rollout_is_cap <= 1.0 and cfg.command != "sft":
+    # RL reads it only with rollout IS on, but checks the value whatever it is; SFT never reads it
+    if cfg.algorithm.rollout_is_cap <= 1.0 and not _ignored_by_sft(cfg, "algorithm.rollout_is_cap"):
         out.append(f"algorithm.rollout_is_cap = {cfg.algorithm.rollout_is_cap} must be > 1 (a cap of 1 "
                    "zeroes every token the engine found likelier than the trainer); set 2.0")
     if r.max_probs_diff <= 0:
@@ -125,7 +125,8 @@ def _critic_warmup_problems(cfg: Config) -> list[str]:
     w = cfg.trainer.critic_warmup
     if w < 0:
         return [f"trainer.critic_warmup = {w} must be >= 0 (0 = the actor updates from the first step)"]
-    if w > 1 and cfg.algorithm.adv_estimator in ADV_ESTIMATORS and not has_critic(cfg) and cfg.command != "sft":
+    if (w > 1 and cfg.algorithm.adv_estimator in ADV_ESTIMATORS and not has_critic(cfg)
+            and not _ignored_by_sft(cfg, "algorithm.adv_estimator")):  # SFT: no estimator, no critic
         return [f"trainer.critic_warmup = {w} holds the actor back for a critic, but algorithm.adv_estimator = "
                 f"{cfg.algorithm.adv_estimator} has none; set trainer.critic_warmup=0"]
     return []

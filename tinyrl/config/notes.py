@@ -113,12 +113,18 @@ def _unread_because(cfg: Config, dotted: str) -> str | None:
     return None
 
 
+def _ignored_by_sft(cfg: Config, dotted: str) -> bool:
+    """A `tinyrl sft` config's setting that SFT never reads (_unread_by_sft): no check asks of it.
+    False for every `tinyrl train` config, whose checks stay as they are."""
+    return cfg.command == "sft" and _unread_by_sft(dotted) is not None
+
+
 def _read_by_run(cfg: Config, dotted: str) -> bool:
     """Whether this run reads `dotted` (an unknown estimator: assume so, it is a problem of its own).
     `tinyrl sft` reads no [algorithm] or [critic] setting (_unread_by_sft): the config check asks
     nothing of them there (until 2026-11-29 it refused, e.g., rollout.n = 1 under a grouped
     estimator, neither of which SFT uses)."""
-    if cfg.command == "sft" and _unread_by_sft(dotted) is not None:
+    if _ignored_by_sft(cfg, dotted):
         return False
     return cfg.algorithm.adv_estimator not in ADV_ESTIMATORS or _unread_because(cfg, dotted) is None
 
