@@ -22,6 +22,7 @@ from tinyrl.doctor.cpu_memory import _totals_tracker
 from tinyrl.errors import TinyRLError
 from tinyrl.memory import simulate as sim
 from tinyrl.microbatch import BudgetKeeper
+from tinyrl.models import Batch
 
 # The tiny model's shape (tinyrl.tiny_model), as in test_memory_sim_vs_real.py.
 TINY = dict(model_type="qwen2", max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=10000.0,
@@ -140,3 +141,91 @@ def test_groups_must_name_rows_of_one_prompt_length():
     for bad in ((0, 1, 1), (0, 0)):
         with pytest.raises(TinyRLError, match="bad groups"):
             sim.Step("forward", 3, WIDTH, RESPONSE, rows=rows, groups=bad).validate()
+
+
+# Short prompts, long responses: a shared prompt saves few tokens, and its layout's attention mask
+# ([B, 1, Rq, Lk], sdpa's float copy of it in each attention call) costs more than they did.
+SHORT_PROMPT, LONG_RESPONSE = 16, 512
+SHORT_WIDTH = SHORT_PROMPT + LONG_RESPONSE
+SHARING = dict(COMMON, response_len=LONG_RESPONSE)
+
+
+def own_tensors(batch: Batch) -> Batch:
+    return Batch(*(t.clone() for t in (batch.input_ids, batch.attention_mask, batch.position_ids,
+                                       batch.response_mask, batch.policy_mask)))
+
+
+@pytest.mark.parametrize("phase", ["forward", "actor_update"])
+def test_a_shared_prompt_pass_is_simulated_with_its_layout(phase, trace_cache):
+    """The packed layout (tinyrl.packing.Layout: index tensors and, when prompts are shared, the
+    mask) is made by host index work on real tensors, which the simulation's tracker never saw:
+    the simulation missed them, 5% of this forward's bytes (what `tinyrl doctor` showed on the
+    tool demo: 1.05x). Now they reach the pass as fake copies, counted as the device holds them."""
+    rows, groups = ((SHORT_PROMPT, LONG_RESPONSE - 12),) * 8, (0,) * 4 + (1,) * 4
+    step = sim.Step(phase, len(rows), SHORT_WIDTH, LONG_RESPONSE, "lora", 16, dtype="fp32", logprob_chunk=256,
+                    rows=rows, groups=groups)
+    batch = sim.make_inputs(step, TINY["vocab_size"])
+    models = sim.build_models(TINY, step, device="cpu")
+    opts = sim.make_optimizers(models)
+    sim.warm_start(models, opts, phase)
+    measured = tracked_bytes(models, opts, step, batch)
+    parts = sim.simulate_phase(TINY, phase, len(rows), SHORT_WIDTH, rows=rows, groups=groups, **SHARING)
+    simulated = parts["peak"] - parts["allocator"]
+    assert measured == pytest.approx(simulated, rel=0.005), f"measured/simulated = {measured / simulated:.4f}"
+
+
+@pytest.mark.parametrize("phase", ["forward", "actor_update"])
+def test_no_micro_batch_of_a_prompt_sharing_run_exceeds_the_plan(phase, trace_cache):
+    """GRPO's n rows a prompt (here 4) in the trainer's own micro-batches (BudgetKeeper cutting at
+    prompts) of rows with every token real: with short prompts such a micro-batch holds more than
+    the same rows with distinct prompts, which was the plan's only layout. The plan of a sharing
+    run (simulate_phase's shared_by) bounds every micro-batch; the distinct-prompt plan did not."""
+    n, planned_rows = 4, 8
+    step = sim.Step(phase, planned_rows, SHORT_WIDTH, LONG_RESPONSE, "lora", 16, dtype="fp32", logprob_chunk=256)
+    models = sim.build_models(TINY, step, device="cpu")
+    opts = sim.make_optimizers(models)
+    sim.warm_start(models, opts, phase)
+    rows = ((SHORT_PROMPT, LONG_RESPONSE),) * 24
+    mini = sim.make_inputs(sim.Step(phase, len(rows), SHORT_WIDTH, LONG_RESPONSE, rows=rows,
+                                    groups=tuple(i // n for i in range(len(rows)))), TINY["vocab_size"])
+    keeper = BudgetKeeper({phase: planned_rows * SHORT_WIDTH}, row_width=SHORT_WIDTH)
+    groups = models.row_groups(mini)
+    assert len(set(groups)) == len(rows) // n  # the trainer's packing finds the shared prompts
+    slices = keeper.slices(phase, len(rows), SHORT_WIDTH, models.row_tokens(mini), groups)
+    # each micro-batch in tensors of its own: a view would count the whole mini-batch's ids as its own
+    seen = [tracked_bytes(models, opts, step, own_tensors(mini.rows(s))) for s in slices]
+
+    def planned(shared_by):
+        parts = sim.simulate_phase(TINY, phase, planned_rows, SHORT_WIDTH, shared_by=shared_by, **SHARING)
+        return parts["peak"] - parts["allocator"]
+
+    assert max(seen) <= planned(n), (seen, planned(n))
+    assert max(seen) > planned(1), (seen, planned(1))  # each prompt distinct: an under-plan here
+
+
+def test_the_plan_of_a_prompt_sharing_run_prices_its_worse_layout(trace_cache):
+    """build_plan passes rollout_n on (simulate_phase's shared_by): with short prompts its forward
+    is priced at the shared layout, above what the same rows with distinct prompts hold."""
+    from tinyrl.hardware import get_gpu
+    from tinyrl.memory.plan import build_plan
+
+    def activations(rollout_n: int) -> int:
+        plan = build_plan(TINY, gpu=get_gpu("rtx4090"), prompt_len=SHORT_PROMPT, response_len=LONG_RESPONSE,
+                          prompts_per_step=2, rollout_n=rollout_n, critic=False, reference=False, lora_rank=16,
+                          logprob_chunk=256, micro_batch=8, engine="hf")
+        return plan.phases["forward"].parts["activations"]
+
+    shared = sim.simulate_phase(TINY, "forward", 8, SHORT_WIDTH, response_len=LONG_RESPONSE, lora_rank=16,
+                                logprob_chunk=256, critic=False, reference=False, groups=sim.edge_groups(8, 4))
+    assert activations(4) == shared["activations"] > activations(1)
+
+
+def test_the_probe_tries_the_layout_the_plan_prices():
+    """The real probes (probe-memory --device cpu / cuda) run each size they try at both layouts
+    simulate_phase's shared_by prices: a size passes only when the shared one runs too."""
+    from tinyrl.memory.probe import measure_peak, real_try_step
+
+    step = sim.Step("forward", 8, SHORT_WIDTH, LONG_RESPONSE, "lora", 16, dtype="fp32", logprob_chunk=256)
+    tries = {n: real_try_step(TINY, step, "cpu", n) for n in (1, 4)}
+    peaks = {n: measure_peak(lambda: tries[n](8)) for n in tries}
+    assert peaks[4] > peaks[1], peaks

@@ -253,7 +253,7 @@ def test_a_budget_above_the_card_is_refused_and_no_plan_is_left_for_train(monkey
 
 def fake_card(monkeypatch, fake_try_step) -> list[float]:
     """A CUDA card faked for cuda_probe's bookkeeping (no GPU here): torch.cuda's calls answered,
-    probe.real_try_step replaced by fake_try_step(spec, step, device), a measured peak of 3 GiB
+    probe.real_try_step replaced by fake_try_step(spec, step, device, shared_by), a measured peak of 3 GiB
     (after running the step). -> the memory fractions the probe set, in order."""
     import torch
 
@@ -285,9 +285,11 @@ def test_cuda_probe_puts_measured_micro_batches_into_the_plan(monkeypatch):
     from tinyrl.memory import from_config as mp
 
     limits = {"forward": 40, "actor_update": 5, "critic_update": 0}
+    shared_by = []
 
-    def fake_try_step(spec, step, device):
+    def fake_try_step(spec, step, device, rows_per_prompt):
         assert device == "cuda" and step.dtype == "bf16"
+        shared_by.append(rows_per_prompt)
 
         def try_step(b):
             if b > limits[step.phase]:
@@ -309,6 +311,10 @@ def test_cuda_probe_puts_measured_micro_batches_into_the_plan(monkeypatch):
     beside = planned.phases["actor_update"].parts["cuda_context"] + planned.phases["actor_update"].parts["vllm_asleep"]
     assert fractions[0] == pytest.approx((planned.budget_bytes - beside) / torch.cuda.get_device_properties(0).total_memory)
     assert fractions[-1] == 1.0
+    # each phase tries the layouts the plan prices: a prompt's rows (rollout.n) share it
+    grpo = load_config("countdown-tiny", ["rollout.engine=vllm", "rollout.n=4"])
+    mp.cuda_probe(grpo, GPUS["rtx4090"], mp.plan_for_config(grpo, GPUS["rtx4090"]))
+    assert shared_by == [1, 1, 1, 4, 4, 4]
 
 
 def test_cuda_probe_measures_the_size_it_found_again_and_steps_down_when_it_does_not_rerun(monkeypatch):
@@ -324,7 +330,7 @@ def test_cuda_probe_measures_the_size_it_found_again_and_steps_down_when_it_does
 
     edges, ran = {"forward": 40, "actor_update": 5, "critic_update": 1}, {}
 
-    def fake_try_step(spec, step, device):
+    def fake_try_step(spec, step, device, rows_per_prompt):
         edge, seen = edges[step.phase], ran.setdefault(step.phase, set())
 
         def try_step(b):

@@ -30,7 +30,10 @@ a shared prompt's gradient may still differ in the last bits between runs (unles
 torch.use_deterministic_algorithms).
 The layout is index work on the host over the batch's mask: it runs on real tensors even under
 the memory simulation's FakeTensorMode (`host_index_work`), so the simulation traces these very
-packed passes (its batch's ids and masks are real; the activations stay fake).
+packed passes (its batch's ids and masks are real; the activations stay fake). What the index work
+returns reaches the passes as the device would hold it (`as_device_tensor`): under the simulation
+a fake copy, so the plan counts the layout's bytes too (its mask is the size of a row's attention
+scores: B x Rq x Lk bytes).
 """
 
 from __future__ import annotations
@@ -149,14 +152,27 @@ def host_index_work():
         yield
 
 
+def as_device_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A result of host index work that a real run holds on the device (a layout's index tensors
+    and attention mask, the packed ids): itself, or under the memory simulation's FakeTensorMode a
+    fake copy, which the simulation's tracker counts (made by host_index_work, the real tensor is
+    invisible to it). Call it outside host_index_work. Values are lost in the copy: only ops that
+    need none (index_select, sdpa's mask) may read it afterwards."""
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None:
+        return t
+    return t.clone()
+
+
 def real_places(mask: torch.Tensor, width: int | None = None, offset: int = 0) -> torch.Tensor:
     """[B, R] mask -> [n] flat places of its nonzero entries (what `x[mask.bool()]` selects) in a
     [B, width] tensor whose column offset + r is the mask's column r (default: the mask's own
-    shape). Found on real values; gather with index_select, which needs none (fake tensors)."""
+    shape). Found on real values, returned as the device holds them (as_device_tensor); gather
+    with index_select, which needs none (fake tensors)."""
     with host_index_work():
         R = mask.shape[1]
         flat = mask.reshape(-1).nonzero()[:, 0]
-        return flat if width is None else flat // R * width + offset + flat % R
+        places = flat if width is None else flat // R * width + offset + flat % R
+    return as_device_tensor(places)
 
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, prompt_len: int,
@@ -166,9 +182,15 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
     of a prompt shared by several rows (GRPO's n samples of one prompt): a prompt's hidden
     states do not depend on the response after it, so each distinct prompt is computed once.
     share_prompts=False: every row packs its own prompt (one causal part). The inputs must hold
-    real values (host index work, see host_index_work); so does everything returned."""
+    real values (host index work, see host_index_work); so does everything returned, except under
+    the memory simulation's fake tensors (as_device_tensor)."""
     with host_index_work():
-        return _pack(input_ids, attention_mask, position_ids, prompt_len, share_prompts)
+        ids, pos, layout, real = _pack(input_ids, attention_mask, position_ids, prompt_len, share_prompts)
+    # The memory simulation counts what a real run holds on the device for the pass (the shared
+    # prompts' [B, 1, Rq, Lk] mask is the largest: 0.41 GiB at retool-4090's forward micro-batch).
+    traced = {f: as_device_tensor(getattr(layout, f)) for f in ("p_src", "q_src", "k_src", "dest", "hidden")}
+    layout = Layout(**traced, mask=None if layout.mask is None else as_device_tensor(layout.mask), shapes=layout.shapes)
+    return as_device_tensor(ids), as_device_tensor(pos), layout, real
 
 
 def _pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, prompt_len: int,

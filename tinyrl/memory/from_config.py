@@ -54,6 +54,13 @@ def step_flags(cfg: Config) -> dict[str, bool]:
     return {**role_flags(cfg), "with_entropy": not sft, "sft": sft}
 
 
+def rows_per_prompt(cfg: Config) -> int:
+    """Rows of a step that answer each prompt: rollout.n for RL, 1 for SFT (a row per example).
+    An RL run's packed passes compute each such prompt once, so the plan and the probes price its
+    micro-batches at the worse of the two layouts (simulate.simulate_phase's shared_by)."""
+    return 1 if cfg.command == "sft" else cfg.rollout.n
+
+
 def planned_phases(cfg: Config) -> list[str]:
     """The phases build_plan plans for this config, in a step's order: an SFT step's update and
     validation forward; an RL step's rollout, forward, actor update and, with a critic, its update."""
@@ -103,7 +110,7 @@ def plan_for_config(cfg: Config, gpu: GPU, *, simulate: bool = True,
     sft = flags["sft"]
     return build_plan(
         load_spec(m.name), gpu=gpu, model=m.name, prompt_len=prompt_len, response_len=response_len,
-        prompts_per_step=cfg.trainer.train_batch_size, rollout_n=1 if sft else cfg.rollout.n,
+        prompts_per_step=cfg.trainer.train_batch_size, rollout_n=rows_per_prompt(cfg),
         mini_batch_prompts=0 if sft else cfg.actor.ppo_mini_batch_size, **flags,
         finetune=m.finetune, lora_rank=m.lora_rank, lora_targets=tuple(m.lora_targets),
         quantize=None if m.quantize == "none" else m.quantize,
@@ -411,10 +418,10 @@ def _cpu_twin(tries: dict) -> dict:
     return out
 
 
-def _cpu_twin_prepare(spec: dict, step, hi: int) -> dict:
+def _cpu_twin_prepare(spec: dict, step, hi: int, shared_by: int) -> dict:
     from tinyrl.memory import probe
 
-    return {"try_step": probe.real_try_step(spec, step, "cpu"), "hi": hi}
+    return {"try_step": probe.real_try_step(spec, step, "cpu", shared_by), "hi": hi}
 
 
 def cpu_probe(cfg: Config, limit_bytes: int, phase: str = Phase.ACTOR_UPDATE) -> dict:
@@ -438,7 +445,8 @@ def cpu_probe(cfg: Config, limit_bytes: int, phase: str = Phase.ACTOR_UPDATE) ->
     # in the child, costs minutes (countdown-tiny at 3 GiB: ~150 s up to 404 sequences).
     cap = _caps(cfg)[phase]
     t0 = time.perf_counter()
-    out = probe.run_under_memory_limit(_cpu_twin, limit_bytes, spec, step, cap, prepare=_cpu_twin_prepare)
+    out = probe.run_under_memory_limit(_cpu_twin, limit_bytes, spec, step, cap, rows_per_prompt(cfg),
+                                       prepare=_cpu_twin_prepare)
     b = out["max_micro_batch"]
     return {"device": "cpu", "simulated": False, "model": cfg.model.name, "phase": phase,
             "dtype": dtype, "memory_limit_bytes": limit_bytes, "seq_len": row_width(cfg),
@@ -508,7 +516,7 @@ def _measure_phase(cfg: Config, spec: dict, plan: MemoryPlan, name: str, trace_p
     torch.cuda.set_per_process_memory_fraction(max(0.0, min(1.0, allowed / total)))
     before = torch.cuda.memory_allocated()
     try:
-        try_step = probe.real_try_step(spec, _step(cfg, trace_phase, "bf16"), "cuda")
+        try_step = probe.real_try_step(spec, _step(cfg, trace_phase, "bf16"), "cuda", rows_per_prompt(cfg))
     except (RuntimeError, MemoryError) as exc:
         if not probe.is_oom(exc):
             raise

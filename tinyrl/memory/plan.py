@@ -113,9 +113,12 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
               "lora_targets": tuple(lora_targets), "gradient_checkpointing": gradient_checkpointing,
               "dtype": "bf16", "logprob_chunk": logprob_chunk, "with_entropy": with_entropy,
               "critic": critic, "reference": reference,  # the roles (tinyrl.roles): no critic, no critic parts
-              "sft": sft}
-    if sft and (critic or reference):
-        raise TinyRLError("an SFT plan has the actor alone", hint="critic=False, reference=False")
+              "sft": sft,
+              # a prompt's rollout_n rows share it in a packed pass: priced at the worse layout
+              "shared_by": rollout_n}
+    if sft and (critic or reference or rollout_n != 1):
+        raise TinyRLError("an SFT plan has the actor alone, one row per example",
+                          hint="critic=False, reference=False, rollout_n=1")
     notes = [f"budget {budget / GiB:.2f} GiB of {gpu.memory_bytes / GiB:.2f} GiB on {gpu.name}",
              f"CUDA context {fm.CUDA_CONTEXT_BYTES / GiB:.2f} GiB in every phase (approximate)"]
     outside = {"cuda_context": fm.CUDA_CONTEXT_BYTES}  # on the card beside the trainer's tensors

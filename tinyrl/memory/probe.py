@@ -239,9 +239,12 @@ def run_under_memory_limit(fn: Callable[..., Any], limit_bytes: int, *args,
 
 # ------------------------------------------------------------------------------- tinyrl's step
 
-def real_try_step(spec: dict, step, device: str = "cpu") -> Callable[[int], None]:
+def real_try_step(spec: dict, step, device: str = "cpu", shared_by: int = 1) -> Callable[[int], None]:
     """try_step(micro_batch) running tinyrl's own micro-step (simulate.run_phase) for real:
-    real random weights on `device`, Adam state created, the phase's grads allocated."""
+    real random weights on `device`, Adam state created, the phase's grads allocated. With
+    `shared_by` > 1 (rows that share each prompt, GRPO's rollout.n) each try runs both packed
+    layouts the plan prices (simulate.simulate_phase's shared_by), each prompt distinct then
+    shared as simulate.edge_groups says: a size passes when both run, its peak the higher."""
     from dataclasses import replace
 
     from tinyrl.memory import simulate as sim
@@ -252,11 +255,14 @@ def real_try_step(spec: dict, step, device: str = "cpu") -> Callable[[int], None
 
     def try_step(micro_batch: int) -> None:
         s = replace(step, micro_batch=micro_batch)
-        batch = sim.make_inputs(s, spec["vocab_size"], device)
-        try:
-            sim.run_phase(models, opts, s, batch)
-        finally:
-            sim.warm_start(models, {}, s.phase)  # grads back, as in the next micro-batch
+        shared = [replace(s, groups=sim.edge_groups(micro_batch, shared_by))] if shared_by > 1 and micro_batch > 1 else []
+        for layout in [s] + shared:
+            batch = sim.make_inputs(layout, spec["vocab_size"], device)
+            try:
+                sim.run_phase(models, opts, layout, batch)
+            finally:
+                sim.warm_start(models, {}, layout.phase)  # grads back, as in the next micro-batch
+            del batch
 
     return try_step
 
