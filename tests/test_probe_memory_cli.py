@@ -200,6 +200,26 @@ def test_cpu_twin_finds_a_micro_batch_with_real_allocator_evidence(monkeypatch, 
     assert "failed in the allocator" in stdout
 
 
+def test_the_cpu_twin_tries_the_layouts_of_a_prompt_sharing_run(monkeypatch):
+    """cpu_probe hands the child the rows that share each prompt (rollout.n), so its try_step runs
+    both layouts the plan prices (test_memory_packed_plan: the try itself)."""
+    from tinyrl.config import load_config
+    from tinyrl.memory import from_config as mp
+    from tinyrl.memory import probe
+
+    handed = []
+
+    def child(fn, limit, *args, prepare=None, **kwargs):
+        handed.append((prepare, args[-1]))
+        return {"max_micro_batch": 3, "reruns": True, "stepped_down": False, "double_error": None,
+                "seconds": 0.0, "rlimit_as_bytes": limit}
+
+    monkeypatch.setattr(probe, "run_under_memory_limit", child)
+    for preset in ("countdown-tiny", "math-tiny"):  # PPO, one answer a prompt; GRPO, 4
+        mp.cpu_probe(load_config(preset), 64 * 2**20)
+    assert handed == [(mp._cpu_twin_prepare, 1), (mp._cpu_twin_prepare, 4)]
+
+
 @pytest.mark.parametrize("args, words", [
     (["--preset", "countdown-4090", "--gpu", "rtx4909", "--simulate"], "unknown GPU"),
     (["--preset", "countdown-tiny", "--device", "cpu", "--memory-limit", "3 potatoes"], "cannot read the size"),
