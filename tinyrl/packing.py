@@ -39,7 +39,7 @@ scores: B x Rq x Lk bytes).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -188,8 +188,8 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
         ids, pos, layout, real = _pack(input_ids, attention_mask, position_ids, prompt_len, share_prompts)
     # The memory simulation counts what a real run holds on the device for the pass (the shared
     # prompts' [B, 1, Rq, Lk] mask is the largest: 0.41 GiB at retool-4090's forward micro-batch).
-    traced = {f: as_device_tensor(getattr(layout, f)) for f in ("p_src", "q_src", "k_src", "dest", "hidden")}
-    layout = Layout(**traced, mask=None if layout.mask is None else as_device_tensor(layout.mask), shapes=layout.shapes)
+    layout = Layout(**{f.name: as_device_tensor(v) if isinstance(v := getattr(layout, f.name), torch.Tensor) else v
+                       for f in fields(Layout)})
     return as_device_tensor(ids), as_device_tensor(pos), layout, real
 
 

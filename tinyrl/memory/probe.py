@@ -243,8 +243,8 @@ def real_try_step(spec: dict, step, device: str = "cpu", shared_by: int = 1) -> 
     """try_step(micro_batch) running tinyrl's own micro-step (simulate.run_phase) for real:
     real random weights on `device`, Adam state created, the phase's grads allocated. With
     `shared_by` > 1 (rows that share each prompt, GRPO's rollout.n) each try runs both packed
-    layouts the plan prices (simulate.simulate_phase's shared_by), each prompt distinct then
-    shared as simulate.edge_groups says: a size passes when both run, its peak the higher."""
+    layouts the plan prices (simulate.priced_layouts), each prompt distinct then shared as
+    simulate.edge_groups says: a size passes when both run, its peak the higher."""
     from dataclasses import replace
 
     from tinyrl.memory import simulate as sim
@@ -254,9 +254,7 @@ def real_try_step(spec: dict, step, device: str = "cpu", shared_by: int = 1) -> 
     sim.warm_start(models, opts, step.phase)
 
     def try_step(micro_batch: int) -> None:
-        s = replace(step, micro_batch=micro_batch)
-        shared = [replace(s, groups=sim.edge_groups(micro_batch, shared_by))] if shared_by > 1 and micro_batch > 1 else []
-        for layout in [s] + shared:
+        for layout in sim.priced_layouts(replace(step, micro_batch=micro_batch), shared_by):
             batch = sim.make_inputs(layout, spec["vocab_size"], device)
             try:
                 sim.run_phase(models, opts, layout, batch)

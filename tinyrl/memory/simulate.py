@@ -496,6 +496,15 @@ def edge_groups(micro_batch: int, shared_by: int) -> tuple[int, ...]:
     return tuple((i + shared_by - 1) // shared_by for i in range(micro_batch))
 
 
+def priced_layouts(step: Step, shared_by: int) -> list[Step]:
+    """The packed layouts a plan prices for `step` when its rows come `shared_by` to a prompt
+    (simulate_phase's shared_by; the real probes try the same): the step itself and, when rows share
+    prompts and the step names no groups of its own, its rows grouped as edge_groups says."""
+    if shared_by > 1 and step.groups is None and step.micro_batch > 1:
+        return [step, replace(step, groups=edge_groups(step.micro_batch, shared_by))]
+    return [step]
+
+
 def simulate_phase(spec: dict, phase: str, micro_batch: int, seq_len: int, *,
                    response_len: int | None = None, finetune: str = "lora", lora_rank: int = 32,
                    lora_targets: tuple[str, ...] = ALL_LINEAR, gradient_checkpointing: bool = True,
@@ -520,10 +529,8 @@ def simulate_phase(spec: dict, phase: str, micro_batch: int, seq_len: int, *,
                 tuple(lora_targets), gradient_checkpointing, dtype, logprob_chunk, with_entropy,
                 tuple(map(tuple, rows)) if rows is not None else None, critic, reference,
                 tuple(groups) if groups is not None else None, sft)
-    if shared_by > 1 and groups is None and micro_batch > 1:
-        shared = replace(step, groups=edge_groups(micro_batch, shared_by))
-        return max((_simulate_step(spec, s, layers) for s in (step, shared)), key=lambda parts: parts["peak"])
-    return _simulate_step(spec, step, layers)
+    return max((_simulate_step(spec, s, layers) for s in priced_layouts(step, shared_by)),
+               key=lambda parts: parts["peak"])
 
 
 def _simulate_step(spec: dict, step: Step, layers: int | None) -> dict[str, int]:
