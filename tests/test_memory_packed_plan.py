@@ -13,6 +13,7 @@ main did): 16 rows where the plan traced 4.
 """
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -229,3 +230,41 @@ def test_the_probe_tries_the_layout_the_plan_prices():
     tries = {n: real_try_step(TINY, step, "cpu", n) for n in (1, 4)}
     peaks = {n: measure_peak(lambda: tries[n](8)) for n in tries}
     assert peaks[4] > peaks[1], peaks
+
+
+PADDED_WIDTH, PADDED_RESPONSE = 1024, 960
+
+
+@pytest.mark.parametrize("phase", ["forward", "actor_update", "critic_update"])
+def test_a_padded_run_is_simulated_with_its_padded_passes(phase, trace_cache):
+    """model.padding_free=false (what README tells a user of a sliding-window model to set) runs
+    transformers' padded passes, whose [rows, 1, width, width] attention mask the packed passes do
+    not have: the plan traced packed passes whatever the setting, and promised less than a padded
+    micro-batch holds (here 1.08x in forward, 1.26x in an update). Now it traces the passes the
+    run makes. One row a token short: a batch padded to its longest row, so transformers builds
+    the mask (with no pad at all it may skip it, never more bytes)."""
+    rows = ((PADDED_WIDTH - PADDED_RESPONSE - 1, PADDED_RESPONSE),) + ((PADDED_WIDTH - PADDED_RESPONSE,
+                                                                         PADDED_RESPONSE),)
+    step = sim.Step(phase, 2, PADDED_WIDTH, PADDED_RESPONSE, "lora", 16, dtype="fp32", logprob_chunk=256,
+                    padding_free=False)
+    models = sim.build_models(TINY, step, device="cpu")
+    assert not models.cfg.padding_free
+    opts = sim.make_optimizers(models)
+    sim.warm_start(models, opts, phase)
+    measured = tracked_bytes(models, opts, step, sim.make_inputs(replace(step, rows=rows), TINY["vocab_size"]))
+
+    def planned(padding_free: bool) -> int:
+        parts = sim.simulate_phase(TINY, phase, 2, PADDED_WIDTH, padding_free=padding_free,
+                                   **dict(COMMON, response_len=PADDED_RESPONSE))
+        return parts["peak"] - parts["allocator"]
+
+    assert measured == pytest.approx(planned(False), rel=0.005), f"measured/planned = {measured / planned(False):.4f}"
+    assert measured > 1.05 * planned(True)  # the packed passes' plan: an under-plan for this run
+
+
+def test_a_padded_pass_is_priced_at_one_layout():
+    """Rows sharing a prompt change a packed pass's layout, never a padded one's (every row
+    computes its prompt): a padded step is traced once, not twice."""
+    step = sim.Step("forward", 8, SHORT_WIDTH, LONG_RESPONSE)
+    assert len(sim.priced_layouts(step, 4)) == 2
+    assert sim.priced_layouts(replace(step, padding_free=False), 4) == [replace(step, padding_free=False)]

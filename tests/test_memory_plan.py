@@ -209,3 +209,31 @@ def test_a_cached_plan_is_keyed_by_the_code_it_traced_and_the_libraries(monkeypa
         patch.setattr(importlib.metadata, "version", lambda lib: "9.9.9" if lib == "torch" else version(lib))
         assert config_digest(cfg, gpu) != before
     assert config_digest(cfg, gpu) == before
+
+
+SMALL_STEP = ["trainer.train_batch_size=4", "actor.ppo_mini_batch_size=2"]  # micro-batches of 4 rows at most
+
+
+def test_a_padded_run_is_planned_and_probed_with_padded_passes(monkeypatch):
+    """model.padding_free reaches every trace the plan makes, the real probes' step, and the
+    cached plan's key (a plan for packed passes is not read back for a padded run)."""
+    from tinyrl.config import load_config
+    from tinyrl.memory import from_config as mp
+
+    traced = []
+    simulate_phase = sim.simulate_phase
+
+    def spy(*args, **kwargs):
+        traced.append(kwargs.get("padding_free", True))
+        return simulate_phase(*args, **kwargs)
+
+    monkeypatch.setattr(sim, "simulate_phase", spy)
+    gpu = get_gpu("rtx4090")
+    for setting in (False, True):
+        traced.clear()
+        cfg = load_config("countdown-tiny", [f"model.padding_free={str(setting).lower()}", *SMALL_STEP])
+        mp.plan_for_config(cfg, gpu)
+        assert traced and set(traced) == {setting}
+        assert mp._step(cfg, "forward", "fp32").padding_free is setting
+    padded, packed = (load_config("countdown-tiny", [f"model.padding_free={s}", *SMALL_STEP]) for s in ("false", "true"))
+    assert mp.plan_path(padded, gpu) != mp.plan_path(packed, gpu)

@@ -29,7 +29,7 @@ GiB = fm.GiB
 
 # Every Config field that plan_for_config reads: a change to any of them is another plan.
 MEMORY_FIELDS = ("model.name", "model.finetune", "model.lora_rank", "model.lora_targets",
-                 "model.quantize", "model.gradient_checkpointing", "model.logprob_chunk",
+                 "model.quantize", "model.gradient_checkpointing", "model.logprob_chunk", "model.padding_free",
                  "data.max_prompt_length", "rollout.max_response_length", "rollout.n",
                  "rollout.engine", "trainer.train_batch_size", "actor.ppo_mini_batch_size",
                  "algorithm.adv_estimator", "algorithm.kl_in_reward", "algorithm.use_kl_loss",
@@ -49,9 +49,10 @@ def role_flags(cfg: Config) -> dict[str, bool]:
 
 def step_flags(cfg: Config) -> dict[str, bool]:
     """simulate.Step's flags for this config's step, as build_plan takes them: the roles, whether
-    the actor's pass computes PPO's entropy (an SFT step's does not), and whether it is SFT's."""
+    the actor's pass computes PPO's entropy (an SFT step's does not), whether it is SFT's, and
+    whether its passes are packed or padded (model.padding_free)."""
     sft = cfg.command == "sft"
-    return {**role_flags(cfg), "with_entropy": not sft, "sft": sft}
+    return {**role_flags(cfg), "with_entropy": not sft, "sft": sft, "padding_free": cfg.model.padding_free}
 
 
 def rows_per_prompt(cfg: Config) -> int:

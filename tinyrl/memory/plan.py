@@ -83,7 +83,7 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
                budget_bytes: int | None = None, engine: str = "vllm",
                offload_optimizer_in_rollout: bool = False, vllm_max_batched_tokens: int = 8192,
                micro_batch: int | None = None, simulate: bool = True, model: str = "",
-               multi_turn: bool = False, sft: bool = False) -> MemoryPlan:
+               multi_turn: bool = False, sft: bool = False, padding_free: bool = True) -> MemoryPlan:
     """Plan every phase against `budget_bytes` (default: the card less `margin_fraction`, which
     covers allocator fragmentation and what the trace does not see).
 
@@ -98,7 +98,10 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
 
     `sft` (`tinyrl sft`): the actor alone, no rollout engine, rows of prompt_len + response_len
     tokens with log-probs over response_len of them; the phases are its update and the no-grad
-    forward of its validation loss, traced through the SFT trainer's own loss (simulate.Step.sft)."""
+    forward of its validation loss, traced through the SFT trainer's own loss (simulate.Step.sft).
+
+    `padding_free` (model.padding_free): the passes traced are the trainer's packed ones, or with
+    False its padded ones (every pad computed, transformers' [rows, 1, width, width] mask)."""
     if quantize not in (None, "nf4") or (quantize == "nf4" and finetune != "lora"):
         raise TinyRLError(f"quantize={quantize!r} with finetune={finetune!r} cannot be planned",
                           hint="NF4 (QLoRA) quantises a frozen base: use it with finetune=lora")
@@ -113,7 +116,7 @@ def build_plan(spec: dict, *, gpu: GPU, prompt_len: int, response_len: int, prom
               "lora_targets": tuple(lora_targets), "gradient_checkpointing": gradient_checkpointing,
               "dtype": "bf16", "logprob_chunk": logprob_chunk, "with_entropy": with_entropy,
               "critic": critic, "reference": reference,  # the roles (tinyrl.roles): no critic, no critic parts
-              "sft": sft,
+              "sft": sft, "padding_free": padding_free,
               # a prompt's rollout_n rows share it in a packed pass: priced at the worse layout
               "shared_by": rollout_n}
     if sft and (critic or reference or rollout_n != 1):

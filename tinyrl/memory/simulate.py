@@ -74,6 +74,9 @@ class Step:
     # `tinyrl sft`'s step (the actor alone): its update's loss is tinyrl.learners.sft_loss_fn's
     # (log-probs without entropy, NLL over the mask) instead of PPO's policy loss.
     sft: bool = False
+    # model.padding_free: the trainer's packed passes (its default), or transformers' padded ones,
+    # which compute every pad and build a [rows, 1, width, width] attention mask.
+    padding_free: bool = True
 
     def prompt_sources(self) -> list[int]:
         """[micro_batch] the row whose prompt each row carries: its group's first row."""
@@ -263,9 +266,9 @@ def model_config(step: Step):
                        lora_alpha=2 * step.lora_rank, lora_dropout=0.0, lora_targets=list(step.lora_targets),
                        dtype=step.dtype, gradient_checkpointing=step.gradient_checkpointing,
                        logprob_chunk=step.logprob_chunk,
-                       # The trainer's passes are packed (model.padding_free's default): traced as
-                       # they run, their layout found from the batch's real mask (tinyrl.packing).
-                       padding_free=True)
+                       # Traced as the trainer runs them: packed (the default), their layout found
+                       # from the batch's real mask (tinyrl.packing), or padded.
+                       padding_free=step.padding_free)
 
 
 def build_models(spec: dict, step: Step, layers: int | None = None, device: str = "meta"):
@@ -499,8 +502,9 @@ def edge_groups(micro_batch: int, shared_by: int) -> tuple[int, ...]:
 def priced_layouts(step: Step, shared_by: int) -> list[Step]:
     """The packed layouts a plan prices for `step` when its rows come `shared_by` to a prompt
     (simulate_phase's shared_by; the real probes try the same): the step itself and, when rows share
-    prompts and the step names no groups of its own, its rows grouped as edge_groups says."""
-    if shared_by > 1 and step.groups is None and step.micro_batch > 1:
+    prompts and the step names no groups of its own, its rows grouped as edge_groups says. A padded
+    pass computes every row's prompt however many rows share it: one layout."""
+    if shared_by > 1 and step.groups is None and step.micro_batch > 1 and step.padding_free:
         return [step, replace(step, groups=edge_groups(step.micro_batch, shared_by))]
     return [step]
 
@@ -512,12 +516,13 @@ def simulate_phase(spec: dict, phase: str, micro_batch: int, seq_len: int, *,
                    critic: bool = True, reference: bool = True, layers: int | None = None,
                    rows: tuple[tuple[int, int], ...] | None = None,
                    groups: tuple[int, ...] | None = None, sft: bool = False,
-                   shared_by: int = 1) -> dict[str, int]:
+                   shared_by: int = 1, padding_free: bool = True) -> dict[str, int]:
     """Bytes by category at the phase's peak, for the full depth (or `layers`):
     base_weights, adapters (all trainable weights: adapters + value head, or the full models),
     gradients, optimizer (state + step temporaries), activations (everything else, the
     log-prob chunk included), logprob_chunk (of which: one chunk's traced working set), peak.
-    The passes are packed, as the trainer's; `rows` (Step.rows) gives each row's real tokens,
+    The passes are packed, as the trainer's (padded with `padding_free` False, model.padding_free's
+    other setting); `rows` (Step.rows) gives each row's real tokens,
     else every token is real (the worst case the plan needs); `groups` (Step.groups) which rows
     share a prompt, else none does; `sft` (Step.sft) the SFT step.
     `shared_by` (the plan of a run whose rows come `shared_by` to a prompt, GRPO's rollout.n): the
@@ -528,7 +533,7 @@ def simulate_phase(spec: dict, phase: str, micro_batch: int, seq_len: int, *,
     step = Step(phase, micro_batch, seq_len, response_len or seq_len - 1, finetune, lora_rank,
                 tuple(lora_targets), gradient_checkpointing, dtype, logprob_chunk, with_entropy,
                 tuple(map(tuple, rows)) if rows is not None else None, critic, reference,
-                tuple(groups) if groups is not None else None, sft)
+                tuple(groups) if groups is not None else None, sft, padding_free)
     return max((_simulate_step(spec, s, layers) for s in priced_layouts(step, shared_by)),
                key=lambda parts: parts["peak"])
 
