@@ -383,13 +383,26 @@ def test_a_run_validated_before_training_reports_the_accuracy_change(tmp_path):
     assert "median step time: 8.35 s" in summary  # the step-0 record has no timings to skew it
 
 
+def test_the_report_says_how_many_prompts_the_accuracy_is_out_of(tmp_path):
+    """A run's validations record their prompt count (val/prompts): `tinyrl report` said "on the
+    held-back test prompts" where the end of `train` said "on 64 held-back test prompts"."""
+    run = make_run(tmp_path / "run", steps=10, val_every=5)
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    with open(run / "metrics.jsonl", "w") as f:
+        for m in [{"step": 0, "val/score": 0.125, "val/reward_mean": 0.2, "val/prompts": 64}] + recs:
+            f.write(json.dumps({**m, "val/prompts": 64} if "val/score" in m else m) + "\n")
+    write_report(run)
+    assert "greedy accuracy (val/score) on 64 held-back test prompts: 12.5% before training -> 100.0% " \
+           "after step 10" in (run / "report" / "summary.txt").read_text()
+
+
 def test_no_step_zero_validation_no_accuracy_change_line(tmp_path):
     from tinyrl.report import accuracy_change
 
     recs = load_metrics(make_run(tmp_path / "run", steps=10, val_every=5), [])
     assert accuracy_change(recs) is None  # first validation at step 5 is not "before training"
     assert accuracy_change([{"step": 0, "val/score": 0.5}]) is None  # nothing after it yet
-    assert "(-25.0 points)" in accuracy_change([{"step": 0, "val/score": 0.5}, {"step": 3, "val/score": 0.25}], 256)
+    assert "(-25.0 points)" in accuracy_change([{"step": 0, "val/score": 0.5}, {"step": 3, "val/score": 0.25}])
 
 
 def test_a_run_without_a_step_zero_validation_ends_with_its_last_one():
@@ -397,8 +410,9 @@ def test_a_run_without_a_step_zero_validation_ends_with_its_last_one():
     accuracy was only in the dashboard's last frame (a new user's note)."""
     from tinyrl.report import last_validation
 
-    recs = [{"step": 5, "val/score": 0.25, "val/loss": 1.5}, {"step": 6}, {"step": 10, "val/score": 0.0859, "val/loss": 1.25}]
-    assert last_validation(recs, 256) == "greedy accuracy (val/score) on 256 held-back test prompts: 8.6% at step 10"
+    recs = [{"step": 5, "val/score": 0.25, "val/loss": 1.5, "val/prompts": 256}, {"step": 6},
+            {"step": 10, "val/score": 0.0859, "val/loss": 1.25, "val/prompts": 256}]
+    assert last_validation(recs) == "greedy accuracy (val/score) on 256 held-back test prompts: 8.6% at step 10"
     assert last_validation([{"step": 3, "val/loss": 0.75}]) == "validation loss (val/loss) at step 3: 0.7500"
     assert last_validation([{"step": 3, "sft/loss": 0.75}]) is None
 

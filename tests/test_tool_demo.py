@@ -34,7 +34,7 @@ def test_the_end_of_run_line_shows_tool_use_before_and_after():
 
     recs = [{"step": 0, "val/score": 0.1, "val/tools/ok_share": 0.25}, {"step": 5, "reward/mean": 0.3},
             {"step": 10, "val/score": 0.4, "val/tools/ok_share": 0.875}]
-    line = accuracy_change(recs, 128)
+    line = accuracy_change(recs)
     assert "10.0% before training -> 40.0% after step 10 (+30.0 points)" in line
     assert line.endswith("successful tool call (val/tools/ok_share), same prompts: 25.0% before training -> "
                          "87.5% after step 10")

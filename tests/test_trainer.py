@@ -171,7 +171,8 @@ def test_val_before_train_logs_step_zero_and_the_last_step_always_validates(tmp_
     assert [m["step"] for m in history] == [1, 2]  # step 0 is a validation, not a training step
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2]
-    assert set(lines[0]) == {"step", "val/score", "val/reward_mean"} and trainer.val_before == lines[0]
+    assert set(lines[0]) == {"step", "val/score", "val/reward_mean", "val/prompts"} and trainer.val_before == lines[0]
+    assert lines[0]["val/prompts"] == lines[2]["val/prompts"] == 4  # data.max_test_prompts: what val/score is out of
     assert "val/score" not in lines[1] and "val/score" in lines[2]
     # the step-0 score is on step 1's line (it said "val –" until the run's last step)
     step1 = next(x for x in shown.getvalue().splitlines() if x.startswith("step 1/2"))

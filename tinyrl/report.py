@@ -105,13 +105,20 @@ def series(records: list[dict], key: str, scale: float = 1.0) -> tuple[list[floa
     return xs, ys
 
 
-def accuracy_change(recs: list[dict], n_prompts: int | None = None) -> str | None:
+def _test_prompts(recs: list[dict]) -> str:
+    """The prompts val/score is out of: their number from the last validation's val/prompts (a run
+    from before 2026-11-29 has none)."""
+    _, counts = series(recs, "val/prompts")
+    return f"{counts[-1]:g} held-back test prompts" if counts else "the held-back test prompts"
+
+
+def accuracy_change(recs: list[dict]) -> str | None:
     """val/score at step 0 (trainer.val_before_train: the starting model) against the last
     validation, on the same test prompts; None when the run has no step-0 validation."""
     xs, ys = series(recs, "val/score")
     if len(xs) < 2 or xs[0] != 0:
         return None
-    on = f"{n_prompts} held-back test prompts" if n_prompts else "the held-back test prompts"
+    on = _test_prompts(recs)
     line = (f"greedy accuracy (val/score) on {on}: {ys[0]:.1%} before training -> {ys[-1]:.1%} after "
             f"step {xs[-1]:g} ({100 * (ys[-1] - ys[0]):+.1f} points)")
     tx, ts = series(recs, "val/tools/ok_share")  # a task with tools: how many episodes used one
@@ -134,13 +141,12 @@ def judged_by(config: dict | None) -> str | None:
     return f"val/score judged by reward.fn = {fn} (solved: a score >= 1), not the {task} task's reward"
 
 
-def last_validation(recs: list[dict], n_prompts: int | None = None) -> str | None:
+def last_validation(recs: list[dict]) -> str | None:
     """The run's last validation in a line, for a run with no step-0 one to compare with (an SFT
     run: its figures were only in the dashboard's last frame): val/score, else val/loss."""
     xs, ys = series(recs, "val/score")
     if xs:
-        on = f"{n_prompts} held-back test prompts" if n_prompts else "the held-back test prompts"
-        return f"greedy accuracy (val/score) on {on}: {ys[-1]:.1%} at step {xs[-1]:g}"
+        return f"greedy accuracy (val/score) on {_test_prompts(recs)}: {ys[-1]:.1%} at step {xs[-1]:g}"
     xs, ys = series(recs, "val/loss")
     return f"validation loss (val/loss) at step {xs[-1]:g}: {ys[-1]:.4f}" if xs else None
 

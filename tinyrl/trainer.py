@@ -552,7 +552,8 @@ class Trainer:
                                                    [rows[e.prompt_index] for e in res.episodes], episodes=res.episodes,
                                                    data=self.inputs.test_file)
         out = {"val/score": scored.metrics()["reward/accuracy"],
-               "val/reward_mean": sum(scored.total) / len(scored.total)}
+               "val/reward_mean": sum(scored.total) / len(scored.total),
+               "val/prompts": len(prompts)}  # what the figures are out of (tinyrl.report says it)
         if self.tool_rollout is not None:  # episodes with a tool call that ran and exited 0
             from tinyrl.rollout.turns import tool_ok_share
 

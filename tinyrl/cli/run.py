@@ -196,8 +196,7 @@ def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashbo
             raise
     message, code = interrupts.end_of_run(trainer, run_dir, trainer.total_steps(max_steps), resume_cmd, started_at)
     if code == 0:
-        inputs = getattr(trainer, "inputs", None)  # the RL trainer's prompts; an SFT run has its own data
-        _print_accuracy_change(run_dir, len(inputs.test_prompts) if inputs is not None else None, cfg.to_dict())
+        _print_accuracy_change(run_dir, cfg.to_dict())
         out.print(message, highlight=False, soft_wrap=True, markup=False)
         _say_user_prints(run_dir)
         return
@@ -239,14 +238,14 @@ def _show_earlier_validations(dash, run_dir: Path) -> None:
         dash.validated(record)
 
 
-def _print_accuracy_change(run_dir: Path, n_prompts: Optional[int], config: dict) -> None:
+def _print_accuracy_change(run_dir: Path, config: dict) -> None:
     """trainer.val_before_train: the greedy accuracy before and after this run, from metrics.jsonl
     (so a resumed run compares with its real start); otherwise the last validation's figure; and
     who judged it when a user's reward.fn did."""
     from tinyrl.report import accuracy_change, judged_by, last_validation, load_metrics
 
     recs = load_metrics(run_dir, [])
-    change = accuracy_change(recs, n_prompts) or last_validation(recs, n_prompts)
+    change = accuracy_change(recs) or last_validation(recs)
     if change:
         judge = judged_by(config) if change.startswith("greedy") else None
         out.print(change + (f"\n{judge}" if judge else ""), highlight=False, soft_wrap=True, markup=False)
