@@ -100,6 +100,30 @@ def test_doctor_compares_like_for_like_when_answers_share_their_prompt(tiny_mode
         assert "prompts shared by" in rows[f"memory: {phase}"]["found"]
 
 
+@pytest.mark.slow
+def test_doctor_compares_like_for_like_when_passes_are_padded(tiny_model_dir):
+    """model.padding_free=false: the trainer's passes are transformers' padded ones, and the
+    simulation of the step is now of padded passes too. Before, every memory row was skipped ("the
+    trainer ran no packed micro-batch"), and the plan of such a run was the packed one: 1.05x,
+    1.08x, 1.07x of it measured here. Now 0.98x, 0.98x, 1.00x."""
+    from tinyrl.config import load_config
+    from tinyrl.doctor.cpu_memory import planned_step_bytes
+
+    sets = ("model.padding_free=false",)
+    args = [sys.executable, "-m", "tinyrl.cli", "doctor", "--preset", "countdown-tiny", "--json", "--set", *sets]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = _rows(json.loads(done.stdout))
+    check_cpu_memory_rows(rows, sets)
+    for phase in ("forward", "actor_update", "critic_update"):
+        mem = rows[f"memory: {phase}"]
+        d = mem["data"]
+        assert "real, padded)" in mem["found"] and d["groups"] is None  # a padded pass shares no prompt
+        packed = planned_step_bytes(load_config("countdown-tiny"), "fp32", phase, tuple(map(tuple, d["rows"])),
+                                    d["seq_len"], d["response_len"])
+        assert d["planned_bytes"] > packed  # the padded passes' own simulation, not the packed one
+
+
 def test_an_sft_preset_runs_two_sft_steps_against_its_sft_plan(tiny_model_dir):
     """`tinyrl doctor --preset countdown-demo-sft` ran two PPO steps with a critic on the SFT
     preset's data: it never tried what `tinyrl sft` does. Now: two real SFT steps, no engine rows,

@@ -4,7 +4,8 @@ Measured: the trainer's own live tensor bytes at each phase's peak, counted duri
 the tracker the memory simulation itself uses (tinyrl.memory.simulate.RegionTracker, torch's
 MemTracker: every tensor storage alive, the models' weights included), here on the real tensors.
 Planned: the simulation (tinyrl.memory.simulate.simulate_phase) of the SAME step: same model,
-dtype, LoRA, checkpointing and log-prob chunk, packed as the trainer packs, for each micro-batch
+dtype, LoRA, checkpointing and log-prob chunk, packed as the trainer packs (padded with
+model.padding_free=false), for each micro-batch
 the trainer really formed in that phase (its BudgetKeeper's slices, each row's real prompt and
 response tokens, the rows that shared a prompt, the padded width), the largest of them, less the CUDA allocator's headroom
 (the CPU has no caching allocator). Neither side counts allocator caches, code or Python
@@ -79,7 +80,7 @@ class TensorPeaks:
             return row_tokens(batch)
 
         def recorded(phase, n_rows, seq_len, attempt, row_tokens=None, groups=None):  # the micro-batches this call forms
-            rows = last.get("rows") if row_tokens is not None else None
+            rows = last.pop("rows", None)  # its batch's, recorded just before (never an earlier batch's)
             for s in keeper.slices(phase, n_rows, seq_len, row_tokens, groups):
                 if rows is not None and len(rows) == n_rows:
                     shared = tuple(groups[s]) if groups is not None else None
@@ -152,19 +153,20 @@ def cpu_memory_rows(cfg, peaks: TensorPeaks, dtype: str) -> list[Row]:
             continue
         batches = peaks.batches.get(phase)
         if not batches:
-            rows.append(skipped(name, "the trainer ran no packed micro-batch in this phase", **data))
+            rows.append(skipped(name, "the trainer ran no micro-batch of its own batches in this phase", **data))
             continue
         # each micro-batch it formed, simulated as it ran; the measured peak is over all of them
         planned, (lengths, width, resp, shared) = max((planned_step_bytes(cfg, dtype, phase, *b), b) for b in batches)
         ratio = got / planned
+        layout = "packed" if cfg.model.padding_free else "padded"
         data.update(planned_bytes=planned, ratio=ratio, micro_batch=len(lengths), seq_len=width, response_len=resp,
                     rows=[list(r) for r in lengths], groups=list(shared) if shared else None,
-                    plan_source="simulated: the same micro-batches (packed, as run)")
+                    plan_source=f"simulated: the same micro-batches ({layout}, as run)")
         prompts = len(set(shared)) if shared else len(lengths)
         sharing = f"; {prompts} prompts shared by {len(lengths)} rows" if prompts < len(lengths) else ""
         found = (f"measured {human_bytes(got)} / planned {human_bytes(planned)} = {ratio:.2f}x: live tensor bytes, "
                  f"both sides, {len(lengths)} rows x {width} tokens per micro-batch "
-                 f"({sum(p + r for p, r in lengths)} real, packed{sharing}) in {dtype}")
+                 f"({sum(p + r for p, r in lengths)} real, {layout}{sharing}) in {dtype}")
         if abs(ratio - 1) > TOLERANCE:
             rows.append(Row(name, "warn", found + ": the simulation misses this step's tensors by more than "
                             f"{TOLERANCE:.0%}", basis="simulated vs measured", data=data,
