@@ -166,16 +166,51 @@ def log_to_stderr() -> None:
         logging.getLogger(name).setLevel(logging.INFO)
 
 
-_EXAMPLE_START = re.compile(r"^(Example(?: \([^()]*\))?:) (tinyrl\b)", re.MULTILINE)
+# "Example: tinyrl ..." or "Example (what it shows): tinyrl ...", to the end of its paragraph
+_EXAMPLE = re.compile(r"^(Example(?: \([^()]*\))?:) (tinyrl\b.*?)(?=\n\s*\n|\Z)", re.MULTILINE | re.DOTALL)
+EXAMPLE_WIDTH = 78  # the widest line of an example that shows whole in help at 80 columns
+_WORD = re.compile(r"""(?:[^\s'"]+|'[^']*'|"[^"]*")+""")  # a shell word, quotes kept whole
+
+
+def example_lines(command: str, width: int = EXAMPLE_WIDTH) -> list[str]:
+    """`command` as the lines it is shown on: each at most `width` characters (an option and its
+    value wider than that on a line of their own; each command of a chain starting one), every
+    line but the last ending in " \\", so that the lines copied from a terminal run as the one command (the shell joins a backslash-
+    newline)."""
+    units: list[str] = []  # an option and its value stay on one line: "--set x=1", not "--set \\"
+    for word in _WORD.findall(command):
+        if units and units[-1].startswith("-") and " " not in units[-1] and not word.startswith("-"):
+            units[-1] += " " + word
+        else:
+            units.append(word)
+    if len(command) <= width:
+        return [command]
+    lines: list[str] = []
+    for i, unit in enumerate(units):
+        ending = "" if i == len(units) - 1 else " \\"  # the last line needs no continuation
+        chained = i > 0 and units[i - 1] in ("&&", "||")  # the next command of a chain: a line of its own
+        if lines and not chained and len(lines[-1]) + 1 + len(unit) + len(ending) <= width:
+            lines[-1] += " " + unit
+        else:
+            lines.append(unit)
+    return [line + " \\" for line in lines[:-1]] + lines[-1:]
 
 
 def examples_on_lines_of_their_own(typer_app: typer.Typer) -> None:
     """Every help's "Example (what it shows): tinyrl ..." paragraph starts its command on a line of
-    its own (a markdown hard break after the label), so that a command of up to 78 characters reads
-    whole at 80 columns, ready to copy. Until 2026-11-29 it followed its label and wrapped in the
-    middle. Run once, after every command is registered (tinyrl.cli); groups included."""
+    its own (a markdown hard break after the label), so that it reads whole at 80 columns, ready to
+    copy; one wider than EXAMPLE_WIDTH is shown on several lines joined by the shell's backslash-
+    newline (example_lines). Until 2026-11-29 a command followed its label and wrapped in the
+    middle; after that, one of over 78 characters (5 of 27) still wrapped where Rich chose, and
+    pasted into a shell its first line ran alone (`tinyrl sft ... --set` with no value). Run once,
+    after every command is registered (tinyrl.cli); groups included."""
+    def shown(match: re.Match) -> str:
+        # markdown: a backslash before a newline breaks the line; "\\" shows one backslash
+        lines = example_lines(" ".join(match.group(2).split()))
+        return match.group(1) + "\\\n" + "".join(line + "\\\\\n" for line in lines[:-1]) + lines[-1]
+
     def lines(text):
-        return _EXAMPLE_START.sub(r"\1\\\n\2", text) if isinstance(text, str) else text
+        return _EXAMPLE.sub(shown, text) if isinstance(text, str) else text
 
     typer_app.info.help = lines(typer_app.info.help)
     for info in typer_app.registered_commands:
