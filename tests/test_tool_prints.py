@@ -8,6 +8,8 @@ from __future__ import annotations
 import io
 import sys
 
+import pytest
+
 from tinyrl.tools import Tool, ToolResult, call_tool, prints
 
 
@@ -165,3 +167,51 @@ def test_a_call_given_up_on_still_prints_to_the_file_after_its_rollout(tmp_path,
     with prints.routed(None):
         pass
     assert (sys.stdout, sys.stderr) == before
+
+
+@pytest.mark.parametrize(("tty", "handler"), [("0", "StreamHandler"), ("1", "RichHandler")])
+def test_a_tools_logging_goes_with_its_prints_through_the_clis_handler(tmp_path, tty, handler):
+    """A tool's `logging.warning` (its own, or a library's retry line) went through the handler
+    the CLI installs (tinyrl.cli.common.log_to_stderr), which held the stderr it was made with:
+    onto the terminal or the piped log, past RUN_DIR/tool_prints.log. A process as the CLI sets it
+    up, its stderr piped, and taken for a terminal (Rich's TTY_COMPATIBLE) under a live display,
+    or not; the trainer's own warnings still reach stderr."""
+    import os
+    import subprocess
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import logging, sys
+        from pathlib import Path
+        from rich.console import Console
+        from rich.live import Live
+        from tinyrl.cli.common import log_to_stderr
+        from tinyrl.tools import Tool, ToolResult, call_tool, prints
+
+        log_to_stderr()
+        print(type(logging.getLogger().handlers[0]).__name__)
+
+        def run(arguments, create_kwargs, *, timeout_s, memory_mb):
+            logging.getLogger("their.library").warning("retrying in %d s", 1)
+            try:
+                raise ValueError("bad input")
+            except ValueError:
+                logging.getLogger("their.tool").exception("it failed")
+            return ToolResult(stdout="", stderr="", exit_code=0)
+
+        tool = Tool("logs", {{"type": "function", "function": {{"name": "logs"}}}}, run)
+        with Live("dashboard", console=Console()):  # redirects sys.stdout and stderr on a terminal
+            with prints.routed(Path({str(tmp_path / prints.PRINTS_FILE)!r})):
+                call_tool(tool, {{}}, {{}}, timeout_s=5, memory_mb=256)
+                logging.getLogger("tinyrl.trainer").warning("the trainer warns")
+        call_tool(tool, {{}}, {{}}, timeout_s=5, memory_mb=256)  # outside a rollout: where the process prints
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TTY_COMPATIBLE": tty})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{handler}\n")
+    kept = (tmp_path / prints.PRINTS_FILE).read_text()
+    assert kept.startswith("WARNING their.library: retrying in 1 s\nERROR their.tool: it failed\nTraceback")
+    assert "ValueError: bad input" in kept
+    assert done.stderr.count("retrying in 1 s") == 1  # the call outside a rollout only
+    assert "the trainer warns" in done.stderr and "the trainer warns" not in kept

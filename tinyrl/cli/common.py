@@ -150,10 +150,13 @@ def log_to_stderr() -> None:
 
     from rich.logging import RichHandler
 
+    from tinyrl.tools.prints import ToolCallLogs
+
     if err.is_terminal:
         handler, line = RichHandler(console=err, show_path=False, show_time=False), "%(message)s"
     else:  # piped (a log file, `| cat`): plain lines, where Rich padded each to the width and wrapped it
         handler, line = logging.StreamHandler(sys.stderr), "%(levelname)s %(message)s"
+    handler.addFilter(ToolCallLogs())  # a tool's own logging: with its prints, off the terminal
     logging.basicConfig(level=logging.WARNING, format=line, handlers=[handler])
     # huggingface_hub gives its root logger a handler of its own and lets it propagate to ours as
     # well: each warning (an offline load's "Retrying in 1s", ten of them) came out twice

@@ -17,6 +17,11 @@ does, the routers stay after the rollout, so what it prints later goes to the sa
 more. They go once no call runs at a rollout's end; Rich's display puts back its own stream when
 the run ends, after which such a call's prints go where the process prints.
 
+A tool's logging (its own `logging.warning`, a library's retry lines) goes the same way: the CLI's
+handler passes a record made on a tool call's thread to `ToolCallLogs`, which writes it as the
+call's print (until 2026-11-29 it went past the routers: a piped stderr's handler held the stream
+it was made with, and Rich's handler, under the live display, wrote to the terminal beneath it).
+
 Python-level writes only: a tool's C code or a program it starts writes to the process's fd 1
 directly (the code tool's sandbox captures its programs' output itself).
 """
@@ -24,6 +29,7 @@ directly (the code tool's sandbox captures its programs' output itself).
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import threading
 from pathlib import Path
@@ -92,6 +98,20 @@ class _Router:
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
+
+
+class ToolCallLogs(logging.Filter):
+    """On a logging handler: a record made on a tool call's thread is written as that call's print
+    (to sys.stderr, which a rollout routes to RUN_DIR/tool_prints.log) instead of by the handler;
+    every other record goes on to the handler."""
+
+    _line = logging.Formatter("%(levelname)s %(name)s: %(message)s")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not getattr(_calling, "active", False):
+            return True
+        sys.stderr.write(self._line.format(record) + "\n")
+        return False
 
 
 def _file_sink(path: Path) -> BoundedText:
