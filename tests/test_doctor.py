@@ -233,6 +233,27 @@ def test_tensor_peaks_count_live_tensor_bytes_per_phase_weights_included():
     assert peaks.peaks == {"a": w + 5 * mib, "b": w + 3 * mib}
 
 
+def test_each_memory_row_says_what_it_could_compare():
+    """A budgeted phase with micro-batches is compared with their simulation; one measured with
+    none recorded, or one that did not run, is skipped saying which; rollout is measured only
+    (the plan prices it by formula)."""
+    from tinyrl.config import load_config
+    from tinyrl.doctor.cpu_memory import TensorPeaks, cpu_memory_rows
+
+    cfg = load_config("countdown-tiny", [], check=False)
+    peaks = TensorPeaks()
+    peaks.peaks = {"rollout": 10_000_000, "forward": 20_000_000, "actor_update": 30_000_000}
+    peaks.batches = {"forward": {(((9, 4), (7, 4)), 13, 4, None)}}
+    rows = {r.name: r for r in cpu_memory_rows(cfg, peaks, "fp32")}
+    assert rows["memory: rollout"].status == "pass" and "no ratio" in rows["memory: rollout"].found
+    assert rows["memory: forward"].data["micro_batch"] == 2 and rows["memory: forward"].data["ratio"] > 0
+    assert rows["memory: actor_update"].status == "skipped"
+    assert "no micro-batch of it went through the trainer's micro-batching" in rows["memory: actor_update"].reason
+    assert rows["memory: actor_update"].data["measured_bytes"] == 30_000_000
+    assert rows["memory: critic_update"].status == "skipped"
+    assert rows["memory: critic_update"].reason == "the phase did not run"
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_a_broken_adapter_sync_fails_with_a_fix_and_exit_1(tmp_path, tiny_model_dir):

@@ -153,7 +153,8 @@ def cpu_memory_rows(cfg, peaks: TensorPeaks, dtype: str) -> list[Row]:
             continue
         batches = peaks.batches.get(phase)
         if not batches:
-            rows.append(skipped(name, "the trainer ran no micro-batch of its own batches in this phase", **data))
+            rows.append(skipped(name, "the phase ran, but no micro-batch of it went through the trainer's "
+                                 "micro-batching, so there is none to simulate", **data))
             continue
         # each micro-batch it formed, simulated as it ran; the measured peak is over all of them
         planned, (lengths, width, resp, shared) = max((planned_step_bytes(cfg, dtype, phase, *b), b) for b in batches)
