@@ -18,6 +18,7 @@ def _printing_tool() -> Tool:
         print("tool says", arguments["x"])
         print("tool warns", arguments["x"], file=sys.stderr)
         sys.stdout.writelines(["tool lines\n"])
+        sys.stdout.buffer.write(b"tool bytes\n")
         return ToolResult(stdout=f"{arguments['x']}\n", stderr="", exit_code=0)
 
     return Tool("loud", {"type": "function", "function": {"name": "loud"}}, run)
@@ -38,8 +39,8 @@ def test_a_tool_calls_prints_go_to_the_file_and_everything_else_where_it_went(tm
         print("the trainer's warning", file=sys.stderr)
         assert _call(tool, 1).stdout == "1\n" and _call(tool, 2).stdout == "2\n"  # the tool's result is its own
     assert (sys.stdout, sys.stderr) == before
-    assert log.read_text() == ("tool says 1\ntool warns 1\ntool lines\n"
-                               "tool says 2\ntool warns 2\ntool lines\n")
+    assert log.read_text() == ("tool says 1\ntool warns 1\ntool lines\ntool bytes\n"
+                               "tool says 2\ntool warns 2\ntool lines\ntool bytes\n")
     seen = capsys.readouterr()
     assert (seen.out, seen.err) == ("the trainer's line\n", "the trainer's warning\n")
 
@@ -47,7 +48,7 @@ def test_a_tool_calls_prints_go_to_the_file_and_everything_else_where_it_went(tm
     assert "tool says 3" in capsys.readouterr().out
     with prints.routed(log):  # a resumed run appends
         _call(tool, 4)
-    assert log.read_text().endswith("tool says 4\ntool warns 4\ntool lines\n") and "tool says 1" in log.read_text()
+    assert log.read_text().endswith("tool says 4\ntool warns 4\ntool lines\ntool bytes\n") and "tool says 1" in log.read_text()
 
 
 def test_without_a_run_directory_a_tools_prints_go_to_stderr(capsys):

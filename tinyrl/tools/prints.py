@@ -92,12 +92,35 @@ class _Router:
         for line in lines:
             self.write(line)
 
+    @property
+    def buffer(self):
+        """The stream's bytes beneath: a tool call's `sys.stdout.buffer.write(b"...")` is decoded and
+        written as its print (until 2026-11-29 it reached the stream beneath the router)."""
+        if getattr(_calling, "active", False):
+            return _BytesAsText(self)
+        return self._stream.buffer
+
     def flush(self) -> None:
         if not getattr(_calling, "active", False):
             self._stream.flush()
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
+
+
+class _BytesAsText:
+    """A tool call's `sys.stdout.buffer`: its bytes written to `router` as text (UTF-8, bad bytes
+    replaced, as the prints file is written)."""
+
+    def __init__(self, router: _Router):
+        self._router = router
+
+    def write(self, data) -> int:
+        self._router.write(bytes(data).decode("utf-8", errors="replace"))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
 
 
 class ToolCallLogs(logging.Filter):
