@@ -256,13 +256,13 @@ def test_list_settings_check_their_elements_and_reward_settings_their_shape(tmp_
                         "reward.fn=Task", "trainer.memory_budget_gib=-1")
     for fragment in ("reward.weights = [nan, 1.0, 1.0] holds nan, not a finite number",
                      "reward.timeout_s = 1e+10 s is more than a day", "rollout.tool_timeout_s = 1e+07 s is more than",
-                     "rollout.tool_memory_mb = 10 must be at least 128",
+                     "rollout.tool_memory_mb = 10 must be at least 256",
                      "reward.fn = 'Task' is not a reward: give task (the task's own), a task name (countdown, ",
                      "reward.extra_fns[1] = nofile.py:f: file nofile.py not found",
                      "trainer.memory_budget_gib = -1.0 must be >= 0"):
         assert fragment in message, fragment
     assert "7 problems" in message, message
-    assert load_config("countdown-tiny", ['reward.fn="~/mine.py:score"', "rollout.tool_memory_mb=128",
+    assert load_config("countdown-tiny", ['reward.fn="~/mine.py:score"', "rollout.tool_memory_mb=256",
                                           "reward.timeout_s=86400"]).reward.fn == "~/mine.py:score"
 
 

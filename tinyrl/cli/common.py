@@ -178,16 +178,16 @@ _WORD = re.compile(r"""(?:[^\s'"]+|'[^']*'|"[^"]*")+""")  # a shell word, quotes
 def example_lines(command: str, width: int = EXAMPLE_WIDTH) -> list[str]:
     """`command` as the lines it is shown on: each at most `width` characters (an option and its
     value wider than that on a line of their own; each command of a chain starting one), every
-    line but the last ending in " \\", so that the lines copied from a terminal run as the one command (the shell joins a backslash-
-    newline)."""
+    line but the last ending in " \\", so that the lines copied from a terminal run as the one
+    command (the shell joins a backslash-newline)."""
+    if len(command) <= width:
+        return [command]
     units: list[str] = []  # an option and its value stay on one line: "--set x=1", not "--set \\"
     for word in _WORD.findall(command):
         if units and units[-1].startswith("-") and " " not in units[-1] and not word.startswith("-"):
             units[-1] += " " + word
         else:
             units.append(word)
-    if len(command) <= width:
-        return [command]
     lines: list[str] = []
     for i, unit in enumerate(units):
         ending = "" if i == len(units) - 1 else " \\"  # the last line needs no continuation

@@ -82,10 +82,13 @@ class ToolResult:
         return "timeout" if self.timed_out else "ok" if self.exit_code == 0 else "error"
 
 
-# rollout.tool_memory_mb's floor too (tinyrl.config). Not the interpreter's ~30 MB: below ~110 MB
-# `import numpy` (numpy 2.3, OpenBLAS) hangs in its extension's load until the call times out, so a
-# floor of 64 let a user's limit pass as a tool timeout blamed on the model's code.
-MIN_MEMORY_MB = 128
+# rollout.tool_memory_mb's floor too (tinyrl.config). Not the interpreter's ~14 MiB of address space:
+# below what `import numpy` maps (numpy 2.3, OpenBLAS) it hangs in its extension's load until the call
+# times out, so a floor under that let a user's limit pass as a tool timeout blamed on the model's code.
+# That need is the machine's: 97-112 MiB where this floor became 128 (2026-11-28; 96 hung, 112
+# worked), 131 MiB on an AMD EPYC (2026-11-29: two 32 MiB OpenBLAS buffers, 19 MiB of its library,
+# Python 3.11), where 128 hung. Twice that: another CPU, Python or numpy may map more.
+MIN_MEMORY_MB = 256
 
 
 def _check(timeout_s: float, memory_mb: int, max_output_bytes: int, max_processes: int) -> None:
