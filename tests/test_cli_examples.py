@@ -55,6 +55,15 @@ def examples_of(help_text: str) -> list[str]:
     return found
 
 
+def typed_words(example: str) -> list[list[str]]:
+    """The argv of each tinyrl command of `example` (a chain's split at &&; a redirect is the shell's)."""
+    found = []
+    for line in example.split(" && "):
+        argv = shlex.split(line)
+        found.append(argv[:next((j for j, word in enumerate(argv) if word in (">", ">>", "|")), len(argv))])
+    return found
+
+
 def parse(argv: list[str]):
     """argv (after `tinyrl`) parsed down to its command as the CLI would, nothing run: a flag that
     does not exist, a value of the wrong type, a missing required option or argument raise.
@@ -86,9 +95,7 @@ def test_help_ends_with_examples_that_parse(path, command):
     assert 1 <= len(examples) <= 2, f"{' '.join(('tinyrl', *path))}: one or two examples, got {examples}"
     presets = list_presets()
     for example in examples:
-        for i, line in enumerate(example.split(" && ")):  # a chain: each command parses on its own
-            argv = shlex.split(line)
-            argv = argv[:next((j for j, word in enumerate(argv) if word in (">", ">>", "|")), len(argv))]  # the shell's
+        for i, argv in enumerate(typed_words(example)):  # a chain: each command parses on its own
             assert argv[0] == "tinyrl", example
             if i == 0:  # the example is of this command
                 assert tuple(argv[1:1 + len(path)]) == path, f"{example!r} is not an example of {path}"
@@ -134,15 +141,6 @@ def shell_words(lines: list[str], cwd) -> list[list[str]]:
     commands = record.read_text().split("\n")[:-1] if record.exists() else []
     record.unlink(missing_ok=True)
     return [command.split("\0")[:-1] for command in commands]
-
-
-def typed_words(example: str) -> list[list[str]]:
-    """The argv of each tinyrl command of `example` (a chain's split at &&; a redirect is the shell's)."""
-    found = []
-    for line in example.split(" && "):
-        argv = shlex.split(line)
-        found.append(argv[:next((j for j, word in enumerate(argv) if word in (">", ">>", "|")), len(argv))])
-    return found
 
 
 @pytest.mark.parametrize("columns", [80, 200])
