@@ -67,7 +67,8 @@ def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path
     """make(home) run ONCE per test run, however many pytest-xdist workers ask -> home. The
     workers share the run's common temp root; a file lock there makes the others wait for the
     one making it, and a DONE file says it finished (a half-made home, left by a worker that
-    failed, is made again). `--dist loadgroup` cannot keep such tests on one worker (README)."""
+    failed, is made again). The lock still matters with the tests grouped on one worker
+    (COUNTDOWN_DEMO_SFT): `pytest -k` or a pytest that groups nothing (README) may split them."""
     shared = os.environ.get("PYTEST_XDIST_WORKER") is not None
     root = tmp_path_factory.getbasetemp().parent if shared else tmp_path_factory.getbasetemp()
     home = root / name
@@ -78,6 +79,14 @@ def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path
             make(home)
             (home / "DONE").touch()
     return home
+
+
+# The tests that start from countdown_demo_sft, or from the tool SFT run made from it, run one
+# after another on one pytest-xdist worker (`--dist loadgroup`, README's test command). Spread
+# over two workers, each waited on the file lock while the other made an SFT run: a 2-core CI
+# run lost ~135 s of a worker per wait (2026-11-29, two waits in a run), and the group also
+# starts first (xdist orders groups by size), so the longest chain never starts last.
+COUNTDOWN_DEMO_SFT = pytest.mark.xdist_group("countdown-demo-sft")
 
 
 @pytest.fixture(scope="session")
