@@ -82,10 +82,10 @@ def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path
 
 
 # The tests that start from countdown_demo_sft, or from the tool SFT run made from it, run one
-# after another on one pytest-xdist worker (`--dist loadgroup`, README's test command). Spread
-# over two workers, each waited on the file lock while the other made an SFT run: a 2-core CI
-# run lost ~135 s of a worker per wait (2026-11-29, two waits in a run), and the group also
-# starts first (xdist orders groups by size), so the longest chain never starts last.
+# after another on one pytest-xdist worker (`--dist loadgroup`, README's test command), which
+# starts them first (xdist deals groups before single tests). Spread over both workers, one sat
+# ~135 s in setup while the other made an SFT run; on 2 cores that was not lost time (the SFT
+# run's second torch thread had the core) and the suite took as long grouped (README).
 COUNTDOWN_DEMO_SFT = pytest.mark.xdist_group("countdown-demo-sft")
 
 
