@@ -89,6 +89,15 @@ def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path
 COUNTDOWN_DEMO_SFT = pytest.mark.xdist_group("countdown-demo-sft")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups into the test ids
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """COUNTDOWN_DEMO_SFT on every test whose fixtures reach countdown_demo_sft (tool_sft_run's
+    users too: fixturenames is the whole closure), so a new demo test joins by using it."""
+    for item in items:
+        if "countdown_demo_sft" in item.fixturenames:
+            item.add_marker(COUNTDOWN_DEMO_SFT)
+
+
 @pytest.fixture(scope="session")
 def countdown_demo_sft(tmp_path_factory, tiny_model_dir) -> Path:
     """README's first command, `tinyrl sft --preset countdown-demo-sft`, on the data its first use

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import COUNTDOWN_DEMO_SFT, run_cli
+from conftest import run_cli
 from tinyrl import jsonl
 
 RL_STEPS = 60
@@ -118,7 +118,6 @@ def rise(records: list[dict]) -> float:
     return [r for r in records if "val/score" in r][-1]["val/score"] - records[0]["val/score"]
 
 
-@COUNTDOWN_DEMO_SFT
 @pytest.mark.slow
 # pytest-timeout's 1,500 s (pyproject.toml) counts the SFT fixture too: 8,192 rows, 300 SFT steps
 # and two 60-step RL runs with 256-task validations took 100 s (setup) + 376 s (call) = 476 s in
@@ -144,7 +143,6 @@ PPO_MIN_EXPLAINED_VAR = 0.10  # median of the last 10 steps; measured +0.13 to +
 PPO_CLEAR_RISE, PPO_CLEAR_EXPLAINED_VAR = 1.5 * MIN_RISE, 1.5 * PPO_MIN_EXPLAINED_VAR
 
 
-@COUNTDOWN_DEMO_SFT
 @pytest.mark.slow
 # 32 tasks x 8 answers a step (4x countdown-demo's batch): a seed took 584 s alone, 1,459-1,486 s with
 # two runs at once on the busy shared 2-core machine (before whole-task critic mini-batches made a

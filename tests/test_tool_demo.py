@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import COUNTDOWN_DEMO_SFT, made_once, run_cli
+from conftest import made_once, run_cli
 from test_demo_learning import seeds_until_decided
 from tinyrl import jsonl
 from tinyrl.rollout.base import Episode, ToolCall, Turn
@@ -46,7 +46,7 @@ def tool_sft_run(tmp_path_factory, countdown_demo_sft) -> Path:
     """README's second command, `tinyrl sft --preset countdown-tools-demo-sft`, from the first
     one's run (shared with the countdown demos: tests/conftest.py), on the data its first use
     generates (`tinyrl data arith --sft`, the same seed and sizes). Made once per test run
-    (made_once, and the tests that use it grouped on one worker: COUNTDOWN_DEMO_SFT)."""
+    (made_once, and the tests that use it grouped on one worker: conftest.COUNTDOWN_DEMO_SFT)."""
     def make(home: Path) -> None:
         run_cli("data", "arith", "--out", str(home / "data"), "--sft")
         run_cli("sft", "--preset", "countdown-tools-demo-sft", "--out", str(home / "sft"), "--no-dashboard",
@@ -77,7 +77,6 @@ def copies_of_the_tool_output(model_dir: Path, conversations: list[dict]) -> flo
     return right / len(conversations)
 
 
-@COUNTDOWN_DEMO_SFT
 @pytest.mark.slow
 def test_the_tool_sft_model_copies_the_tools_output_into_its_answer(tool_sft_run, tmp_path):
     """The step RL stands on: in held-back tool conversations the answer copies the tool's output
@@ -92,7 +91,6 @@ def test_the_tool_sft_model_copies_the_tools_output_into_its_answer(tool_sft_run
     assert copies_of_the_tool_output(tmp_path / "model", held_back) >= 0.5  # a guess: 1 in 6
 
 
-@COUNTDOWN_DEMO_SFT
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_the_tool_demo_runs_on_vllm_with_the_parity_guard_under_its_limit(tool_sft_run, tmp_path):
@@ -119,7 +117,6 @@ MIN_RISE = 0.10     # issue 28: +10 points on two of seeds 1-3
 CLEAR_RISE = 0.30   # seed 1 decides alone above this: every seed measured rose +60.9 or more (docstring)
 
 
-@COUNTDOWN_DEMO_SFT
 @pytest.mark.slow
 # the shared countdown SFT (~4 min), this module's SFT (~2-3 min), then 20 RL steps a seed (~2-4 min
 # on a busy 2-core machine; one seed when seed 1 is clear, three at most): 3,600 s only catches a hang
@@ -157,7 +154,6 @@ def test_rl_finds_the_tool_and_raises_greedy_accuracy(tool_sft_run, tmp_path):
     assert verdict, seen
 
 
-@COUNTDOWN_DEMO_SFT
 @pytest.mark.slow
 def test_a_tool_run_stopped_mid_rollout_resumes_to_the_uninterrupted_run(tool_sft_run, tmp_path):
     """A resumed run equals an uninterrupted one with tools too: episodes whose turns wait on
