@@ -3,14 +3,18 @@
 argv: RUN_DIR MODEL_PATH BUDGET_TOKENS [HEADROOM_BYTES]. With HEADROOM_BYTES, the address space
 is capped with RLIMIT_AS at the current size + headroom right before the update, so the CPU allocator really fails
 ("DefaultCPUAllocator: can't allocate memory"). Prints one JSON line: the VmSize before the
-update, the VmPeak after it, the OOM events and a digest of the updated actor weights.
+update, the VmPeak after it (the update runs in a forked child: see below), the OOM events and a
+digest of the updated actor weights.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
+import os
 import resource
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -37,6 +41,11 @@ def child_overrides(train_path: Path, model_path: str, budget: int) -> list[str]
 def main() -> None:
     run_dir, model_path, budget = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     headroom = int(sys.argv[4]) if len(sys.argv) > 4 else None
+    # One thread, before any parallel op: the update runs in a forked child (below), and a child
+    # forked after OpenMP started its thread pool waits forever in its first parallel region
+    # (seen here at 2 threads: the fork's child sat in a futex). The suite sets OMP_NUM_THREADS=1
+    # anyway (conftest); this keeps a direct run safe too.
+    torch.set_num_threads(1)
     from tinyrl.config import load_config
     from tinyrl.models import make_batch
     from tinyrl.trainer import Trainer
@@ -55,19 +64,49 @@ def main() -> None:
     traj = Trajectory(batch=batch, group_ids=torch.arange(n), old_lp=old, ref_lp=old,
                       advantages=torch.randn(n, r_len, generator=g))
     # Autograd starts its device threads on the first backward, asking every backend for its
-    # devices; a CUDA build of torch then loads and initialises the CUDA driver, which maps GBs of
-    # address space. Hiding the card (CUDA_VISIBLE_DEVICES="") did not keep test_oom from failing on
-    # the lent H200 (2026-11-28; its traceback was lost with the cut-off output), so a throwaway
-    # backward runs first: whatever the first backward starts is in place before vm_before.
+    # devices; a CUDA build of torch then loads the CUDA driver, which maps GBs of address space,
+    # even with the card hidden (CUDA_VISIBLE_DEVICES=""), and unmaps them when it finds no device.
+    # So a throwaway backward runs first, and torch's cached device count is read, here.
     warm = torch.ones(2, requires_grad=True)
     (warm * 2).sum().backward()
-    before = vm("VmSize")
-    if headroom:
-        resource.setrlimit(resource.RLIMIT_AS, (before + headroom, before + headroom))
-    stats = trainer.learners[Role.ACTOR].update(traj, generator=torch.Generator().manual_seed(0))
-    digest = sum(float(p.detach().double().sum()) for p in trainer.models.actor_parameters())
-    print(json.dumps({"vm_before": before, "vm_peak": vm("VmPeak"), "oom_events": trainer.budgets.oom_events,
-                      "digest": digest, "pg_loss": stats["actor/pg_loss"]}))
+    if torch.backends.cuda.is_built():
+        torch._C._cuda_getDeviceCount()
+    # The card's case on any machine: a large mapping made and dropped before the update (1 GiB,
+    # never touched, so it costs no memory), which a peak taken without the fork below counts.
+    mmap.mmap(-1, 2**30).close()
+    # VmPeak is the process's high-water mark since it started, and a mapping made and dropped
+    # before the update (most likely the driver's, above; parent_peak_above_size says on a card)
+    # stays in it: on the lent H200 (2026-11-29, card hidden, throwaway backward) VmPeak - VmSize
+    # read 8,659,742,720 bytes for the whole and the half micro-batch alike, so the test's first
+    # assertion failed. fork() starts the child's
+    # VmPeak at its VmSize (Linux's dup_mm sets hiwater_vm = total_vm), so the update runs in a
+    # forked child and its peak is the update's alone. Autograd started no device threads with
+    # no card visible, so the child may run backward (torch refuses a fork after those threads).
+    parent_slack = vm("VmPeak") - vm("VmSize")  # what fork leaves out: reported, so a card shows it
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            before = vm("VmSize")
+            if headroom:
+                resource.setrlimit(resource.RLIMIT_AS, (before + headroom, before + headroom))
+            stats = trainer.learners[Role.ACTOR].update(traj, generator=torch.Generator().manual_seed(0))
+            digest = sum(float(p.detach().double().sum()) for p in trainer.models.actor_parameters())
+            out = {"vm_before": before, "vm_peak": vm("VmPeak"), "oom_events": trainer.budgets.oom_events,
+                   "digest": digest, "pg_loss": stats["actor/pg_loss"], "parent_peak_above_size": parent_slack}
+            os.write(write, json.dumps(out).encode())
+        except BaseException:
+            traceback.print_exc()
+            os._exit(1)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        result = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"the forked update failed (exit {os.waitstatus_to_exitcode(status)})")
+    print(result)
 
 
 if __name__ == "__main__":
