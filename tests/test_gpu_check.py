@@ -39,15 +39,53 @@ def test_gpu_check_runs_and_reports_every_check(tmp_path, estimator):
     if not torch.cuda.is_available():
         assert "no CUDA card: the reduced CPU check" in out
     assert not list(tmp_path.iterdir())  # nothing left behind in the working directory
+    # the steps run in a claimed run directory, as `tinyrl train`'s: on the H200 (2026-11-29) the
+    # reward worker could not open RUN_DIR/reward_prints.log, the directory not made yet
+    assert "cannot write the reward function's prints" not in done.stderr, done.stderr[-3000:]
 
 
-def test_a_role_that_did_not_move_fails_the_check():
-    """roles_trained compares each trained role's tensors with the copy taken before the steps."""
+def test_the_steps_keep_the_plan_they_ran_under(tmp_path, monkeypatch):
+    """On a card each step row puts a phase's peak against the plan in RUN_DIR/memory_plan.json,
+    which `train` writes once the run has started; gpu_check wrote none after that moved out of
+    preflight, and on the H200 (2026-11-29) every plan column read "-". The CPU makes no plan, so
+    preflight's result is given one here; the steps are the real Trainer's on the tiny model."""
+    import dataclasses
+
+    import tinyrl.preflight
+    from tinyrl.config import load_config
+    from tinyrl.memory import versus
+
+    gpu_check = _import_gpu_check()
+    real = tinyrl.preflight.preflight
+    plan = {"gpu": "a card", "budget_bytes": 3 * 2**30, "simulated": True,  # plan_dict's keys that a run keeps
+            "phases": {"actor_update": {"peak_bytes": 2**30, "micro_batch": 2, "parts": {"allocator": 2**20}}}}
+    monkeypatch.setattr(tinyrl.preflight, "preflight",
+                        lambda cfg, run_dir: dataclasses.replace(real(cfg, run_dir), run_plan=plan))
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("countdown-tiny", ["trainer.device=cpu", "rollout.engine=hf", "trainer.max_steps=1",
+                                         "trainer.test_every=0", "trainer.save_every=0",
+                                         "trainer.train_batch_size=4", "rollout.max_response_length=8",
+                                         "actor.ppo_mini_batch_size=0", "critic.ppo_mini_batch_size=0",
+                                         f"data.train_path={tmp_path / 'train.parquet'}"])
+    from tinyrl.doctor.trial import ensure_data
+
+    ensure_data(cfg, tmp_path)
+    gpu_check.run_steps(cfg, tmp_path / "run", 1)
+    assert versus.read_run_plan(tmp_path / "run") == versus.run_plan_record(plan)
+
+
+def _import_gpu_check():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import gpu_check
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
+    return gpu_check
+
+
+def test_a_role_that_did_not_move_fails_the_check():
+    """roles_trained compares each trained role's tensors with the copy taken before the steps."""
+    gpu_check = _import_gpu_check()
     actor, head = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.ones(3))], [torch.nn.Parameter(torch.ones(1))]
     models = SimpleNamespace(actor_parameters=lambda: actor, critic_parameters=lambda: head, with_critic=True)
     before = {role: [p.detach().clone() for p in ps] for role, ps in gpu_check.trained_tensors(models).items()}
@@ -63,11 +101,7 @@ def test_every_card_presets_prompts_render_with_the_checks_model(preset, tmp_pat
     """On an H100 (issue 31) the math-grpo-4090 check stopped before its first step: the
     random-weight model is saved with the tiny tokenizer, which has no chat template, and the
     preset renders its prompts with one. The card's overrides must let every prompt render."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_check
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    gpu_check = _import_gpu_check()
     from tinyrl.config import load_config
     from tinyrl.doctor.trial import ensure_data
     from tinyrl.setup import prepare_inputs
@@ -86,11 +120,7 @@ def test_every_card_presets_prompts_render_with_the_checks_model(preset, tmp_pat
 def test_the_steps_plan_under_the_preset_cards_budget_not_the_card_at_hands():
     """On the H200 (2026-11-28) the 3B step planned for the H200's 139 GB: its micro-batches were
     the batch's 32 rows, and its plan vs peak said nothing about the 20 rows a 4090 gets."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_check
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    gpu_check = _import_gpu_check()
     from tinyrl.config import load_config
     from tinyrl.hardware import GPUS
     from tinyrl.memory import from_config as mp
