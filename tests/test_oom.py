@@ -28,9 +28,10 @@ def run_child(tmp: Path, model_dir: Path, budget: int, headroom: int | None = No
     # on an H100, 2026-11-27) swamped the update's own growth for both sizes.
     # With the card hidden it still failed on the H200 (2026-11-28, and 2026-11-29 with a
     # throwaway backward first: the update's VmPeak - VmSize was 8.66 GB for both sizes): a mapping
-    # made and dropped before the update (the driver's, most likely) stayed in VmPeak. oom_child now runs the update in a
-    # forked child, whose VmPeak starts at its VmSize, and drops a 1 GiB mapping before the fork
-    # on every machine, so this test fails here as it did on the card if the fork goes.
+    # made and dropped before the update (the driver's, most likely) stayed in VmPeak. oom_child
+    # now runs the update in a forked child, whose VmPeak starts at its VmSize, and drops a 1 GiB
+    # mapping before the fork on every machine, so this test fails here as on the card if the
+    # fork goes.
     env = dict(os.environ, MALLOC_ARENA_MAX="1", MALLOC_MMAP_THRESHOLD_=str(128 * 1024), CUDA_VISIBLE_DEVICES="")
     args = [sys.executable, str(CHILD), str(tmp), str(model_dir), str(budget)]
     if headroom:

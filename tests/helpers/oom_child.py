@@ -78,10 +78,10 @@ def main() -> None:
     # before the update (most likely the driver's, above; parent_peak_above_size says on a card)
     # stays in it: on the lent H200 (2026-11-29, card hidden, throwaway backward) VmPeak - VmSize
     # read 8,659,742,720 bytes for the whole and the half micro-batch alike, so the test's first
-    # assertion failed. fork() starts the child's
-    # VmPeak at its VmSize (Linux's dup_mm sets hiwater_vm = total_vm), so the update runs in a
-    # forked child and its peak is the update's alone. Autograd started no device threads with
-    # no card visible, so the child may run backward (torch refuses a fork after those threads).
+    # assertion failed. fork() starts the child's VmPeak at its VmSize (Linux's dup_mm sets
+    # hiwater_vm = total_vm), so the update runs in a forked child and its peak is the update's
+    # alone. Autograd started no device threads with no card visible, so the child may run
+    # backward (torch refuses a fork after those threads).
     parent_slack = vm("VmPeak") - vm("VmSize")  # what fork leaves out: reported, so a card shows it
     read, write = os.pipe()
     pid = os.fork()
