@@ -117,20 +117,13 @@ def budget_override(budget_bytes: int, user_sets: list[str]) -> list[str]:
 def run_steps(cfg, run_dir: Path, steps: int):
     """-> (trainer, history, {role: its trainable tensors before the first step, on the host})"""
     from tinyrl import rundir
-    from tinyrl.memory.versus import write_run_plan
-    from tinyrl.preflight import preflight
-    from tinyrl.trainer import Trainer
+    from tinyrl.start import start_run
 
-    # in a claimed run directory, as `train`'s (tinyrl.cli.run): the Trainer's reward worker opens
-    # RUN_DIR/reward_prints.log before the run log makes the directory
+    # as `train` (tinyrl.cli.run): a claimed run directory, then the one start sequence (preflight,
+    # whose plan fills the micro-batch budgets on CUDA; the trainer; the plan kept beside the run,
+    # which the step rows' plan columns read)
     with rundir.claim(run_dir, "gpu_check"):
-        checked = preflight(cfg, run_dir)  # as `train` does: on CUDA the plan fills the micro-batch budgets
-        trainer = Trainer(cfg, run_dir)
-        # and keeps the plan beside the run once it has started, as `train` does since 2026-11-28
-        # (preflight wrote it before): the step rows' plan columns read it; without it they were
-        # all "-" on the H200 (2026-11-29)
-        if checked.run_plan is not None:
-            write_run_plan(run_dir, checked.run_plan)
+        trainer = start_run(cfg, run_dir).trainer
         before = {role: [p.detach().to("cpu", copy=True) for p in params]
                   for role, params in trained_tensors(trainer.models).items()}
         history = trainer.train(steps)

@@ -146,44 +146,24 @@ def _resume_command(preset: str, overrides: Optional[list[str]], run_dir: Path, 
 
 def _train(cfg, run_dir: Path, resume: bool, max_steps: Optional[int], no_dashboard: bool, resume_cmd: str,
            command: str = "train", config_notes: list[str] | None = None) -> None:
-    from tinyrl import interrupts
+    from tinyrl import interrupts, rundir
     from tinyrl.dashboard import Dashboard
+    from tinyrl.memory.versus import read_run_plan
+    from tinyrl.start import start_run
 
     log_to_stderr()
-    from tinyrl.trainer import Trainer
-
-    from tinyrl.preflight import preflight
-
-    import torch
-
-    on_card = cfg.trainer.device != "cpu" and torch.cuda.is_available()  # a CPU run has no card or plan to check
-    with working("checking the card, the disk and the memory plan ..." if on_card else "checking the disk and RAM ..."):
-        checked = preflight(cfg, run_dir)  # fills 0 settings from the plan before config.json is written
-    if command == "sft":
-        from tinyrl.sft.trainer import SFTTrainer
-
-        with working(f"preparing {cfg.preset}: model {cfg.model.name}, SFT data ..."):
-            trainer = SFTTrainer(cfg, run_dir, resume=resume)
-        algorithm, engine = "sft", "none"
-    else:
-        with working(f"preparing {cfg.preset}: model {cfg.model.name}, data, reward, rollout engine ..."):
-            trainer = Trainer(cfg, run_dir, resume=resume)
-        algorithm, engine = cfg.algorithm.adv_estimator, trainer.engine.name
-    from tinyrl import rundir
-    from tinyrl.memory.versus import read_run_plan, write_run_plan
-
-    if checked.run_plan is not None:  # the run has started: its plan is kept beside it (not before)
-        write_run_plan(run_dir, checked.run_plan)
+    started = start_run(cfg, run_dir, resume=resume, command=command, working=working)
+    trainer = started.trainer
     # `--out RUN_DIR --resume` alone finds it; a resume keeps its own (its --max-steps, its --set):
     # the start's, kept after a resume to step 9, ended at once when the start had said 3
     rundir.record_resume_command(run_dir, resume_cmd)
-    info = {"preset": cfg.preset, "model": cfg.model.name, "algorithm": algorithm,
-            "engine": engine, "run_dir": str(run_dir), "device": trainer.device.type,
+    info = {"preset": cfg.preset, "model": cfg.model.name, "algorithm": started.algorithm,
+            "engine": started.engine, "run_dir": str(run_dir), "device": trainer.device.type,
             "total_steps": trainer.total_steps(max_steps), "steps_per_epoch": trainer.steps_per_epoch}
     info["memory_plan"] = read_run_plan(run_dir)  # None on the CPU: no plan is made there
     with Dashboard(info, mode="plain" if no_dashboard else "auto") as dash:
         trainer.dash = dash
-        for notice in (config_notes or []) + checked.notes + trainer.notices:
+        for notice in (config_notes or []) + started.notes + trainer.notices:
             dash.log(notice)
         if resume:
             _show_earlier_validations(dash, run_dir)
