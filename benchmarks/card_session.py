@@ -4,20 +4,27 @@
     python benchmarks/card_session.py --out "$OUT" --only check-3b --only pytest-fast
 
 A lent card comes with minutes, not hours (GPU.md: a 3B probe takes ~160 s, a 3B step ~160 s),
-so the parts run in order of what a user's first run depends on; each is its own process whose
+so the parts run in order, what is still unmeasured first; each is its own process whose
 timeout is what is left of --seconds, writing OUT/NN-PART.txt as it goes (benchmarks/gpu_check.py
 prints each finding when it has it: a part cut off keeps what it measured). OUT/summary.txt gets
 one line per part: exit status and seconds, "cut off", or "not started" once the budget is spent.
-Parts (--only picks some, in this order):
+Parts (--only picks some, in this order: what is still unmeasured first, 2026-11-30):
   versions      python, torch + CUDA + cuDNN, transformers, peft, the card, nvidia-smi
+  doctor-vllm   gpu_check countdown-0.5b-4090 with rollout.engine=vllm, no steps of its own, then
+                the doctor's rows on that model: sleep/wake seconds, what a sleep frees, the
+                adapter-sync check, plan vs peak per phase (not started where vllm does not
+                import: GPU.md's bundle brings vLLM 0.26). check-vllm's steps ran on 2026-11-29
+                and cut these off
+  test-oom      pytest tests/test_oom.py -rA: each child's address-space figures, and what the
+                fork left out (parent_peak_above_size), printed pass or fail
   check-3b      gpu_check countdown-4090, 1 step of 32 prompts (3B LoRA actor + critic: the first
                 run README gives; the preset's 256 x 1,024-token rollout alone would outlast a lent
-                card's minutes on the HF engine, GPU.md: 142 s for 32 rows)
+                card's minutes on the HF engine, GPU.md: 142 s for 32 rows), no real probe: its
+                plan against the probe matched on 2026-11-28 and -29, and both runs were cut off
+                before the step
   check-0.5b    gpu_check countdown-0.5b-4090, 2 steps as the preset has them (full fine-tune)
+  check-vllm    gpu_check countdown-0.5b-4090, 3 steps with rollout.engine=vllm, then the doctor
   check-math    gpu_check math-grpo-4090, 1 step of 4 prompts x 8 (GRPO, no critic), no real probe
-  check-vllm    gpu_check countdown-0.5b-4090, 3 steps with rollout.engine=vllm, then the doctor's
-                rows on that model: sleep/wake seconds, what a sleep frees, the adapter-sync check
-                (not started where vllm does not import: GPU.md's bundle brings vLLM 0.26)
   pytest-fast   pytest -m "not vllm and not slow" -n 14 (the suite without the CPU demos), each
                 failure's traceback printed when it fails (benchmarks/failures_now.py)
 A smaller batch keeps the widths traced but caps every planned micro-batch at the batch's rows
@@ -52,17 +59,20 @@ if torch.cuda.is_available():
 if shutil.which("nvidia-smi"):
     subprocess.run(["nvidia-smi"], check=False)
 """
+VLLM_05B = [PY, CHECK, "--preset", "countdown-0.5b-4090", "--skip-probe", "--set", "rollout.engine=vllm", "--doctor"]
 PARTS: list[tuple[str, list[str]]] = [
     ("versions", [PY, "-c", VERSIONS]),
-    ("check-3b", [PY, CHECK, "--preset", "countdown-4090", "--steps", "1", "--set", "trainer.train_batch_size=32",
+    ("doctor-vllm", VLLM_05B + ["--steps", "0"]),
+    ("test-oom", [PY, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "tests/test_oom.py"]),
+    ("check-3b", [PY, CHECK, "--preset", "countdown-4090", "--steps", "1", "--skip-probe",
+                  "--set", "trainer.train_batch_size=32",
                   "--set", "actor.ppo_mini_batch_size=32", "--set", "critic.ppo_mini_batch_size=32"]),
     ("check-0.5b", [PY, CHECK, "--preset", "countdown-0.5b-4090", "--steps", "2"]),
+    ("check-vllm", VLLM_05B + ["--steps", "3"]),
     # no real probe: the 3B check has one, and a lent card's minutes go to the GRPO step itself
     ("check-math", [PY, CHECK, "--preset", "math-grpo-4090", "--steps", "1", "--skip-probe",
                     "--set", "trainer.train_batch_size=4",
                     "--set", "actor.ppo_mini_batch_size=4"]),
-    ("check-vllm", [PY, CHECK, "--preset", "countdown-0.5b-4090", "--steps", "3", "--skip-probe",
-                    "--set", "rollout.engine=vllm", "--doctor"]),
     # -v: a line per test as it ends, and failures_now each failure's traceback when it fails, so a
     # part cut off at the budget still names its failures and shows why
     ("pytest-fast", [PY, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "benchmarks.failures_now",

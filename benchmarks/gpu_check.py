@@ -163,10 +163,48 @@ def roles_trained(models, before: dict[str, list]) -> list[tuple[str, int, int]]
     return rows
 
 
+def report_steps(cfg, run_dir: Path, steps: int, cuda: bool) -> list[str]:
+    """Checks 2-5: the steps through the real Trainer, printed as measured -> what failed."""
+    failed = []
+    trainer, history, before = run_steps(cfg, run_dir, steps)
+    last = history[-1]
+    rows = versus.compare(versus.read_run_plan(run_dir),
+                          versus.measured_peaks(list(_timeline(run_dir))))
+    peaks = {r["phase"]: r for r in rows}
+    # three decimals: the 0.5B's forward and rollout were 0.07 and 0.05 GiB above the plan at two
+    # (H100 and H200 alike), too close to the rounding to say by how much
+    what = "peak allocated GiB vs planned" if cuda else "CPU: the process's RSS high-water mark, GiB"
+    say(f"{steps} {cfg.algorithm.adv_estimator} steps (seconds per phase, mean; {what}):")
+    for key in sorted(k for k in last if k.startswith("timing/") and k != "timing/step"):
+        phase = key.split("/", 1)[1]
+        secs = sum(h.get(key, 0.0) for h in history) / len(history)
+        r = peaks.get(phase, {})
+        peak = "-" if r.get("measured") is None else f"{r['measured'] / GiB:.3f}"
+        plan = "-" if r.get("planned") is None else f"{r['planned'] / GiB:.3f}"
+        # the allocator's side: what the card reserved against the plan with its headroom blocks
+        held = "-" if not r.get("reserved") else f"{r['reserved'] / GiB:.3f}"
+        room = "-" if r.get("planned_reserved") is None else f"{r['planned_reserved'] / GiB:.3f}"
+        say(f"  {phase:<14} {secs:>8.2f} s   peak {peak:>7}   plan {plan:>7}   reserved {held:>7}   "
+            f"plan+headroom {room:>7}")
+    engine, rate = decode_rate(trainer, cfg)
+    say(f"{engine} engine decode: {rate:,.0f} tokens/s")
+    for role, changed, total in roles_trained(trainer.models, before):
+        say(f"{role} trained: {'yes' if changed else 'NO'} ({changed} of its {total} tensors changed)")
+        if not changed:
+            failed.append(f"the {role} did not train")
+    skips = {k: int(v) for k, v in last.items() if k.endswith("/skipped_steps")}
+    say("non-finite skips: " + (", ".join(f"{k} {v}" for k, v in skips.items()) or "none recorded"))
+    if any(skips.values()):
+        failed.append("optimizer steps were skipped for a non-finite gradient norm")
+    trainer.engine.close()
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="countdown-4090")
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=2,
+                    help="RL steps through the real Trainer (0: none, the plan and/or --doctor only)")
     ap.add_argument("--budget", type=float, default=None, help="GiB; default: 90%% of the preset's card")
     ap.add_argument("--skip-probe", action="store_true", help="no real probe (it takes minutes on a 3B)")
     ap.add_argument("--doctor", action="store_true",
@@ -188,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             preset, sets = "countdown-tiny", ["trainer.device=cpu", "rollout.engine=hf"]
             say("no CUDA card: the reduced CPU check (countdown-tiny, tiny model, fp32, no probe). "
                 "It shows the script runs; the figures say nothing about a card.")
-        small = [f"trainer.max_steps={args.steps}", "trainer.test_every=0", "trainer.save_every=0",
+        small = [f"trainer.max_steps={max(args.steps, 1)}", "trainer.test_every=0", "trainer.save_every=0",
                  f"reward.fn={Path(__file__).resolve()}:check_reward"]
         cfg = load_config(preset, sets + small + args.sets)
         budget = int((args.budget or 0.9 * get_gpu(cfg.cost.gpu).memory_bytes / GiB) * GiB)
@@ -213,40 +251,10 @@ def main(argv: list[str] | None = None) -> int:
                     failed.append(f"{name}: the plan promises {s} sequences, the card held {m}")
             for note in notes:
                 say(f"  {note}")
-        trainer, history, before = run_steps(cfg, work / "run", args.steps)
-        last = history[-1]
-        rows = versus.compare(versus.read_run_plan(work / "run"),
-                              versus.measured_peaks(list(_timeline(work / "run"))))
-        peaks = {r["phase"]: r for r in rows}
-        # three decimals: the 0.5B's forward and rollout were 0.07 and 0.05 GiB above the plan at two
-        # (H100 and H200 alike), too close to the rounding to say by how much
-        what = "peak allocated GiB vs planned" if cuda else "CPU: the process's RSS high-water mark, GiB"
-        say(f"{args.steps} {cfg.algorithm.adv_estimator} steps (seconds per phase, mean; {what}):")
-        for key in sorted(k for k in last if k.startswith("timing/") and k != "timing/step"):
-            phase = key.split("/", 1)[1]
-            secs = sum(h.get(key, 0.0) for h in history) / len(history)
-            r = peaks.get(phase, {})
-            peak = "-" if r.get("measured") is None else f"{r['measured'] / GiB:.3f}"
-            plan = "-" if r.get("planned") is None else f"{r['planned'] / GiB:.3f}"
-            # the allocator's side: what the card reserved against the plan with its headroom blocks
-            held = "-" if not r.get("reserved") else f"{r['reserved'] / GiB:.3f}"
-            room = "-" if r.get("planned_reserved") is None else f"{r['planned_reserved'] / GiB:.3f}"
-            say(f"  {phase:<14} {secs:>8.2f} s   peak {peak:>7}   plan {plan:>7}   reserved {held:>7}   "
-                f"plan+headroom {room:>7}")
-        engine, rate = decode_rate(trainer, cfg)
-        say(f"{engine} engine decode: {rate:,.0f} tokens/s")
-        for role, changed, total in roles_trained(trainer.models, before):
-            say(f"{role} trained: {'yes' if changed else 'NO'} ({changed} of its {total} tensors changed)")
-            if not changed:
-                failed.append(f"the {role} did not train")
-        skips = {k: int(v) for k, v in last.items() if k.endswith("/skipped_steps")}
-        say("non-finite skips: " + (", ".join(f"{k} {v}" for k, v in skips.items()) or "none recorded"))
-        if any(skips.values()):
-            failed.append("optimizer steps were skipped for a non-finite gradient norm")
-        trainer.engine.close()
+        if args.steps:
+            failed += report_steps(cfg, work / "run", args.steps, cuda)
         if args.doctor:
-            del trainer  # the doctor's child gets the card without this run's models and cache
-            free_memory()
+            free_memory()  # the doctor's child gets the card without the steps' models and cache
             failed += doctor_rows(preset, layered(sets, args.sets), work)  # a command line: each key once
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -72,7 +72,7 @@ def test_every_gpu_check_part_is_a_config_the_check_accepts():
     from tinyrl.config import load_config
 
     checks = [cmd for _, cmd in card_session.PARTS if card_session.CHECK in cmd]
-    assert len(checks) == 4
+    assert len(checks) == 5
     for cmd in checks:
         preset = cmd[cmd.index("--preset") + 1]
         sets = [cmd[i + 1] for i, word in enumerate(cmd) if word == "--set"]
@@ -109,3 +109,11 @@ def test_a_pytest_part_cut_off_at_the_budget_still_shows_why_its_failures_failed
     assert summary[0].startswith("pytest-fast: cut off at the budget"), summary
     text = (tmp_path / "out" / "01-pytest-fast.txt").read_text()
     assert "test_a_fails failed (call)" in text and "the reason it failed" in text, text[-3000:]
+
+
+def test_every_pytest_part_names_tests_that_exist():
+    """A mistyped path would spend a lent card's minutes collecting nothing (pytest exits 4)."""
+    named = [arg for _, cmd in card_session.PARTS if "pytest" in cmd for arg in cmd if arg.startswith("tests")]
+    assert "tests/test_oom.py" in named
+    for arg in named:
+        assert (ROOT / arg).exists(), arg

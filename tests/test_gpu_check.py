@@ -20,20 +20,17 @@ SMALL = ["--steps", "2", "--set", "trainer.train_batch_size=4", "--set", "rollou
 @pytest.mark.parametrize("estimator", ["gae", "grpo"])
 def test_gpu_check_runs_and_reports_every_check(tmp_path, estimator):
     """GAE trains an actor and a critic; GRPO (math-grpo-4090) has no critic, and the check must
-    report its actor without looking for one. The GAE run adds --doctor: the doctor's rows on
-    the same model (on a card with vLLM: sleep/wake and the adapter-sync check)."""
+    report its actor without looking for one."""
     extra = ["--preset", "countdown-0.5b-4090", "--skip-probe"] if torch.cuda.is_available() else []
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *SMALL, *extra,
-                           "--set", f"algorithm.adv_estimator={estimator}", "--set", "rollout.n=2",
-                           *(["--doctor"] if estimator == "gae" else [])],
+                           "--set", f"algorithm.adv_estimator={estimator}", "--set", "rollout.n=2"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=1800)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr[-3000:]
     critic = estimator == "gae"
     expected = [f"2 {estimator} steps", "actor_update", "rollout", "engine decode:", "actor trained: yes",
                 "actor/skipped_steps 0", "all checks passed"]
-    doctor = ["doctor two-step run: pass", "doctor adapter sync: pass", "doctor memory: actor_update: pass"]
-    for words in expected + (["critic_update", "critic trained: yes"] + doctor if critic else []):
+    for words in expected + (["critic_update", "critic trained: yes"] if critic else []):
         assert words in out, f"{words!r} missing from:\n{out}"
     assert ("critic" in out) == critic, out
     if not torch.cuda.is_available():
@@ -43,6 +40,23 @@ def test_gpu_check_runs_and_reports_every_check(tmp_path, estimator):
     # reward worker could not open RUN_DIR/reward_prints.log, the directory not made yet
     assert "cannot write the reward function's prints" not in done.stderr, done.stderr[-3000:]
 
+
+
+def test_no_steps_then_the_doctor_on_the_same_model(tmp_path):
+    """`--steps 0 --doctor`, card_session's doctor-vllm part: the vLLM check's steps ran on the
+    H200 (2026-11-29) and the doctor's rows after them were cut off; a card's minutes go to the
+    doctor alone (its own two steps on the same model: on a card with vLLM, sleep/wake, what a
+    sleep frees, the adapter-sync check, plan vs peak per phase)."""
+    extra = ["--preset", "countdown-0.5b-4090", "--skip-probe"] if torch.cuda.is_available() else []
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *SMALL[2:], *extra,
+                           "--steps", "0", "--doctor"], cwd=tmp_path, capture_output=True, text=True, timeout=1800)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr[-3000:]
+    for words in ["doctor two-step run: pass", "doctor adapter sync: pass", "doctor memory: actor_update: pass",
+                  "all checks passed"]:
+        assert words in out, f"{words!r} missing from:\n{out}"
+    assert " steps (seconds per phase" not in out and "engine decode:" not in out, out  # no steps of its own
+    assert not list(tmp_path.iterdir())
 
 def test_the_steps_keep_the_plan_they_ran_under(tmp_path, monkeypatch):
     """On a card each step row puts a phase's peak against the plan in RUN_DIR/memory_plan.json,

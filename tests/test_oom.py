@@ -38,7 +38,11 @@ def run_child(tmp: Path, model_dir: Path, budget: int, headroom: int | None = No
         args.append(str(headroom))
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    # shown by `pytest -rA` (card_session's test-oom part): what the fork left out on a card
+    # (parent_peak_above_size) is the size of the mapping that failed this test there
+    print(tmp.name, {k: v for k, v in result.items() if k != "digest"})
+    return result
 
 
 def test_real_oom_halves_the_micro_batch_and_loses_nothing(tmp_path, tiny_model_dir):
