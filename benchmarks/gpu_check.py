@@ -9,7 +9,7 @@ tinyrl/model_specs (no download; memory and speed do not depend on the weights, 
 saved with the tiny tokenizer; then
   1. the plan: simulated (fake tensors) vs the real probe, micro-batch per training phase and
      their ratio, under the budget of the preset's own card (--budget to change it);
-  2. --steps RL steps (the preset's estimator) through the real Trainer, planned under the same
+  2. --steps RL steps (the preset's estimator; 0: none) through the real Trainer, planned under the same
      budget (trainer.memory_budget_gib, unless --set gives one): seconds and peak allocated memory
      per phase against the plan (tinyrl.memory.versus);
   3. the HF engine's decode rate (tokens/s of one timed generate call after training);

@@ -41,7 +41,6 @@ def test_gpu_check_runs_and_reports_every_check(tmp_path, estimator):
     assert "cannot write the reward function's prints" not in done.stderr, done.stderr[-3000:]
 
 
-
 def test_no_steps_then_the_doctor_on_the_same_model(tmp_path):
     """`--steps 0 --doctor`, card_session's doctor-vllm part: the vLLM check's steps ran on the
     H200 (2026-11-29) and the doctor's rows after them were cut off; a card's minutes go to the
@@ -57,6 +56,7 @@ def test_no_steps_then_the_doctor_on_the_same_model(tmp_path):
         assert words in out, f"{words!r} missing from:\n{out}"
     assert " steps (seconds per phase" not in out and "engine decode:" not in out, out  # no steps of its own
     assert not list(tmp_path.iterdir())
+
 
 def test_the_steps_keep_the_plan_they_ran_under(tmp_path, monkeypatch):
     """On a card each step row puts a phase's peak against the plan in RUN_DIR/memory_plan.json,
