@@ -339,7 +339,10 @@ def test_a_call_whose_reply_did_not_fit_the_budget_is_still_drawn_with_its_messa
     assert not any("no reply" in x for x in sample_lines(d, 160))
 
 
-def test_a_single_turn_sample_looks_as_it_did_before_turns_were_recorded():
+def test_a_single_turn_sample_looks_as_it_did_before_turns_were_recorded(monkeypatch):
+    # one instant for both frames: their elapsed and phase times are drawn too, and on a loaded
+    # machine (a ci-soak run beside a demo, 2026-11-30) "starting 0.1s" met "starting 0.0s"
+    monkeypatch.setattr(dashboard, "_clock", lambda: 100.0)
     old = Dashboard(INFO, mode="off")
     old.update(metrics(3), SAMPLE)  # a record without turns (samples.jsonl before episodes)
     new = Dashboard(INFO, mode="off")
