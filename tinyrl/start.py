@@ -26,7 +26,6 @@ class Started:
     algorithm: str                 # "sft", or the estimator (algorithm.adv_estimator)
     engine: str                    # the rollout engine's name; "none" for `sft`
     notes: list[str] = field(default_factory=list)  # preflight's, worth showing at the start
-    run_plan: dict | None = None   # what memory_plan.json holds; None on the CPU (no plan is made there)
 
 
 def start_run(cfg: Config, run_dir: Path, *, resume: bool = False, command: str = "train",
@@ -56,4 +55,4 @@ def start_run(cfg: Config, run_dir: Path, *, resume: bool = False, command: str 
         algorithm, engine = cfg.algorithm.adv_estimator, trainer.engine.name
     if checked.run_plan is not None:
         write_run_plan(run_dir, checked.run_plan)
-    return Started(trainer, algorithm, engine, checked.notes, checked.run_plan)
+    return Started(trainer, algorithm, engine, checked.notes)
