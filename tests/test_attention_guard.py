@@ -57,8 +57,9 @@ def test_tinyrl_batches_meet_the_kernel_bugs_preconditions(tiny_fp32_model):
 
     batch = make_batch([[5, 6, 7], [5, 6, 7, 8, 9]], [[10, 11], [12]], pad_id=0)
     embeds = tiny_fp32_model.get_input_embeddings()(batch.input_ids)
-    mask = create_causal_mask(config=tiny_fp32_model.config, inputs_embeds=embeds,
-                              attention_mask=batch.attention_mask, past_key_values=None,
+    # The cache goes by position: transformers 5.24 renamed it `past_key_values` -> `cache`
+    # and removes the old keyword in 5.40, both inside tinyrl's transformers range.
+    mask = create_causal_mask(tiny_fp32_model.config, embeds, batch.attention_mask, None,
                               position_ids=batch.position_ids)
     assert mask is not None and mask.dtype == torch.bool          # (1): not the is_causal path
     attends_to_nothing = ~mask.any(dim=-1)                          # [B, 1, T]
